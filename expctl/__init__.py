@@ -1,0 +1,38 @@
+"""expctl: config-driven PyTorch DDP experiments.
+
+    import expctl
+    result = expctl.run("my.yml", overrides=["optim.lr=0.05"])
+    model = expctl.load_model(result.run_dir)
+
+Importing expctl imports neither torch nor Hydra; they load when a run starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from expctl.errors import UserError
+
+__version__ = "0.1.0"
+__all__ = ["run", "load_model", "register", "UserError", "__version__"]
+
+
+def run(config: str | None = None, overrides: Any = ()) -> Any:
+    """Train from a config file (see expctl.api.run)."""
+    from expctl.api import run as _run
+
+    return _run(config, overrides)
+
+
+def load_model(run_dir: Any, checkpoint: Any = None, device: str = "cpu") -> Any:
+    """Load a run's trained model(s) (see expctl.api.load_model)."""
+    from expctl.api import load_model as _load
+
+    return _load(run_dir, checkpoint, device)
+
+
+def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:
+    """Register a component factory under `name` (see expctl.registry.register)."""
+    from expctl.registry import register as _register
+
+    return _register(kind, name, **kwargs)

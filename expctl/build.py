@@ -1,0 +1,150 @@
+"""Assemble the training parts from the frozen config: registries -> data, models (DDP),
+optimizers, schedulers, loss and step. Runtime objects never copy config keys."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from expctl import registry
+from expctl.config import Config
+from expctl.data import Splits, TrainBatches
+from expctl.dist import DistEnv
+from expctl.steps import StepContext
+
+log = logging.getLogger("expctl")
+
+
+@dataclass
+class Parts:
+    """Everything the loop needs, built identically on every rank."""
+
+    models: dict[str, nn.Module]  # unwrapped: what checkpoints save
+    ctx: StepContext  # holds the DDP-wrapped / compiled models the step calls
+    schedulers: dict[str, Any]
+    step: Any
+    splits: Splits
+    batches: TrainBatches
+    total_steps: int  # optimizer steps of the whole run
+    model_args: dict[str, Any]  # what the model factory got, data-inferred values included
+
+
+def pick_device(cfg: Config, env: DistEnv) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is asked for (or auto and present), else cpu."""
+    want = cfg.train.device
+    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        from expctl.errors import UserError
+
+        raise UserError("train.device=cuda but no CUDA device is visible", "use train.device=auto or cpu")
+    device = torch.device("cuda", env.local_rank % max(1, torch.cuda.device_count()))
+    torch.cuda.set_device(device)
+    return device
+
+
+def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
+    """Build data, models, optimizers, schedulers, loss and step for this rank."""
+    registry.import_user_modules(cfg.imports)
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    data_entry = registry.get("datasets", cfg.data.name)
+    splits: Splits = data_entry.factory(**cfg.data.args)
+    models, model_args = _models(cfg, splits)
+    for m in models.values():
+        m.to(device)
+    channels_last = _channels_last(cfg, models, device)
+    if channels_last:
+        for m in models.values():
+            m.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    resident = cfg.data.device_resident is True or (cfg.data.device_resident == "auto" and device.type == "cuda")
+    batches = TrainBatches(
+        splits.train, cfg.data.batch_size, env.rank, env.world_size, cfg.train.seed, device,
+        num_workers=cfg.data.num_workers, resident=resident,
+    )
+    total_steps = _total_steps(cfg, batches.steps_per_epoch)
+    optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
+    schedulers = _schedulers(cfg, optimizers, total_steps)
+    loss_fn = registry.get("losses", cfg.loss.name).factory(**cfg.loss.args).to(device)
+    wrapped = {k: _wrap(cfg, m, env, device) for k, m in models.items()}
+    amp = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[cfg.train.precision]
+    scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "16" else None
+    ctx = StepContext(
+        models=wrapped, optimizers=optimizers, loss_fn=loss_fn, device=device, amp_dtype=amp,
+        scaler=scaler, grad_accum=cfg.train.grad_accum, grad_clip=cfg.train.grad_clip,
+        channels_last=channels_last,
+    )
+    torch.manual_seed(cfg.train.seed + env.rank)  # dropout & co differ per rank
+    step = registry.get("steps", cfg.train.step).factory()
+    return Parts(models, ctx, schedulers, step, splits, batches, total_steps, model_args)
+
+
+def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str, Any]]:
+    entry = registry.get("models", cfg.model.name)
+    args = dict(cfg.model.args)
+    params = entry.parameters()
+    info = splits.info
+    inferred = {"in_channels": info.input_shape[0] if info.input_shape else None,
+                "input_shape": tuple(info.input_shape), "num_classes": info.num_classes}
+    for key in entry.inferred:
+        if key not in args and key in params and inferred.get(key) is not None:
+            args[key] = inferred[key]
+    built = entry.factory(**args)
+    models = built if isinstance(built, dict) else {"model": built}
+    for name, m in models.items():
+        if not isinstance(m, nn.Module):
+            raise TypeError(f"model factory '{cfg.model.name}' returned {type(m).__name__} for '{name}', not nn.Module")
+    return models, args
+
+
+def _channels_last(cfg: Config, models: dict[str, nn.Module], device: torch.device) -> bool:
+    if cfg.train.channels_last != "auto":
+        return bool(cfg.train.channels_last)
+    has_conv = any(isinstance(x, nn.Conv2d) for m in models.values() for x in m.modules())
+    return device.type == "cuda" and has_conv
+
+
+def _total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    per_epoch = max(1, steps_per_epoch // cfg.train.grad_accum)
+    total = per_epoch * cfg.train.max_epochs
+    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+
+
+def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    entry = registry.get("optimizers", cfg.optim.name)
+    args = dict(cfg.optim.args)
+    accepted = inspect.signature(entry.factory).parameters
+    if device.type == "cuda" and "fused" in accepted and "fused" not in args and "foreach" not in args:
+        args["fused"] = True  # one kernel for the whole update
+    opt: torch.optim.Optimizer = entry.factory(model.parameters(), **args)
+    return opt
+
+
+def _schedulers(cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int) -> dict[str, Any]:
+    if cfg.sched.name is None:
+        return {}
+    entry = registry.get("schedulers", cfg.sched.name)
+    args = dict(cfg.sched.args)
+    if "total_steps" in entry.inferred and "total_steps" not in args:
+        args["total_steps"] = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
+    return {k: entry.factory(opt, **args) for k, opt in optimizers.items()}
+
+
+def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
+    out: nn.Module = model
+    if env.distributed and any(p.requires_grad for p in model.parameters()):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        out = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            broadcast_buffers=True,
+        )
+    if cfg.train.compile:
+        out = torch.compile(out)  # type: ignore[assignment]
+    return out

@@ -1,0 +1,173 @@
+"""The checkpoint format: one file per save, written atomically, checked by SHA-256, loaded safely.
+
+``RUN_DIR/checkpoints/step_000001234.pt`` holds a dict:
+
+    format: 1, step, epoch, batch (micro-batches done in `epoch`), world_size,
+    models / optimizers / schedulers: {name: state_dict}, scaler: state_dict | None,
+    rng: [per-rank RNG states], metrics: last validation metrics
+
+next to ``step_000001234.pt.sha256``. Loading uses ``torch.load(weights_only=True)``: tensors
+and plain containers only, never arbitrary pickled objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = 1
+DIR = "checkpoints"
+log = logging.getLogger("expctl")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
+
+
+def path_for(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` goes."""
+    return run_dir / DIR / f"step_{step:09d}.pt"
+
+
+def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
+    """Write `payload` atomically (temporary file, fsync, checksum, rename), keep the newest `keep`.
+
+    Raises:
+        CheckpointError: the write failed; no partial file is left under a checkpoint name.
+    """
+    final = path_for(run_dir, int(payload["step"]))
+    final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    digest_file = final.with_name(final.name + ".sha256")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = _sha256(tmp)
+        _write_atomic(digest_file, f"{digest}  {final.name}\n")
+        os.chmod(tmp, 0o640)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if not final.exists():
+            digest_file.unlink(missing_ok=True)
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({e.strerror or e}); the previous checkpoint is intact"
+        ) from e
+    _prune(final.parent, keep)
+    return final
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _prune(folder: Path, keep: int) -> None:
+    for old in list_checkpoints(folder.parent)[keep:]:
+        old.unlink(missing_ok=True)
+        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints of a run, newest first."""
+    folder = run_dir / DIR
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("step_*.pt"), reverse=True)
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load one checkpoint after checking its SHA-256 (weights_only: no arbitrary unpickling).
+
+    Raises:
+        ValueError: the file is corrupt, truncated, or not an expctl checkpoint.
+    """
+    digest_file = path.with_name(path.name + ".sha256")
+    if digest_file.is_file():
+        expected = digest_file.read_text().split()[0] if digest_file.read_text().strip() else ""
+        if _sha256(path) != expected:
+            raise ValueError(f"checksum mismatch for {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"cannot read {path}: {type(e).__name__}: {str(e)[:200]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
+    return payload
+
+
+def newest_valid(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, skipping corrupt ones with a warning naming each."""
+    for path in list_checkpoints(run_dir):
+        try:
+            return path, load(path, map_location)
+        except ValueError as e:
+            log.warning("skipping checkpoint %s: %s", path.name, e)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG state, per rank
+# ---------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch CPU, CUDA, Python, NumPy) in weights_only-safe types."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+

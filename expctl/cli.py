@@ -1,0 +1,113 @@
+"""The ``expctl`` command. Parsing imports nothing heavy: torch and Hydra load only when needed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from expctl.errors import UserError
+
+EPILOG = """examples:
+  expctl run                                    train the built-in default (Fashion-MNIST, small CNN)
+  expctl run -C my.yml optim.lr=0.05            your config file + Hydra-style overrides
+  expctl run -C my.yml launcher=local launcher.nproc=2   2 DDP workers on this machine
+  expctl run -C my.yml -m optim.lr=0.01,0.1     a sweep (Hydra multirun)
+  expctl show -C my.yml                         the resolved config and the detected environment
+  expctl list models                            registered names and their arguments
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="expctl",
+        description="Config-driven PyTorch DDP experiments: one YAML, a laptop, a GPU box or a Slurm cluster.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="compose the config, freeze it into a run directory, train")
+    show = sub.add_parser("show", help="print the resolved config and environment without training")
+    for sp in (run, show):
+        sp.add_argument("-C", "--config", metavar="FILE", help="a .yml/.yaml config (default: built-in)")
+        sp.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
+    run.add_argument("-m", "--multirun", action="store_true", help="sweep over comma-separated values")
+    lst = sub.add_parser("list", help="registered models, datasets, optimizers, schedulers, losses, steps")
+    lst.add_argument("kind", nargs="?", help="one kind (default: all)")
+    lst.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                     help="also import your module (as the config's imports:)")
+    wk = sub.add_parser("_worker")  # hidden: one rank started by the local launcher
+    wk.add_argument("run_dir")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "show":
+            return _show(args)
+        if args.command == "list":
+            return _list(args)
+        if args.command == "_worker":
+            from expctl import launch
+
+            launch.worker(args.run_dir)
+            return 0
+        _parser().print_help()
+        return 0
+    except UserError as e:
+        print(f"expctl: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("expctl: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.multirun:
+        from expctl import sweep
+
+        sweep.multirun(args.config, args.overrides)
+        return 0
+    from expctl import api
+
+    result = api.run(args.config, args.overrides)
+    if result.metrics:
+        shown = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.metrics.items())
+        print(f"expctl: done  {shown}\nexpctl: results in {result.run_dir}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from expctl import compose, config
+    from expctl.dist import detect
+
+    cfg = config.validate(compose.compose(args.config, args.overrides))
+    print(config.to_yaml(cfg), end="")
+    env = detect(os.environ)
+    print("# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from expctl import registry
+
+    registry.import_user_modules(args.imports)
+    kinds = [registry.canonical_kind(args.kind)] if args.kind else list(registry.KINDS)
+    for kind in kinds:
+        print(f"{kind}:")
+        for name in registry.names(kind):
+            entry = registry.get(kind, name)
+            print(f"  {name:<28} {entry.description}")
+            sig = registry.describe(entry)
+            if sig:
+                print(f"  {'':<28}   ({sig})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

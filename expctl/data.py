@@ -1,0 +1,258 @@
+"""Built-in datasets (Fashion-MNIST offline, synthetic) and the per-rank batch iterators.
+
+A dataset factory returns `Splits`: train and val sets plus `DataInfo` (input shape, classes),
+which fills a model's ``in_channels`` / ``num_classes`` when the config leaves them out.
+In-memory sets (TensorDataset) are batched by indexing whole tensors, optionally on the GPU;
+other datasets go through torch's DataLoader.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+from expctl.errors import UserError
+from expctl.registry import register
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What models need to know about the data."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int | None = None  # classes, or outputs of a regression
+
+
+@dataclass
+class Splits:
+    """Train and validation sets of one dataset."""
+
+    train: Dataset[Any]
+    val: Dataset[Any] | None
+    info: DataInfo
+
+
+# ---------------------------------------------------------------------------------------------
+# Fashion-MNIST
+# ---------------------------------------------------------------------------------------------
+
+FASHION_DIRS = ("/usr/share/datasets/fashion-mnist", "data/fashion-mnist", "data/FashionMNIST/raw", "data")
+FASHION_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "val_x": "t10k-images-idx3-ubyte",
+    "val_y": "t10k-labels-idx1-ubyte",
+}
+FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
+
+
+def _find_fashion(root: str | None, download: bool = False) -> dict[str, Path]:
+    roots = [Path(root).expanduser()] if root else [Path(d) for d in FASHION_DIRS]
+    candidates = []
+    for r in roots:
+        candidates += [r, r / "FashionMNIST" / "raw"]
+    for folder in candidates:
+        found = {}
+        for key, stem in FASHION_FILES.items():
+            for name in (stem, stem + ".gz"):
+                if (folder / name).is_file():
+                    found[key] = folder / name
+                    break
+        if len(found) == len(FASHION_FILES):
+            return found
+    if download:
+        from torchvision.datasets import FashionMNIST
+
+        target = Path(root or "data").expanduser()
+        for train in (True, False):
+            FashionMNIST(str(target), train=train, download=True)
+        return _find_fashion(str(target), download=False)
+    where = ", ".join(str(r) for r in roots)
+    raise UserError(
+        f"Fashion-MNIST not found in {where} (looked for {FASHION_FILES['train_x']}[.gz] and 3 more)",
+        "install it with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), point data.root "
+        "at a folder holding the four files, or set data.download=true to fetch them (needs internet)",
+    )
+
+
+def _read_idx(path: Path) -> torch.Tensor:
+    """Read an IDX file (optionally gzipped) into a uint8 tensor, checking its header."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:  # type: ignore[operator]
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise UserError(f"data file {path} is unreadable or corrupt ({e})", "reinstall or re-download it") from None
+    ndim = raw[3] if len(raw) > 4 else 0
+    if len(raw) < 4 + 4 * ndim or raw[:3] != b"\x00\x00\x08" or ndim not in (1, 3):
+        raise UserError(f"data file {path} is not an IDX file of bytes (bad header)", "reinstall or re-download it")
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    body = raw[4 + 4 * ndim :]
+    expected = 1
+    for d in dims:
+        expected *= d
+    if len(body) != expected:
+        raise UserError(
+            f"data file {path} is truncated or corrupt ({len(body)} bytes of data, expected {expected})",
+            "reinstall or re-download it",
+        )
+    return torch.frombuffer(bytearray(body), dtype=torch.uint8).view(*dims)
+
+
+def _check_fashion(root: str | None = None, download: bool = False, **_: Any) -> None:
+    if not download:
+        _find_fashion(root)
+
+
+@register("datasets", check=_check_fashion)
+def fashion_mnist(root: str | None = None, download: bool = False) -> Splits:
+    """Fashion-MNIST (60k/10k 28x28 grey images, 10 classes), normalised, held in memory."""
+    files = _find_fashion(root, download)
+
+    def images(path: Path) -> torch.Tensor:
+        x = _read_idx(path).unsqueeze(1).float().div_(255.0)
+        return x.sub_(FASHION_MEAN).div_(FASHION_STD)
+
+    train_x, val_x = images(files["train_x"]), images(files["val_x"])
+    train_y, val_y = _read_idx(files["train_y"]).long(), _read_idx(files["val_y"]).long()
+    for x, y, key in ((train_x, train_y, "train_y"), (val_x, val_y, "val_y")):
+        if len(x) != len(y):
+            raise UserError(f"data file {files[key]} has {len(y)} labels for {len(x)} images", "reinstall it")
+    return Splits(TensorDataset(train_x, train_y), TensorDataset(val_x, val_y), DataInfo((1, 28, 28), 10))
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic
+# ---------------------------------------------------------------------------------------------
+
+
+@register("datasets")
+def synthetic(
+    task: str = "classification",
+    shape: Sequence[int] = (3, 32, 32),
+    num_classes: int = 10,
+    num_samples: int = 4096,
+    val_samples: int = 1024,
+    noise: float = 0.1,
+    seed: int = 0,
+) -> Splits:
+    """Deterministic random data: labels (or targets) from a fixed random linear teacher."""
+    if task not in ("classification", "regression"):
+        raise UserError(f"data.task: '{task}' is not one of: classification, regression")
+    if num_samples < 1 or val_samples < 0 or num_classes < 1:
+        raise UserError("data: num_samples and num_classes must be >= 1, val_samples >= 0")
+    g = torch.Generator().manual_seed(seed)
+    dim = 1
+    for s in shape:
+        dim *= int(s)
+    teacher = torch.randn(dim, num_classes, generator=g) / dim**0.5
+    bias = torch.randn(num_classes, generator=g)
+
+    def make(n: int) -> TensorDataset:
+        x = torch.randn(n, *shape, generator=g)
+        out = x.reshape(n, dim) @ teacher + bias
+        if task == "classification":
+            return TensorDataset(x, out.argmax(1))
+        return TensorDataset(x, out + noise * torch.randn(n, num_classes, generator=g))
+
+    train, val = make(num_samples), make(val_samples) if val_samples else None
+    return Splits(train, val, DataInfo(tuple(int(s) for s in shape), num_classes))
+
+
+# ---------------------------------------------------------------------------------------------
+# per-rank iteration
+# ---------------------------------------------------------------------------------------------
+
+
+class TrainBatches:
+    """Per-rank training batches for one epoch, resumable at a batch index.
+
+    Order comes from DistributedSampler (seed + epoch), so it depends only on the seed, the epoch
+    and the world size: a resumed run sees exactly the batches the interrupted one would have.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        device: torch.device,
+        num_workers: int = 0,
+        resident: bool = False,
+    ) -> None:
+        self.dataset, self.batch_size, self.device = dataset, batch_size, device
+        n = len(dataset)  # type: ignore[arg-type]
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.steps_per_epoch = (n // world_size) // batch_size
+        if self.steps_per_epoch == 0:
+            raise UserError(
+                f"data.batch_size={batch_size} x {world_size} worker(s) is larger than the "
+                f"{n} training samples: no full batch per epoch",
+                f"lower data.batch_size to at most {max(1, n // world_size)}",
+            )
+        self.tensors: tuple[torch.Tensor, ...] | None = None
+        if isinstance(dataset, TensorDataset):
+            self.tensors = tuple(t.to(device) if resident else t for t in dataset.tensors)
+        self.num_workers = num_workers
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Yield this rank's batches of `epoch`, skipping the first `start` (a resumed epoch)."""
+        self.sampler.set_epoch(epoch)
+        indices = list(iter(self.sampler))[: self.steps_per_epoch * self.batch_size]
+        indices = indices[start * self.batch_size :]
+        if self.tensors is not None:
+            yield from _index_batches(self.tensors, indices, self.batch_size, self.device)
+            return
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=indices,
+            num_workers=self.num_workers,
+            pin_memory=self.device.type == "cuda",
+            drop_last=True,
+            persistent_workers=False,
+        )
+        for batch in loader:
+            yield tuple(t.to(self.device, non_blocking=True) for t in batch)
+
+
+def _index_batches(
+    tensors: Sequence[torch.Tensor], indices: list[int], batch_size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    idx = torch.tensor(indices, dtype=torch.long, device=tensors[0].device)
+    pin = device.type == "cuda" and tensors[0].device.type == "cpu"
+    for start in range(0, len(idx) - batch_size + 1, batch_size):
+        sel = idx[start : start + batch_size]
+        batch = [t.index_select(0, sel) for t in tensors]
+        if pin:
+            batch = [b.pin_memory() for b in batch]
+        yield tuple(b.to(device, non_blocking=True) for b in batch)
+
+
+def val_batches(
+    dataset: Dataset[Any], batch_size: int, rank: int, world_size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """This rank's share of the validation set, without padding: every sample counted once."""
+    n = len(dataset)  # type: ignore[arg-type]
+    indices = list(range(rank, n, world_size))
+    if isinstance(dataset, TensorDataset):
+        tensors = dataset.tensors
+        idx = torch.tensor(indices, dtype=torch.long, device=tensors[0].device)
+        for start in range(0, len(idx), batch_size):
+            sel = idx[start : start + batch_size]
+            yield tuple(t.index_select(0, sel).to(device, non_blocking=True) for t in tensors)
+        return
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=indices, pin_memory=device.type == "cuda")
+    for batch in loader:
+        yield tuple(t.to(device, non_blocking=True) for t in batch)
+

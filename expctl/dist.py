@@ -1,0 +1,235 @@
+"""Where this process sits in the job: one pure function from the environment to a frozen DistEnv.
+
+Detection order (as Lightning): torchrun / torch elastic -> Slurm ``srun`` task -> one process.
+The process group is set up in `init_process_group`, the only place besides `apply_env` that
+touches ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from expctl.errors import UserError
+
+log = logging.getLogger("expctl")
+
+PORT_LOW, PORT_SPAN = 20000, 40000  # job-derived ports land in [20000, 60000)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The rank layout of this process and how to reach rank 0."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    source: str = "single"  # single | torchrun | slurm | submitit
+    job_id: str | None = None  # Slurm job id (array: ARRAYJOB_TASK); names the run directory
+    run_id: str | None = None  # an id every rank agrees on without talking, if the launcher gave one
+    restart_count: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the only rank that writes to the run directory."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when there is more than one rank."""
+        return self.world_size > 1
+
+
+def detect(environ: Mapping[str, str], gpus_per_node: int | None = None) -> DistEnv:
+    """Detect the rank layout from an environment mapping (pure: reads nothing else).
+
+    Args:
+        environ: usually ``os.environ``.
+        gpus_per_node: visible GPUs when training on CUDA; None skips the tasks-per-GPU check.
+
+    Raises:
+        UserError: an inconsistent layout, with a HINT naming the fix.
+    """
+    if all(k in environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        env = _from_torchrun(environ)
+    elif "SLURM_JOB_ID" in environ and "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ:
+        env = _from_slurm(environ)
+    else:
+        job = _slurm_job_id(environ) if "SLURM_JOB_ID" in environ else None
+        env = DistEnv(job_id=job, run_id=job, master_port=_int(environ, "MASTER_PORT", 0))
+    if gpus_per_node is not None and gpus_per_node > 0 and env.local_world_size != gpus_per_node:
+        more = env.local_world_size > gpus_per_node
+        raise UserError(
+            f"{env.local_world_size} ranks on this node but {gpus_per_node} visible GPU(s) "
+            f"(from {env.source}): " + ("ranks would share a GPU" if more else "GPUs would idle"),
+            _layout_hint(env, gpus_per_node),
+        )
+    return env
+
+
+def _layout_hint(env: DistEnv, gpus: int) -> str:
+    if env.source in ("slurm", "submitit"):
+        return f"use one task per GPU: srun --ntasks-per-node={gpus} (or launcher.tasks_per_node={gpus})"
+    if env.source == "torchrun":
+        return f"use torchrun --nproc_per_node={gpus}"
+    return f"use launcher=local launcher.nproc={gpus}, or train.device=cpu"
+
+
+def _int(environ: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = environ.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            raise UserError(f"environment variable {key} is not set", "run under torchrun or srun")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"environment variable {key}={raw!r} is not an integer") from None
+
+
+def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
+    world = _int(environ, "WORLD_SIZE")
+    local_world = _int(environ, "LOCAL_WORLD_SIZE", world)
+    run_id = environ.get("TORCHELASTIC_RUN_ID")
+    job = _slurm_job_id(environ) if "SLURM_JOB_ID" in environ else None
+    return DistEnv(
+        rank=_int(environ, "RANK"),
+        local_rank=_int(environ, "LOCAL_RANK"),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=_int(environ, "GROUP_RANK", 0),
+        num_nodes=max(1, world // max(local_world, 1)),
+        master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_int(environ, "MASTER_PORT", 29500),
+        source="torchrun",
+        job_id=job,
+        run_id=None if run_id in (None, "", "none") else run_id,
+        restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),
+    )
+
+
+def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
+    from submitit.slurm.slurm import _parse_node_list
+
+    world = _int(environ, "SLURM_STEP_NUM_TASKS", _int(environ, "SLURM_NTASKS", 1))
+    node_rank = _int(environ, "SLURM_NODEID", 0)
+    nodes_raw = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
+    hosts = _parse_node_list(nodes_raw) if nodes_raw else ["127.0.0.1"]
+    per_node = expand_tasks_per_node(
+        environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or str(world)
+    )
+    if sum(per_node) != world or len(per_node) != len(hosts):
+        raise UserError(
+            f"Slurm layout is inconsistent: {world} tasks but tasks per node "
+            f"{per_node} over {len(hosts)} node(s) ({nodes_raw})",
+            "give srun a consistent layout: srun -N NODES --ntasks-per-node=TASKS "
+            "(with SLURM_NTASKS = NODES x TASKS)",
+        )
+    job = _slurm_job_id(environ)
+    step = environ.get("SLURM_STEP_ID", "0")
+    port = _int(environ, "MASTER_PORT", 0) or derive_port(f"{job}.{step}")
+    return DistEnv(
+        rank=_int(environ, "SLURM_PROCID"),
+        local_rank=_int(environ, "SLURM_LOCALID", 0),
+        world_size=world,
+        local_world_size=per_node[node_rank] if node_rank < len(per_node) else 1,
+        node_rank=node_rank,
+        num_nodes=len(hosts),
+        master_addr=environ.get("MASTER_ADDR") or hosts[0],
+        master_port=port,
+        source="submitit" if "SUBMITIT_EXECUTOR" in environ else "slurm",
+        job_id=job,
+        run_id=job if step in ("0", "") else f"{job}.{step}",
+        restart_count=_int(environ, "SLURM_RESTART_COUNT", 0),
+    )
+
+
+def _slurm_job_id(environ: Mapping[str, str]) -> str:
+    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    return environ["SLURM_JOB_ID"]
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """Expand Slurm's tasks-per-node syntax: '2(x3),1' -> [2, 2, 2, 1]."""
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "(x" in part:
+            n, reps = part.rstrip(")").split("(x")
+            out += [int(n)] * int(reps)
+        else:
+            out.append(int(part))
+    return out
+
+
+def derive_port(key: str) -> int:
+    """A port in [20000, 60000) from a job key: two jobs on one node rarely alias."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return PORT_LOW + int.from_bytes(digest[:4], "big") % PORT_SPAN
+
+
+def apply_env(values: Mapping[str, Any]) -> None:
+    """Set the config's ``env:`` variables in this process, logging each change."""
+    for key, value in values.items():
+        old = os.environ.get(key)
+        os.environ[key] = str(value)
+        if old != str(value):
+            log.info("env: %s=%s%s", key, value, "" if old is None else f" (was {old})")
+
+
+def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> None:
+    """Join the process group for `env` (a no-op for one rank).
+
+    Under torchrun the agent's store is used (``env://``); under Slurm rank 0 hosts a TCPStore at
+    master_addr:master_port and the others connect within `rdzv_timeout_s`. Collectives time out
+    after `timeout_s`.
+
+    Raises:
+        UserError: the port is taken or the master never appears, with a HINT.
+    """
+    if not env.distributed:
+        return
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if env.source == "torchrun":
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        return
+    try:
+        store = dist.TCPStore(
+            env.master_addr,
+            env.master_port,
+            env.world_size,
+            is_master=env.is_main,
+            timeout=timedelta(seconds=rdzv_timeout_s),
+            wait_for_workers=False,
+        )
+    except Exception as e:  # torch raises RuntimeError/DistNetworkError/DistStoreError
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if env.is_main:
+            raise UserError(
+                f"rank 0 cannot listen on {env.master_addr}:{env.master_port} ({text[:160]})",
+                "the port is taken: set MASTER_PORT to a free port in the job's environment",
+            ) from None
+        raise UserError(
+            f"rank {env.rank} could not reach rank 0 at {env.master_addr}:{env.master_port} "
+            f"within {rdzv_timeout_s:g} s ({text[:160]})",
+            "check that rank 0 started (all tasks under one srun) and that MASTER_ADDR resolves; "
+            "raise launcher.rdzv_timeout if nodes start slowly",
+        ) from None
+    dist.init_process_group(
+        backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
+    )

@@ -1,0 +1,46 @@
+"""The one error type for user mistakes, and did-you-mean helpers."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """A mistake the user can fix: printed in one or two lines, exit code 2, no traceback.
+
+    Args:
+        message: what is wrong, naming the bad value.
+        hint: the exact fix, printed on a second line after ``HINT:``.
+    """
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  HINT: {self.hint}"
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """Return ' Did you mean 'x'?' for the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def choices_text(choices: Iterable[str], limit: int = 12) -> str:
+    """Render valid choices as 'a, b, c' (shortened to `limit` names, with a count of the rest)."""
+    names = sorted(choices)
+    if len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f", ... ({len(names) - limit} more)"
+
+
+def unknown_name(kind: str, name: str, choices: Iterable[str], hint: str) -> UserError:
+    """Build the error for a name that is not among `choices`."""
+    choices = list(choices)
+    return UserError(
+        f"unknown {kind} '{name}'.{did_you_mean(name, choices)} Valid: {choices_text(choices)}",
+        hint,
+    )

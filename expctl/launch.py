@@ -1,0 +1,124 @@
+"""Start the ranks of a run: inline (this process), local (torch's elastic agent), or Slurm.
+
+The launching process has already composed and validated the config; `local` creates the run
+directory here and hands its path to the workers, which read RUN_DIR/config.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from expctl import rundir
+from expctl.config import Config
+from expctl.dist import DistEnv, detect
+from expctl.errors import UserError
+
+log = logging.getLogger("expctl")
+
+
+@dataclass
+class Result:
+    """What a finished run returns: its directory and final metrics (as in result.json)."""
+
+    run_dir: Path
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.metrics[key]
+
+
+def visible_gpus(cfg: Config) -> int:
+    """GPUs this process would train on (0 for train.device=cpu or no CUDA)."""
+    if cfg.train.device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def launch(cfg: Config) -> Result:
+    """Run `cfg` with its launcher and wait for the result."""
+    gpus = visible_gpus(cfg)
+    env = detect(os.environ, gpus_per_node=gpus if "SLURM_STEP_ID" in os.environ else None)
+    if env.distributed and cfg.launcher.name != "inline":
+        raise UserError(
+            f"launcher={cfg.launcher.name} inside a job that already has {env.world_size} ranks ({env.source})",
+            "drop the launcher override: each rank of this job trains inline",
+        )
+    if cfg.launcher.name == "local":
+        return _local(cfg, env, gpus)
+    if cfg.launcher.name == "slurm":
+        raise UserError("launcher=slurm is not available yet", "use launcher=local, or srun ... expctl run")
+    return inline(cfg, env, gpus)
+
+
+def inline(cfg: Config, env: DistEnv, gpus: int) -> Result:
+    """Train in this process, as one rank of whatever job `env` describes."""
+    from expctl import train
+
+    if gpus and env.local_world_size > gpus:
+        raise UserError(
+            f"{env.local_world_size} ranks on this node but {gpus} GPU(s)", f"start at most {gpus} ranks per node"
+        )
+    run_dir, metrics = train.main(cfg, env)
+    return Result(run_dir, metrics)
+
+
+def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    n = cfg.launcher.nproc
+    if gpus and n > gpus:
+        raise UserError(
+            f"launcher.nproc={n} but this machine has {gpus} GPU(s): ranks would share a GPU",
+            f"use launcher.nproc={gpus} or fewer, or train.device=cpu",
+        )
+    frozen = rundir.create(cfg, env.run_id)
+    run_dir = Path(str(frozen.run.dir))
+    print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=n,
+        run_id=f"expctl-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        rdzv_configs={"timeout": int(cfg.launcher.rdzv_timeout)},
+        max_restarts=cfg.launcher.max_restarts,
+        monitor_interval=0.2,
+    )
+    try:
+        elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode
+        if code == 2:  # the worker printed a user error itself
+            raise SystemExit(2) from None
+        raise RuntimeError(
+            f"local worker rank {rank} failed with exit code {code} after "
+            f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
+        ) from None
+    return Result(run_dir, read_result(run_dir))
+
+
+def read_result(run_dir: Path) -> dict[str, Any]:
+    """The metrics of result.json ({} while the run has none)."""
+    path = run_dir / "result.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def worker(run_dir: str) -> None:
+    """Entry point of one local worker: read the frozen config, detect the rank, train."""
+    from expctl import config as config_mod
+    from expctl import train
+
+    cfg = config_mod.load(run_dir)
+    train.main(cfg, detect(os.environ))

@@ -1,0 +1,70 @@
+"""Built-in optimizers, LR schedulers and losses, registered by lowercase name.
+
+Every ``torch.optim`` optimizer (``sgd``, ``adamw``, ...), every ``torch.optim.lr_scheduler``
+scheduler (``multisteplr`` and, without the suffix, ``multistep``), ``warmup_cosine`` / ``cosine``,
+and every ``torch.nn`` loss in snake_case (``cross_entropy``, ``mse``, ``bce_with_logits``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+from torch import nn
+from torch.optim import lr_scheduler
+
+from expctl.registry import register
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def _register_optimizers() -> None:
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer:
+            register("optimizers", name.lower(), runtime=("params",), description=f"torch.optim.{name}")(cls)
+
+
+def _register_schedulers() -> None:
+    skip = {"LRScheduler", "_LRScheduler", "ReduceLROnPlateau", "SequentialLR", "ChainedScheduler", "LambdaLR", "MultiplicativeLR"}
+    for name in dir(lr_scheduler):
+        cls = getattr(lr_scheduler, name)
+        if isinstance(cls, type) and issubclass(cls, lr_scheduler.LRScheduler) and name not in skip:
+            for alias in {name.lower(), name.lower().removesuffix("lr")}:
+                register("schedulers", alias, runtime=("optimizer",), description=f"torch.optim.lr_scheduler.{name}")(cls)
+
+
+@register("schedulers", runtime=("optimizer",), inferred=("total_steps",))
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, total_steps: int = 1, warmup_steps: int = 0, min_lr_ratio: float = 0.0
+) -> lr_scheduler.LRScheduler:
+    """Linear warm-up for `warmup_steps`, then cosine decay to min_lr_ratio x lr at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@register("schedulers", runtime=("optimizer",), inferred=("total_steps",))
+def cosine(optimizer: torch.optim.Optimizer, total_steps: int = 1, min_lr_ratio: float = 0.0) -> lr_scheduler.LRScheduler:
+    """Cosine decay over the whole run (warmup_cosine without warm-up)."""
+    return warmup_cosine(optimizer, total_steps, 0, min_lr_ratio)
+
+
+def _register_losses() -> None:
+    for name in dir(nn):
+        cls = getattr(nn, name)
+        if isinstance(cls, type) and issubclass(cls, nn.modules.loss._Loss) and name.endswith("Loss"):
+            register("losses", _snake(name.removesuffix("Loss")), description=f"torch.nn.{name}")(cls)
+
+
+_register_optimizers()
+_register_schedulers()
+_register_losses()

@@ -1,0 +1,297 @@
+"""Flat name -> factory registries for models, datasets, optimizers, schedulers, losses, steps.
+
+Built-in components register themselves when their module is imported; `load_builtins()` imports
+them (and installed plugins' ``expctl.plugins`` entry points) the first time a registry is read.
+User components live in the user's own module, listed under ``imports:`` in the config:
+
+    from expctl import register
+
+    @register("models", "my_net")
+    def my_net(width: int = 64, num_classes: int = 10) -> nn.Module: ...
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from expctl.errors import UserError, choices_text, did_you_mean, unknown_name
+
+KINDS = ("models", "datasets", "optimizers", "schedulers", "losses", "steps")
+_ALIASES = {k[:-1]: k for k in KINDS} | {"optim": "optimizers", "sched": "schedulers"}
+_SECTIONS = {
+    "models": "model",
+    "datasets": "data",
+    "optimizers": "optim",
+    "schedulers": "sched",
+    "losses": "loss",
+    "steps": "train.step",
+}
+_BUILTIN_MODULES = ("expctl.models", "expctl.data", "expctl.optim", "expctl.steps")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered component.
+
+    Args:
+        name: the name configs use.
+        factory: the callable that builds it.
+        runtime: parameters the framework passes itself (e.g. ``params`` of an optimizer).
+        inferred: parameters filled from the data when the config leaves them out.
+        params_of: for factories taking ``**kwargs``, the callable whose signature they accept.
+        check: a cheap pre-flight check run with the config's arguments before any worker starts
+            (e.g. that data files exist); raises UserError.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    runtime: frozenset[str] = frozenset()
+    inferred: frozenset[str] = frozenset()
+    params_of: Callable[..., Any] | None = None
+    check: Callable[..., None] | None = None
+    description: str = ""
+
+    def parameters(self) -> dict[str, inspect.Parameter]:
+        """User-settable parameters: the factory's (and `params_of`'s) minus runtime ones."""
+        out: dict[str, inspect.Parameter] = {}
+        for fn in (self.params_of, self.factory):
+            if fn is None:
+                continue
+            for p in _signature(fn).parameters.values():
+                if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in self.runtime:
+                    continue
+                if fn is self.params_of and p.default is p.empty:
+                    continue  # supplied by the factory itself (e.g. ResNet's block, layers)
+                if p.name != "self":
+                    out[p.name] = p
+        return out
+
+    def accepts_any(self) -> bool:
+        """True when extra keyword arguments cannot be checked (a bare ``**kwargs``)."""
+        if self.params_of is not None:
+            return _has_var_kw(self.params_of)
+        return _has_var_kw(self.factory)
+
+
+@dataclass
+class Registry:
+    """Names of one kind of component, mapped to their entries."""
+
+    kind: str
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+    def add(self, entry: Entry) -> None:
+        """Register `entry`; a second registration of a name replaces the first (reloads)."""
+        self.entries[entry.name] = entry
+
+
+_REGISTRIES: dict[str, Registry] = {k: Registry(k) for k in KINDS}
+_PROVIDERS: dict[str, list[Callable[[], None]]] = {k: [] for k in KINDS}
+_loaded = False
+
+
+def add_provider(kind: str, provider: Callable[[], None]) -> None:
+    """Register names lazily: `provider()` runs (once) the first time a name of `kind` is not
+    found or all names are listed (torchvision's models load only when asked for)."""
+    _PROVIDERS[canonical_kind(kind)].append(provider)
+
+
+def _provide(kind: str) -> None:
+    while _PROVIDERS[kind]:
+        _PROVIDERS[kind].pop(0)()
+
+
+def canonical_kind(kind: str) -> str:
+    """The registry kind for `kind` (accepts singular forms and section names)."""
+    k = _ALIASES.get(kind, kind)
+    if k not in _REGISTRIES:
+        raise unknown_name("registry", kind, KINDS, "use one of the kinds above")
+    return k
+
+
+def register(
+    kind: str,
+    name: str | None = None,
+    *,
+    runtime: Iterable[str] = (),
+    inferred: Iterable[str] = (),
+    params_of: Callable[..., Any] | None = None,
+    check: Callable[..., None] | None = None,
+    description: str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a factory under `name` (default: the function's name)."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        doc = description if description is not None else (inspect.getdoc(fn) or "")
+        _REGISTRIES[canonical_kind(kind)].add(
+            Entry(
+                name=name or fn.__name__,
+                factory=fn,
+                runtime=frozenset(runtime),
+                inferred=frozenset(inferred),
+                params_of=params_of,
+                check=check,
+                description=doc.strip().splitlines()[0] if doc.strip() else "",
+            )
+        )
+        return fn
+
+    return deco
+
+
+def load_builtins() -> None:
+    """Import the built-in component modules and installed plugins (once)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="expctl.plugins"):
+        ep.load()
+
+
+def import_user_modules(modules: Iterable[str]) -> None:
+    """Import the modules a config lists under ``imports:`` (their decorators register names)."""
+    import sys
+    from pathlib import Path
+
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:  # `imports: [my_components]` next to the config, as with python -m
+        sys.path.insert(0, cwd)
+    for mod in modules:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name and mod.startswith(e.name):
+                raise UserError(
+                    f"imports: cannot import module '{mod}' (no module named '{e.name}')",
+                    "list importable module names (e.g. 'my_pkg.components'), run from the "
+                    "directory holding them or add it to PYTHONPATH",
+                ) from None
+            raise
+
+
+def names(kind: str) -> list[str]:
+    """Sorted registered names of `kind`."""
+    load_builtins()
+    _provide(canonical_kind(kind))
+    return sorted(_REGISTRIES[canonical_kind(kind)].entries)
+
+
+def get(kind: str, name: str) -> Entry:
+    """The entry for `name`, or a UserError listing valid names with a did-you-mean."""
+    load_builtins()
+    reg = _REGISTRIES[canonical_kind(kind)]
+    if name not in reg.entries:
+        _provide(reg.kind)
+    if name not in reg.entries:
+        raise unknown_name(
+            f"{_SECTIONS[reg.kind]} name",
+            name,
+            reg.entries,
+            f"see `expctl list {reg.kind}`; register your own with @expctl.register("
+            f"'{reg.kind}', '{name}') in a module listed under `imports:`",
+        )
+    return reg.entries[name]
+
+
+def check_args(kind: str, name: str, kwargs: Mapping[str, Any], section: str) -> None:
+    """Check config arguments against the factory's signature, before anything is built.
+
+    Raises:
+        UserError: unknown argument (with did-you-mean), missing required one, or wrong type.
+    """
+    entry = get(kind, name)
+    params = entry.parameters()
+    for key, value in kwargs.items():
+        if key not in params:
+            if entry.accepts_any():
+                continue
+            raise UserError(
+                f"{section}.{key}: '{name}' has no argument '{key}'.{did_you_mean(key, params)} "
+                f"Valid: {choices_text(params) or '(none)'}",
+                f"see `expctl list {canonical_kind(kind)}` for the arguments of '{name}'",
+            )
+        _check_type(f"{section}.{key}", value, params[key])
+    for p in params.values():
+        if p.default is p.empty and p.name not in kwargs and p.name not in entry.inferred:
+            raise UserError(
+                f"{section}: '{name}' needs argument '{p.name}', which the config does not set",
+                f"add it, e.g. {section}.{p.name}=VALUE on the command line",
+            )
+    if entry.check is not None:
+        entry.check(**kwargs)
+
+
+def describe(entry: Entry) -> str:
+    """Render 'arg=default, arg: type' for `expctl list`."""
+    parts = []
+    for p in entry.parameters().values():
+        ann = _annotation_name(p)
+        text = p.name + (f": {ann}" if ann else "")
+        if p.default is not p.empty:
+            text += f" = {p.default!r}"
+        parts.append(text)
+    if entry.accepts_any() and entry.params_of is None:
+        parts.append("**kwargs")
+    return ", ".join(parts)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return inspect.Signature()
+
+
+def _has_var_kw(fn: Callable[..., Any]) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in _signature(fn).parameters.values())
+
+
+def _annotation_name(p: inspect.Parameter) -> str:
+    ann = p.annotation
+    if ann is p.empty:
+        return ""
+    return ann if isinstance(ann, str) else getattr(ann, "__name__", str(ann))
+
+
+_SIMPLE = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _check_type(where: str, value: Any, p: inspect.Parameter) -> None:
+    """Check `value` against a simple annotation (int, float, bool, str, their unions)."""
+    ann = _annotation_name(p).replace("typing.", "")
+    if not ann:
+        if p.default is not p.empty and p.default is not None and value is not None:
+            ann = type(p.default).__name__
+        else:
+            return
+    options = [a.strip() for a in ann.split("|")]
+    if not all(o in _SIMPLE or o == "None" for o in options):
+        return  # complex annotation (lists, tensors, ...): the factory checks it
+    if value is None:
+        if "None" in options:
+            return
+    elif any(_fits(value, _SIMPLE[o]) for o in options if o in _SIMPLE):
+        return
+    raise UserError(
+        f"{where}: expected {' or '.join(options)}, got {value!r} ({type(value).__name__})",
+        f"set {where} to a value of type {options[0]}",
+    )
+
+
+def _fits(value: Any, t: type) -> bool:
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, t)
+
+

@@ -1,0 +1,122 @@
+"""What rank 0 writes while training: metrics.jsonl, result.json, train.log, the console, TensorBoard.
+
+Other ranks get a `Reporter` with ``enabled=False``, which writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger("expctl")
+
+METRICS_FILE, RESULT_FILE, LOG_FILE = "metrics.jsonl", "result.json", "train.log"
+
+
+def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
+    """Log INFO to stdout on rank 0 (and to RUN_DIR/train.log); warnings only on other ranks."""
+    root = logging.getLogger("expctl")
+    root.setLevel(logging.INFO)
+    root.propagate = False
+    for h in list(root.handlers):
+        if getattr(h, "_expctl", False):
+            root.removeHandler(h)
+            h.close()
+    console = logging.StreamHandler(sys.stdout if enabled else sys.stderr)
+    console.setLevel(logging.INFO if enabled else logging.WARNING)
+    console.setFormatter(logging.Formatter("%(message)s" if enabled else f"[rank {rank}] %(message)s"))
+    handlers: list[logging.Handler] = [console]
+    if enabled and run_dir is not None:
+        fh = logging.FileHandler(run_dir / LOG_FILE)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handlers.append(fh)
+    for h in handlers:
+        h._expctl = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+
+
+class Reporter:
+    """Rank 0's outputs. Every method is a no-op when `enabled` is False."""
+
+    def __init__(self, run_dir: Path, enabled: bool, steps_per_epoch: int, max_steps: int) -> None:
+        self.run_dir, self.enabled = run_dir, enabled
+        self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
+        self.tty = enabled and sys.stdout.isatty()
+        self._file: TextIO | None = None
+        self._tb: Any = None
+        self._last_len = 0
+        if enabled:
+            self._file = open(run_dir / METRICS_FILE, "a", buffering=1)
+            self._tb = _tensorboard(run_dir)
+
+    def record(self, step: int, epoch: int, metrics: dict[str, float], kind: str) -> None:
+        """Append one event to metrics.jsonl, TensorBoard and the console."""
+        if not self.enabled:
+            return
+        event = {"step": step, "epoch": epoch, **{k: _num(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
+        assert self._file is not None
+        self._file.write(json.dumps(event) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, v, step)
+        shown = "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
+        where = f"epoch {epoch} step {step}/{self.max_steps}"
+        if kind == "train" and self.tty:
+            line = f"\r[{_bar(step, self.max_steps)}] {where}  {shown}"
+            sys.stdout.write(line + " " * max(0, self._last_len - len(line)))
+            sys.stdout.flush()
+            self._last_len = len(line)
+            return
+        if self.tty and self._last_len:
+            sys.stdout.write("\n")
+            self._last_len = 0
+        log.info("%s %s  %s", kind, where, shown)
+
+    def result(self, payload: dict[str, Any]) -> None:
+        """Write result.json atomically."""
+        if not self.enabled:
+            return
+        tmp = self.run_dir / f".{RESULT_FILE}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
+        os.replace(tmp, self.run_dir / RESULT_FILE)
+
+    def close(self) -> None:
+        """Flush and close the files."""
+        if self.tty and self._last_len:
+            sys.stdout.write("\n")
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    try:
+        import tensorboard  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(run_dir / "tb"))
+
+
+def _num(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/inf
+    return v
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _bar(step: int, total: int, width: int = 20) -> str:
+    filled = int(width * min(1.0, step / max(1, total)))
+    return "#" * filled + "." * (width - filled)

@@ -1,0 +1,132 @@
+"""The run directory: decided once, created atomically, written by rank 0 only.
+
+Its name comes from ``run.dir`` when set, else from an id every rank knows without talking (the
+Slurm job id, or the id a launcher passes down), else from the time plus a random suffix; the
+folder is made with ``mkdir`` (atomic), so two runs started in the same second never share one.
+An existing run directory is reused (to resume) only when its frozen config matches.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from expctl import config as config_mod
+from expctl.config import Config
+from expctl.errors import UserError
+
+# keys that may change between an interrupted run and its continuation
+RESUMABLE_CHANGES = ("train.max_epochs", "train.max_steps", "train.log_every", "launcher.", "checkpoint.", "env.")
+
+
+def deterministic_dir(cfg: Config, run_id: str | None) -> Path | None:
+    """The run directory every rank can compute alone, or None when one must be invented."""
+    if cfg.run.dir:
+        return Path(cfg.run.dir).expanduser().absolute()
+    if run_id:
+        return Path(cfg.run.root).expanduser().absolute() / f"{_safe(cfg.run.name)}-job{_safe(run_id)}"
+    return None
+
+
+def _safe(text: str) -> str:
+    out = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in str(text)).strip("._")
+    return out or "run"
+
+
+def create(cfg: Config, run_id: str | None = None) -> Config:
+    """Create (or reopen, to resume) the run directory and write config.yaml into it.
+
+    Returns:
+        The config with ``run.dir`` set to the absolute path of the directory.
+
+    Raises:
+        UserError: the directory holds another run's config, or cannot be created.
+    """
+    path = deterministic_dir(cfg, run_id)
+    if path is None:
+        path = _new_unique(Path(cfg.run.root).expanduser().absolute(), _safe(cfg.run.name))
+        created = True
+    else:
+        created = _make(path)
+    frozen = cfg.replace("run", dir=str(path))
+    try:
+        _write_config(path, frozen, fresh=created)
+    except BaseException:
+        if created:
+            _remove_if_empty(path)
+        raise
+    return frozen
+
+
+def _make(path: Path) -> bool:
+    try:
+        path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        path.mkdir(mode=0o750)
+        return True
+    except FileExistsError:
+        if not path.is_dir():
+            raise UserError(f"run.dir {path} exists and is not a directory", "pick another run.dir") from None
+        return False
+    except OSError as e:
+        raise UserError(f"cannot create run directory {path}: {e.strerror}", "check run.root / run.dir") from None
+
+
+def _new_unique(root: Path, name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for _ in range(100):
+        path = root / f"{name}-{stamp}-{secrets.token_hex(2)}"
+        if _make(path):
+            return path
+    raise UserError(f"could not create a fresh run directory under {root}", "check run.root")
+
+
+def _write_config(path: Path, cfg: Config, fresh: bool) -> None:
+    target = path / config_mod.CONFIG_FILE
+    text = config_mod.to_yaml(cfg)
+    if not fresh and target.exists():
+        old = config_mod.load(path)
+        diff = _differences(old.to_dict(), cfg.to_dict())
+        blocking = [k for k in diff if not k.startswith(RESUMABLE_CHANGES)]
+        if blocking:
+            raise UserError(
+                f"run directory {path} holds a run with a different config ({', '.join(blocking[:3])} differ)",
+                "resume it with the same config, or start a new run (drop run.dir, or pick another)",
+            )
+        if not diff:
+            return
+    elif not fresh and any(path.iterdir()):
+        raise UserError(f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir")
+    tmp = path / f".{config_mod.CONFIG_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(text)
+    os.chmod(tmp, 0o640)
+    os.replace(tmp, target)
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = sorted(set(a) | set(b))
+    out: list[str] = []
+    for k in keys:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _differences(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def remove_failed(path: Path) -> None:
+    """Remove a run directory that a failed pre-flight left with only its config."""
+    for name in (config_mod.CONFIG_FILE,):
+        (path / name).unlink(missing_ok=True)
+    _remove_if_empty(path)
+

@@ -1,0 +1,166 @@
+"""Training steps: what one batch does. Built-ins ``supervised`` and ``gan`` (seed 000's DCGAN).
+
+A step is a class registered under ``steps`` with ``train_step(ctx, batch)`` returning a dict of
+detached scalar tensors (averaged over ranks at log time), and optionally ``val_step(ctx,
+batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then divided):
+
+    @register("steps", "my_step")
+    class MyStep:
+        def train_step(self, ctx: StepContext, batch):
+            x, y = batch
+            with ctx.autocast():
+                loss = ctx.loss_fn(ctx.model(x), y)
+            ctx.backward(loss)
+            ctx.step()
+            return {"loss": loss.detach()}
+
+`ctx` hides precision, gradient accumulation, clipping and the GradScaler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from expctl.registry import register
+
+
+@dataclass
+class StepContext:
+    """What a step sees: models, optimizers, the loss, and helpers that apply the train config."""
+
+    models: dict[str, nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    loss_fn: nn.Module
+    device: torch.device
+    amp_dtype: torch.dtype | None = None
+    scaler: Any = None  # torch.amp.GradScaler for fp16
+    grad_accum: int = 1
+    grad_clip: float | None = None
+    channels_last: bool = False
+    boundary: bool = True  # the last micro-batch before an optimizer step
+
+    @property
+    def model(self) -> nn.Module:
+        """The model, when there is only one."""
+        return next(iter(self.models.values()))
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast to the configured precision (a no-op in fp32)."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of `loss`, scaled for accumulation and fp16."""
+        if self.grad_accum > 1:
+            loss = loss / self.grad_accum
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def step(self, name: str | None = None) -> None:
+        """At an accumulation boundary: unscale, clip, step and zero the grads of one optimizer."""
+        if not self.boundary:
+            return
+        key = name or next(iter(self.optimizers))
+        opt = self.optimizers[key]
+        if self.grad_clip is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            params = [p for g in opt.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.grad_clip, foreach=True)
+        if self.scaler is not None:
+            self.scaler.step(opt)
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def zero_grad(self, name: str) -> None:
+        """Drop gradients that another model's backward left on `name`'s parameters."""
+        self.optimizers[name].zero_grad(set_to_none=True)
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Move an image batch to the memory format the model uses."""
+        if self.channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+
+@register("steps", "supervised")
+class Supervised:
+    """Forward, loss, backward, step; validation reports loss and, for class targets, accuracy."""
+
+    def train_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        x, y = batch[0], batch[1]
+        with ctx.autocast():
+            loss = ctx.loss_fn(ctx.model(ctx.inputs(x)), y)
+        ctx.backward(loss)
+        ctx.step()
+        return {"loss": loss.detach()}
+
+    def val_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, tuple[torch.Tensor, Any]]:
+        x, y = batch[0], batch[1]
+        with ctx.autocast():
+            out = ctx.model(ctx.inputs(x))
+            loss = ctx.loss_fn(out, y)
+        n = y.shape[0]
+        metrics: dict[str, tuple[torch.Tensor, Any]] = {"loss": (loss.float() * n, n)}
+        if y.dtype == torch.long and out.dim() == 2:
+            metrics["acc"] = ((out.argmax(1) == y).sum(), n)
+        return metrics
+
+
+@register("steps", "gan")
+class GAN:
+    """DCGAN: a discriminator step on real + generated images, then a generator step."""
+
+    def _noise(self, ctx: StepContext, n: int) -> torch.Tensor:
+        gen = ctx.models["generator"]
+        latent = getattr(gen, "module", gen).latent_dim
+        return torch.randn(n, latent, device=ctx.device)
+
+    def train_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        real = ctx.inputs(batch[0])
+        n = real.shape[0]
+        gen, disc = ctx.models["generator"], ctx.models["discriminator"]
+        labels = torch.cat([torch.ones(n, 1, device=ctx.device), torch.zeros(n, 1, device=ctx.device)])
+        with ctx.autocast():
+            fake = gen(self._noise(ctx, n))
+            # one forward of the discriminator per backward keeps DDP's reducer in step
+            logits = disc(torch.cat([real, ctx.inputs(fake.detach())]))
+            loss_d = ctx.loss_fn(logits.float(), labels)
+        ctx.zero_grad("discriminator")
+        ctx.backward(loss_d)
+        ctx.step("discriminator")
+        with ctx.autocast():
+            loss_g = ctx.loss_fn(disc(ctx.inputs(fake)).float(), labels[:n])
+        ctx.backward(loss_g)
+        ctx.step("generator")
+        d_real = torch.sigmoid(logits[:n].detach().float()).mean()
+        return {"loss_d": loss_d.detach(), "loss_g": loss_g.detach(), "d_real": d_real}
+
+    def val_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, tuple[torch.Tensor, Any]]:
+        real = ctx.inputs(batch[0])
+        n = real.shape[0]
+        with ctx.autocast():
+            fake = ctx.models["generator"](self._noise(ctx, n))
+            logits = ctx.models["discriminator"](torch.cat([real, ctx.inputs(fake)])).float()
+        d_acc = ((logits[:n] > 0).sum() + (logits[n:] < 0).sum()).float()
+        return {"d_acc": (d_acc, 2 * n), "d_real": (torch.sigmoid(logits[:n]).sum(), n)}
+
+
+@contextlib.contextmanager
+def no_sync(models: dict[str, nn.Module], skip: bool) -> Iterator[None]:
+    """Skip DDP's gradient all-reduce for every model while `skip` (non-boundary micro-batches)."""
+    with contextlib.ExitStack() as stack:
+        if skip:
+            for m in models.values():
+                if hasattr(m, "no_sync"):
+                    stack.enter_context(m.no_sync())
+        yield

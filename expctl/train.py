@@ -1,0 +1,295 @@
+"""Every rank runs `main(cfg, env)`: process group, run directory, build, restore, then `fit`.
+
+It reads the frozen config it is given and never re-enters Hydra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from expctl import checkpoint, rundir
+from expctl.build import Parts, build, pick_device
+from expctl.config import Config
+from expctl.data import val_batches
+from expctl.dist import DistEnv, apply_env, init_process_group
+from expctl.errors import UserError
+from expctl.report import Reporter, setup_logging
+from expctl.steps import no_sync
+
+log = logging.getLogger("expctl")
+
+
+@dataclass
+class TrainState:
+    """Where training stands: optimizer steps, epoch, micro-batches done in the epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    val: dict[str, float] = field(default_factory=dict)
+    train: dict[str, float] = field(default_factory=dict)
+
+
+class Control:
+    """Small CPU collectives (gloo) that never touch the GPU stream: run-dir agreement, RNG
+    gathering for checkpoints."""
+
+    def __init__(self, env: DistEnv) -> None:
+        self.env = env
+        self.group: Any = None
+        if env.distributed:
+            import torch.distributed as dist
+
+            self.group = dist.new_group(backend="gloo")
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if self.group is None:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order."""
+        if self.group is None:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
+    """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json)."""
+    apply_env(cfg.env)
+    device = pick_device(cfg, env)
+    init_process_group(env, "nccl" if device.type == "cuda" else "gloo", cfg.launcher.rdzv_timeout, cfg.launcher.collective_timeout)
+    try:
+        ctl = Control(env)
+        cfg = _agree_run_dir(cfg, env, ctl)
+        run_dir = Path(str(cfg.run.dir))
+        setup_logging(run_dir, env.is_main, env.rank)
+        parts = build(cfg, env, device)
+        state = TrainState()
+        _restore(cfg, env, parts, state, run_dir)
+        steps_left = parts.total_steps - state.step
+        rep = Reporter(run_dir, env.is_main, parts.batches.steps_per_epoch, parts.total_steps)
+        log.info(
+            "run %s | %s x %d rank(s) on %s | global batch %d (%d per rank x %d accum) | %d steps left",
+            run_dir, env.source, env.world_size, device, cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
+            cfg.data.batch_size, cfg.train.grad_accum, steps_left,
+        )
+        try:
+            return run_dir, fit(cfg, env, parts, state, rep, ctl)
+        finally:
+            rep.close()
+    finally:
+        if env.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _agree_run_dir(cfg: Config, env: DistEnv, ctl: Control) -> Config:
+    """Rank 0 creates (or reopens) the run directory; every rank learns its path."""
+    reply: tuple[str, str, str | None]
+    if env.is_main:
+        try:
+            frozen = rundir.create(cfg, env.run_id)
+            reply = ("ok", str(frozen.run.dir), None)
+        except UserError as e:
+            reply = ("error", e.message, e.hint)
+    else:
+        reply = ("", "", None)
+    reply = ctl.broadcast(reply)
+    if reply[0] == "error":
+        raise UserError(reply[1], reply[2])
+    return cfg.replace("run", dir=reply[1])
+
+
+def _restore(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir: Path) -> None:
+    """Resume from the run's newest valid checkpoint (resume=auto, or any restart) or a path."""
+    resume = cfg.checkpoint.resume
+    if resume not in ("auto", "never"):
+        found: tuple[Path, dict[str, Any]] | None = (Path(resume), checkpoint.load(Path(resume)))
+    elif resume == "auto" or env.restart_count > 0:
+        found = checkpoint.newest_valid(run_dir)
+    else:
+        found = None
+    if found is None:
+        return
+    path, payload = found
+    for name, sd in payload["models"].items():
+        parts.models[name].load_state_dict(sd)
+    for name, sd in payload["optimizers"].items():
+        parts.ctx.optimizers[name].load_state_dict(sd)
+    for name, sd in payload.get("schedulers", {}).items():
+        if name in parts.schedulers:
+            parts.schedulers[name].load_state_dict(sd)
+    if parts.ctx.scaler is not None and payload.get("scaler"):
+        parts.ctx.scaler.load_state_dict(payload["scaler"])
+    state.step, state.epoch, state.batch = int(payload["step"]), int(payload["epoch"]), int(payload["batch"])
+    state.val = dict(payload.get("val") or {})
+    rng = payload.get("rng") or []
+    if len(rng) == env.world_size:
+        checkpoint.set_rng_state(rng[env.rank])
+    else:
+        log.warning("checkpoint was written by %d rank(s), now %d: RNG streams restart from the seed", len(rng), env.world_size)
+    log.info("resumed from %s (step %d, epoch %d, batch %d)", path, state.step, state.epoch, state.batch)
+
+
+def _save(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control) -> Path | None:
+    """Every rank contributes its RNG state; rank 0 writes the checkpoint."""
+    rng = ctl.gather(checkpoint.rng_state())
+    if not env.is_main:
+        return None
+    payload = {
+        "step": state.step, "epoch": state.epoch, "batch": state.batch, "world_size": env.world_size,
+        "model_args": parts.model_args,
+        "models": {k: m.state_dict() for k, m in parts.models.items()},
+        "optimizers": {k: o.state_dict() for k, o in parts.ctx.optimizers.items()},
+        "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
+        "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
+        "rng": rng, "val": state.val,
+    }
+    return checkpoint.save(Path(str(cfg.run.dir)), payload, cfg.checkpoint.keep)
+
+
+class Meter:
+    """Running sums of the step's metrics on the device; reduced over ranks only at log time."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = 0
+
+    def add(self, metrics: dict[str, torch.Tensor]) -> None:
+        for k, v in metrics.items():
+            v = v.detach().float()
+            self.sums[k] = self.sums[k] + v if k in self.sums else v.clone()
+        self.count += 1
+
+    def reduce(self, env: DistEnv, prefix: str) -> dict[str, float]:
+        """Mean over steps and ranks (one host sync); resets the sums."""
+        if not self.sums:
+            return {}
+        keys = sorted(self.sums)
+        vec = torch.stack([self.sums[k] for k in keys]) / self.count
+        if env.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(vec)
+            vec /= env.world_size
+        self.sums, self.count = {}, 0
+        return {f"{prefix}{k}": float(v) for k, v in zip(keys, vec.tolist(), strict=True)}
+
+
+def evaluate(cfg: Config, env: DistEnv, parts: Parts) -> dict[str, float]:
+    """Validation metrics over the whole val set, reduced exactly (sums and counts) over ranks."""
+    if parts.splits.val is None or not hasattr(parts.step, "val_step"):
+        return {}
+    ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives
+    sums: dict[str, list[Any]] = {}
+    for m in parts.models.values():
+        m.eval()
+    with torch.no_grad():
+        bs = cfg.data.val_batch_size or cfg.data.batch_size
+        for batch in val_batches(parts.splits.val, bs, env.rank, env.world_size, ctx.device):
+            for k, (s, n) in parts.step.val_step(ctx, batch).items():
+                acc = sums.setdefault(k, [0.0, 0.0])
+                acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
+    for m in parts.models.values():
+        m.train()
+    keys = sorted(sums)
+    vec = torch.tensor([[float(sums[k][0]), float(sums[k][1])] for k in keys], dtype=torch.float64)
+    if env.distributed:
+        import torch.distributed as dist
+
+        vec = vec.to(ctx.device)
+        dist.all_reduce(vec)
+    return {f"val/{k}": float(s / n) if n else math.nan for k, (s, n) in zip(keys, vec.tolist(), strict=True)}
+
+
+def fit(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, rep: Reporter, ctl: Control) -> dict[str, Any]:
+    """The loop: micro-batches, optimizer steps, logging, validation, checkpoints."""
+    t, ctx, every = cfg.train, parts.ctx, cfg.checkpoint.every
+    micro_per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum
+    global_batch = cfg.data.batch_size * env.world_size * t.grad_accum
+    meter, started = Meter(), time.perf_counter()
+    mark, mark_step, saved_at = started, state.step, -1
+    for m in ctx.models.values():
+        m.train()
+    while state.epoch < t.max_epochs and state.step < parts.total_steps:
+        for batch in parts.batches.epoch(state.epoch, start=state.batch):
+            ctx.boundary = (state.batch + 1) % t.grad_accum == 0
+            with no_sync(ctx.models, skip=not ctx.boundary):
+                meter.add(parts.step.train_step(ctx, batch))
+            state.batch += 1
+            if not ctx.boundary:
+                continue
+            if ctx.scaler is not None:
+                ctx.scaler.update()
+            state.step += 1
+            if cfg.sched.interval == "step":
+                for s in parts.schedulers.values():
+                    s.step()
+            if state.step % t.log_every == 0:
+                now = time.perf_counter()
+                state.train = meter.reduce(env, "train/")
+                _check_finite(state, cfg)
+                speed = (state.step - mark_step) * global_batch / max(now - mark, 1e-9)
+                lr = next(iter(ctx.optimizers.values())).param_groups[0]["lr"]
+                rep.record(state.step, state.epoch, {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}, "train")
+                mark, mark_step = now, state.step
+            if every and state.step % every == 0:
+                _save(cfg, env, parts, state, ctl)
+                saved_at = state.step
+            if state.step >= parts.total_steps or state.batch >= micro_per_epoch:
+                break
+        if state.batch >= micro_per_epoch:
+            state.epoch, state.batch = state.epoch + 1, 0
+            if cfg.sched.interval == "epoch":
+                for s in parts.schedulers.values():
+                    s.step()
+            last = state.epoch >= t.max_epochs or state.step >= parts.total_steps
+            if state.epoch % t.val_every == 0 or last:
+                state.val = evaluate(cfg, env, parts)
+                rep.record(state.step, state.epoch, state.val, "val")
+            if every == 0 and not last:
+                _save(cfg, env, parts, state, ctl)
+                saved_at = state.step
+    if meter.count:
+        state.train = meter.reduce(env, "train/")
+        _check_finite(state, cfg)
+    if not state.val or state.batch:  # stopped mid-epoch (max_steps): validate the final weights
+        state.val = evaluate(cfg, env, parts)
+        rep.record(state.step, state.epoch, state.val, "val")
+    if saved_at != state.step:
+        _save(cfg, env, parts, state, ctl)
+    result = {**state.train, **state.val, "step": state.step, "epoch": state.epoch,
+              "time/train_s": round(time.perf_counter() - started, 3)}
+    rep.result(result)
+    return result
+
+
+def _check_finite(state: TrainState, cfg: Config) -> None:
+    bad = [k for k, v in state.train.items() if not math.isfinite(v)]
+    if bad and cfg.train.on_nan == "stop":
+        ckpts = checkpoint.list_checkpoints(Path(str(cfg.run.dir)))
+        last = ckpts[0].name if ckpts else "none"
+        raise UserError(
+            f"non-finite {bad[0]} by step {state.step} (epoch {state.epoch}); last checkpoint: {last}",
+            "lower optim.lr, set train.grad_clip, or train.on_nan=skip to skip such updates",
+        )
