@@ -23,7 +23,9 @@ def run(config: str | None = None, overrides: Sequence[str] = ()) -> Result:
     return launch.launch(cfg)
 
 
-def load_model(run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> Any:
+def load_model(
+    run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu"
+) -> Any:
     """The trained model of a run (a dict of models for multi-model runs), in eval mode.
 
     Args:
@@ -47,7 +49,9 @@ def load_model(run_dir: str | Path, checkpoint: str | Path | None = None, device
     else:
         found = ckpt.newest_valid(run_dir, device)
         if found is None:
-            raise UserError(f"{run_dir}: no loadable checkpoint", "train the run first, or pass checkpoint=PATH")
+            raise UserError(
+                f"{run_dir}: no loadable checkpoint", "train the run first, or pass checkpoint=PATH"
+            )
         path, payload = found
     built = registry.get("models", cfg.model.name).factory(**payload["model_args"])
     models = built if isinstance(built, dict) else {"model": built}

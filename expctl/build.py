@@ -38,14 +38,25 @@ def pick_device(cfg: Config, env: DistEnv) -> torch.device:
     """cuda:LOCAL_RANK when CUDA is asked for (or auto and present), else cpu."""
     want = cfg.train.device
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        _cpu_threads(env)
         return torch.device("cpu")
     if not torch.cuda.is_available():
         from expctl.errors import UserError
 
-        raise UserError("train.device=cuda but no CUDA device is visible", "use train.device=auto or cpu")
+        raise UserError(
+            "train.device=cuda but no CUDA device is visible", "use train.device=auto or cpu"
+        )
     device = torch.device("cuda", env.local_rank % max(1, torch.cuda.device_count()))
     torch.cuda.set_device(device)
     return device
+
+
+def _cpu_threads(env: DistEnv) -> None:
+    """Split the cores between the ranks of this node (torchrun sets OMP_NUM_THREADS=1)."""
+    import os
+
+    if env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
 def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
@@ -61,10 +72,18 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     if channels_last:
         for m in models.values():
             m.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    resident = cfg.data.device_resident is True or (cfg.data.device_resident == "auto" and device.type == "cuda")
+    resident = cfg.data.device_resident is True or (
+        cfg.data.device_resident == "auto" and device.type == "cuda"
+    )
     batches = TrainBatches(
-        splits.train, cfg.data.batch_size, env.rank, env.world_size, cfg.train.seed, device,
-        num_workers=cfg.data.num_workers, resident=resident,
+        splits.train,
+        cfg.data.batch_size,
+        env.rank,
+        env.world_size,
+        cfg.train.seed,
+        device,
+        num_workers=cfg.data.num_workers,
+        resident=resident,
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
     optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
@@ -74,8 +93,14 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     amp = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[cfg.train.precision]
     scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "16" else None
     ctx = StepContext(
-        models=wrapped, optimizers=optimizers, loss_fn=loss_fn, device=device, amp_dtype=amp,
-        scaler=scaler, grad_accum=cfg.train.grad_accum, grad_clip=cfg.train.grad_clip,
+        models=wrapped,
+        optimizers=optimizers,
+        loss_fn=loss_fn,
+        device=device,
+        amp_dtype=amp,
+        scaler=scaler,
+        grad_accum=cfg.train.grad_accum,
+        grad_clip=cfg.train.grad_clip,
         channels_last=channels_last,
     )
     torch.manual_seed(cfg.train.seed + env.rank)  # dropout & co differ per rank
@@ -88,8 +113,11 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
     args = dict(cfg.model.args)
     params = entry.parameters()
     info = splits.info
-    inferred = {"in_channels": info.input_shape[0] if info.input_shape else None,
-                "input_shape": tuple(info.input_shape), "num_classes": info.num_classes}
+    inferred = {
+        "in_channels": info.input_shape[0] if info.input_shape else None,
+        "input_shape": tuple(info.input_shape),
+        "num_classes": info.num_classes,
+    }
     for key in entry.inferred:
         if key not in args and key in params and inferred.get(key) is not None:
             args[key] = inferred[key]
@@ -97,7 +125,9 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
         if not isinstance(m, nn.Module):
-            raise TypeError(f"model factory '{cfg.model.name}' returned {type(m).__name__} for '{name}', not nn.Module")
+            raise TypeError(
+                f"model factory '{cfg.model.name}' returned {type(m).__name__} for '{name}', not nn.Module"
+            )
     return models, args
 
 
@@ -118,13 +148,20 @@ def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.opt
     entry = registry.get("optimizers", cfg.optim.name)
     args = dict(cfg.optim.args)
     accepted = inspect.signature(entry.factory).parameters
-    if device.type == "cuda" and "fused" in accepted and "fused" not in args and "foreach" not in args:
+    if (
+        device.type == "cuda"
+        and "fused" in accepted
+        and "fused" not in args
+        and "foreach" not in args
+    ):
         args["fused"] = True  # one kernel for the whole update
     opt: torch.optim.Optimizer = entry.factory(model.parameters(), **args)
     return opt
 
 
-def _schedulers(cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int) -> dict[str, Any]:
+def _schedulers(
+    cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int
+) -> dict[str, Any]:
     if cfg.sched.name is None:
         return {}
     entry = registry.get("schedulers", cfg.sched.name)
@@ -143,7 +180,6 @@ def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> 
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
-            broadcast_buffers=True,
         )
     if cfg.train.compile:
         out = torch.compile(out)  # type: ignore[assignment]

@@ -128,7 +128,9 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     return payload
 
 
-def newest_valid(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[Path, dict[str, Any]] | None:
+def newest_valid(
+    run_dir: Path, map_location: str | torch.device = "cpu"
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads, skipping corrupt ones with a warning naming each."""
     for path in list_checkpoints(run_dir):
         try:
@@ -152,7 +154,13 @@ def rng_state() -> dict[str, Any]:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
-        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+        state["numpy"] = (
+            kind,
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            pos,
+            has_gauss,
+            cached,
+        )
     except ImportError:
         pass
     return state
@@ -169,5 +177,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))  # type: ignore[attr-defined]

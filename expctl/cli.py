@@ -30,13 +30,25 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="compose the config, freeze it into a run directory, train")
     show = sub.add_parser("show", help="print the resolved config and environment without training")
     for sp in (run, show):
-        sp.add_argument("-C", "--config", metavar="FILE", help="a .yml/.yaml config (default: built-in)")
+        sp.add_argument(
+            "-C", "--config", metavar="FILE", help="a .yml/.yaml config (default: built-in)"
+        )
         sp.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
-    run.add_argument("-m", "--multirun", action="store_true", help="sweep over comma-separated values")
-    lst = sub.add_parser("list", help="registered models, datasets, optimizers, schedulers, losses, steps")
+    run.add_argument(
+        "-m", "--multirun", action="store_true", help="sweep over comma-separated values"
+    )
+    lst = sub.add_parser(
+        "list", help="registered models, datasets, optimizers, schedulers, losses, steps"
+    )
     lst.add_argument("kind", nargs="?", help="one kind (default: all)")
-    lst.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                     help="also import your module (as the config's imports:)")
+    lst.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="also import your module (as the config's imports:)",
+    )
     wk = sub.add_parser("_worker")  # hidden: one rank started by the local launcher
     wk.add_argument("run_dir")
     return p
@@ -77,7 +89,10 @@ def _run(args: argparse.Namespace) -> int:
 
     result = api.run(args.config, args.overrides)
     if result.metrics:
-        shown = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.metrics.items())
+        shown = "  ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in result.metrics.items()
+        )
         print(f"expctl: done  {shown}\nexpctl: results in {result.run_dir}")
     return 0
 

@@ -33,7 +33,9 @@ def group_options(group: str, extra_dirs: Sequence[Path] = ()) -> list[str]:
     for root in (builtin_conf_dir(), *extra_dirs):
         folder = root / group
         if folder.is_dir():
-            names |= {p.stem for p in folder.glob("*.yaml")} | {p.stem for p in folder.glob("*.yml")}
+            names |= {p.stem for p in folder.glob("*.yaml")} | {
+                p.stem for p in folder.glob("*.yml")
+            }
     return sorted(names)
 
 
@@ -152,9 +154,9 @@ def _rewrite_overrides(overrides: Sequence[str]) -> list[str]:
     for i, o in enumerate(overrides):
         key, _, value = o.partition("=")
         group = key.removesuffix(".name")
-        if key.endswith(".name") and group in GROUPS and group not in given:
-            if value in group_options(group):
-                out[i] = f"{group}={value}"
+        ok = key.endswith(".name") and group in GROUPS and group not in given
+        if ok and value in group_options(group):
+            out[i] = f"{group}={value}"
     return out
 
 
@@ -169,13 +171,12 @@ def compose(config_file: str | None, overrides: Sequence[str]) -> dict[str, Any]
     from omegaconf import OmegaConf
 
     overrides = _rewrite_overrides(overrides)
-    with primary_config(config_file) as (cdir, name):
-        with _hydra_errors(config_file, overrides):
-            with initialize_config_dir(config_dir=str(cdir), version_base=None):
-                cfg = hydra_compose(config_name=name, overrides=list(overrides))
-            container = OmegaConf.to_container(cfg, resolve=True)
+    with primary_config(config_file) as (cdir, name), _hydra_errors(config_file, overrides):
+        with initialize_config_dir(config_dir=str(cdir), version_base=None):
+            cfg = hydra_compose(config_name=name, overrides=list(overrides))
+        container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
-    return container
+    return {str(k): v for k, v in container.items()}
 
 
 def multirun(
@@ -196,11 +197,17 @@ def multirun(
             trial_dir = Path(HydraConfig.get().runtime.output_dir)
             container = OmegaConf.to_container(cfg, resolve=True)
             assert isinstance(container, dict)
-            return task(container, trial_dir)
+            return task({str(k): v for k, v in container.items()}, trial_dir)
 
         argv = sys.argv
-        sys.argv = [argv[0], "-m", *overrides, "hydra.output_subdir=null",
-                    "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        sys.argv = [
+            argv[0],
+            "-m",
+            *overrides,
+            "hydra.output_subdir=null",
+            "hydra/job_logging=none",
+            "hydra/hydra_logging=none",
+        ]
         try:
             with _hydra_errors(config_file, overrides):
                 _trial()

@@ -152,7 +152,9 @@ class Config:
 
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with `changes` applied to one section."""
-        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
+        return dataclasses.replace(
+            self, **{section: dataclasses.replace(getattr(self, section), **changes)}
+        )
 
 
 _COMPONENT_KINDS = {
@@ -289,7 +291,9 @@ def _section(where: str, value: Any, cls: Any) -> Any:
     args: dict[str, Any] = {}
     for key, v in value.items():
         if key in fields and key != "args":
-            kwargs[key] = _check_field(f"{where}.{key}", _coerce(f"{where}.{key}", v, hints[key]), fields[key])
+            kwargs[key] = _check_field(
+                f"{where}.{key}", _coerce(f"{where}.{key}", v, hints[key]), fields[key]
+            )
         elif has_args:
             args[key] = v
         else:
@@ -299,7 +303,12 @@ def _section(where: str, value: Any, cls: Any) -> Any:
                 f"remove {where}.{key} or fix its spelling",
             )
     for name, f in fields.items():
-        if name not in kwargs and name != "args" and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        if (
+            name not in kwargs
+            and name != "args"
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ):
             raise UserError(f"{where}.{name} is required", f"set {where}.{name}=...")
     if has_args:
         kwargs["args"] = args
@@ -344,5 +353,8 @@ def load(run_dir: str | Path) -> Config:
 
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
-        raise UserError(f"{run_dir}: not a run directory (no {CONFIG_FILE})", "pass the folder printed at the start of a run")
+        raise UserError(
+            f"{run_dir}: not a run directory (no {CONFIG_FILE})",
+            "pass the folder printed at the start of a run",
+        )
     return validate(yaml.safe_load(path.read_text()), check_components=False)

@@ -42,7 +42,12 @@ class Splits:
 # Fashion-MNIST
 # ---------------------------------------------------------------------------------------------
 
-FASHION_DIRS = ("/usr/share/datasets/fashion-mnist", "data/fashion-mnist", "data/FashionMNIST/raw", "data")
+FASHION_DIRS = (
+    "/usr/share/datasets/fashion-mnist",
+    "data/fashion-mnist",
+    "data/FashionMNIST/raw",
+    "data",
+)
 FASHION_FILES = {
     "train_x": "train-images-idx3-ubyte",
     "train_y": "train-labels-idx1-ubyte",
@@ -88,10 +93,15 @@ def _read_idx(path: Path) -> torch.Tensor:
         with opener(path, "rb") as f:  # type: ignore[operator]
             raw = f.read()
     except (OSError, EOFError) as e:
-        raise UserError(f"data file {path} is unreadable or corrupt ({e})", "reinstall or re-download it") from None
+        raise UserError(
+            f"data file {path} is unreadable or corrupt ({e})", "reinstall or re-download it"
+        ) from None
     ndim = raw[3] if len(raw) > 4 else 0
     if len(raw) < 4 + 4 * ndim or raw[:3] != b"\x00\x00\x08" or ndim not in (1, 3):
-        raise UserError(f"data file {path} is not an IDX file of bytes (bad header)", "reinstall or re-download it")
+        raise UserError(
+            f"data file {path} is not an IDX file of bytes (bad header)",
+            "reinstall or re-download it",
+        )
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     body = raw[4 + 4 * ndim :]
     expected = 1
@@ -105,26 +115,40 @@ def _read_idx(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(body), dtype=torch.uint8).view(*dims)
 
 
-def _check_fashion(root: str | None = None, download: bool = False, **_: Any) -> None:
+def _check_fashion(
+    root: str | None = None, download: bool = False, normalize: str = "standard"
+) -> None:
+    if normalize not in ("standard", "tanh"):
+        raise UserError(
+            f"data.normalize: '{normalize}' is not one of: standard, tanh",
+            "standard = mean/std, tanh = [-1, 1]",
+        )
     if not download:
         _find_fashion(root)
 
 
 @register("datasets", check=_check_fashion)
-def fashion_mnist(root: str | None = None, download: bool = False) -> Splits:
+def fashion_mnist(
+    root: str | None = None, download: bool = False, normalize: str = "standard"
+) -> Splits:
     """Fashion-MNIST (60k/10k 28x28 grey images, 10 classes), normalised, held in memory."""
     files = _find_fashion(root, download)
+    mean, std = (FASHION_MEAN, FASHION_STD) if normalize == "standard" else (0.5, 0.5)
 
     def images(path: Path) -> torch.Tensor:
         x = _read_idx(path).unsqueeze(1).float().div_(255.0)
-        return x.sub_(FASHION_MEAN).div_(FASHION_STD)
+        return x.sub_(mean).div_(std)
 
     train_x, val_x = images(files["train_x"]), images(files["val_x"])
     train_y, val_y = _read_idx(files["train_y"]).long(), _read_idx(files["val_y"]).long()
     for x, y, key in ((train_x, train_y, "train_y"), (val_x, val_y, "val_y")):
         if len(x) != len(y):
-            raise UserError(f"data file {files[key]} has {len(y)} labels for {len(x)} images", "reinstall it")
-    return Splits(TensorDataset(train_x, train_y), TensorDataset(val_x, val_y), DataInfo((1, 28, 28), 10))
+            raise UserError(
+                f"data file {files[key]} has {len(y)} labels for {len(x)} images", "reinstall it"
+            )
+    return Splits(
+        TensorDataset(train_x, train_y), TensorDataset(val_x, val_y), DataInfo((1, 28, 28), 10)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +214,7 @@ class TrainBatches:
     ) -> None:
         self.dataset, self.batch_size, self.device = dataset, batch_size, device
         n = len(dataset)  # type: ignore[arg-type]
-        self.sampler = DistributedSampler(
+        self.sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
         self.steps_per_epoch = (n // world_size) // batch_size
@@ -252,7 +276,8 @@ def val_batches(
             sel = idx[start : start + batch_size]
             yield tuple(t.index_select(0, sel).to(device, non_blocking=True) for t in tensors)
         return
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=indices, pin_memory=device.type == "cuda")
+    loader = DataLoader(
+        dataset, batch_size=batch_size, sampler=indices, pin_memory=device.type == "cuda"
+    )
     for batch in loader:
         yield tuple(t.to(device, non_blocking=True) for t in batch)
-

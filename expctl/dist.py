@@ -36,7 +36,9 @@ class DistEnv:
     master_port: int = 0
     source: str = "single"  # single | torchrun | slurm | submitit
     job_id: str | None = None  # Slurm job id (array: ARRAYJOB_TASK); names the run directory
-    run_id: str | None = None  # an id every rank agrees on without talking, if the launcher gave one
+    run_id: str | None = (
+        None  # an id every rank agrees on without talking, if the launcher gave one
+    )
     restart_count: int = 0
 
     @property
@@ -126,7 +128,9 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     nodes_raw = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
     hosts = _parse_node_list(nodes_raw) if nodes_raw else ["127.0.0.1"]
     per_node = expand_tasks_per_node(
-        environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or str(world)
+        environ.get("SLURM_STEP_TASKS_PER_NODE")
+        or environ.get("SLURM_TASKS_PER_NODE")
+        or str(world)
     )
     if sum(per_node) != world or len(per_node) != len(hosts):
         raise UserError(

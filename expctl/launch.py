@@ -55,7 +55,9 @@ def launch(cfg: Config) -> Result:
     if cfg.launcher.name == "local":
         return _local(cfg, env, gpus)
     if cfg.launcher.name == "slurm":
-        raise UserError("launcher=slurm is not available yet", "use launcher=local, or srun ... expctl run")
+        raise UserError(
+            "launcher=slurm is not available yet", "use launcher=local, or srun ... expctl run"
+        )
     return inline(cfg, env, gpus)
 
 
@@ -65,7 +67,8 @@ def inline(cfg: Config, env: DistEnv, gpus: int) -> Result:
 
     if gpus and env.local_world_size > gpus:
         raise UserError(
-            f"{env.local_world_size} ranks on this node but {gpus} GPU(s)", f"start at most {gpus} ranks per node"
+            f"{env.local_world_size} ranks on this node but {gpus} GPU(s)",
+            f"start at most {gpus} ranks per node",
         )
     run_dir, metrics = train.main(cfg, env)
     return Result(run_dir, metrics)

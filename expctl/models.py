@@ -44,11 +44,18 @@ def mlp(
 
 
 @register("models", inferred=("in_channels", "num_classes"))
-def cnn(in_channels: int = 1, num_classes: int = 10, width: int = 32, dropout: float = 0.0) -> nn.Module:
+def cnn(
+    in_channels: int = 1, num_classes: int = 10, width: int = 32, dropout: float = 0.0
+) -> nn.Module:
     """Small CNN: two conv-BN-ReLU-pool blocks, global pooling to 4x4, two linear layers."""
 
     def block(cin: int, cout: int) -> list[nn.Module]:
-        return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)]
+        return [
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
 
     return nn.Sequential(
         *block(in_channels, width),
@@ -102,12 +109,17 @@ def _dcgan_init(m: nn.Module) -> None:
 
 
 @register("models", inferred=("input_shape",))
-def dcgan(input_shape: Sequence[int] = (1, 28, 28), latent_dim: int = 100, features: int = 32) -> dict[str, nn.Module]:
+def dcgan(
+    input_shape: Sequence[int] = (1, 28, 28), latent_dim: int = 100, features: int = 32
+) -> dict[str, nn.Module]:
     """DCGAN generator + discriminator (seed 000's DCGAN; use with train.step=gan)."""
     channels, size = int(input_shape[0]), int(input_shape[-1])
     if size % 4:
         raise ValueError(f"dcgan needs an image side divisible by 4, got {size}")
-    gen, disc = _Generator(latent_dim, features, channels, size), _discriminator(features, channels, size)
+    gen, disc = (
+        _Generator(latent_dim, features, channels, size),
+        _discriminator(features, channels, size),
+    )
     gen.apply(_dcgan_init)
     disc.apply(_dcgan_init)
     return {"generator": gen, "discriminator": disc}
@@ -123,7 +135,9 @@ def _torchvision_factory(name: str):  # type: ignore[no-untyped-def]
         return model
 
     factory.__name__ = name
-    factory.__doc__ = f"torchvision {name}, num_classes and in_channels adapted (no pretrained weights)."
+    factory.__doc__ = (
+        f"torchvision {name}, num_classes and in_channels adapted (no pretrained weights)."
+    )
     return factory
 
 

@@ -24,22 +24,44 @@ def _snake(name: str) -> str:
 def _register_optimizers() -> None:
     for name in dir(torch.optim):
         cls = getattr(torch.optim, name)
-        if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer:
-            register("optimizers", name.lower(), runtime=("params",), description=f"torch.optim.{name}")(cls)
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer
+        ):
+            register(
+                "optimizers", name.lower(), runtime=("params",), description=f"torch.optim.{name}"
+            )(cls)
 
 
 def _register_schedulers() -> None:
-    skip = {"LRScheduler", "_LRScheduler", "ReduceLROnPlateau", "SequentialLR", "ChainedScheduler", "LambdaLR", "MultiplicativeLR"}
+    skip = {
+        "LRScheduler",
+        "_LRScheduler",
+        "ReduceLROnPlateau",
+        "SequentialLR",
+        "ChainedScheduler",
+        "LambdaLR",
+        "MultiplicativeLR",
+    }
     for name in dir(lr_scheduler):
         cls = getattr(lr_scheduler, name)
         if isinstance(cls, type) and issubclass(cls, lr_scheduler.LRScheduler) and name not in skip:
             for alias in {name.lower(), name.lower().removesuffix("lr")}:
-                register("schedulers", alias, runtime=("optimizer",), description=f"torch.optim.lr_scheduler.{name}")(cls)
+                register(
+                    "schedulers",
+                    alias,
+                    runtime=("optimizer",),
+                    description=f"torch.optim.lr_scheduler.{name}",
+                )(cls)
 
 
 @register("schedulers", runtime=("optimizer",), inferred=("total_steps",))
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, total_steps: int = 1, warmup_steps: int = 0, min_lr_ratio: float = 0.0
+    optimizer: torch.optim.Optimizer,
+    total_steps: int = 1,
+    warmup_steps: int = 0,
+    min_lr_ratio: float = 0.0,
 ) -> lr_scheduler.LRScheduler:
     """Linear warm-up for `warmup_steps`, then cosine decay to min_lr_ratio x lr at `total_steps`."""
 
@@ -53,7 +75,9 @@ def warmup_cosine(
 
 
 @register("schedulers", runtime=("optimizer",), inferred=("total_steps",))
-def cosine(optimizer: torch.optim.Optimizer, total_steps: int = 1, min_lr_ratio: float = 0.0) -> lr_scheduler.LRScheduler:
+def cosine(
+    optimizer: torch.optim.Optimizer, total_steps: int = 1, min_lr_ratio: float = 0.0
+) -> lr_scheduler.LRScheduler:
     """Cosine decay over the whole run (warmup_cosine without warm-up)."""
     return warmup_cosine(optimizer, total_steps, 0, min_lr_ratio)
 
@@ -61,8 +85,14 @@ def cosine(optimizer: torch.optim.Optimizer, total_steps: int = 1, min_lr_ratio:
 def _register_losses() -> None:
     for name in dir(nn):
         cls = getattr(nn, name)
-        if isinstance(cls, type) and issubclass(cls, nn.modules.loss._Loss) and name.endswith("Loss"):
-            register("losses", _snake(name.removesuffix("Loss")), description=f"torch.nn.{name}")(cls)
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, nn.modules.loss._Loss)
+            and name.endswith("Loss")
+        ):
+            register("losses", _snake(name.removesuffix("Loss")), description=f"torch.nn.{name}")(
+                cls
+            )
 
 
 _register_optimizers()

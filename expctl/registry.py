@@ -293,5 +293,3 @@ def _fits(value: Any, t: type) -> bool:
     if t is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, t)
-
-

@@ -30,7 +30,9 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
             h.close()
     console = logging.StreamHandler(sys.stdout if enabled else sys.stderr)
     console.setLevel(logging.INFO if enabled else logging.WARNING)
-    console.setFormatter(logging.Formatter("%(message)s" if enabled else f"[rank {rank}] %(message)s"))
+    console.setFormatter(
+        logging.Formatter("%(message)s" if enabled else f"[rank {rank}] %(message)s")
+    )
     handlers: list[logging.Handler] = [console]
     if enabled and run_dir is not None:
         fh = logging.FileHandler(run_dir / LOG_FILE)
@@ -52,14 +54,19 @@ class Reporter:
         self._tb: Any = None
         self._last_len = 0
         if enabled:
-            self._file = open(run_dir / METRICS_FILE, "a", buffering=1)
+            self._file = open(run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115
             self._tb = _tensorboard(run_dir)
 
     def record(self, step: int, epoch: int, metrics: dict[str, float], kind: str) -> None:
         """Append one event to metrics.jsonl, TensorBoard and the console."""
         if not self.enabled:
             return
-        event = {"step": step, "epoch": epoch, **{k: _num(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
+        event = {
+            "step": step,
+            "epoch": epoch,
+            **{k: _num(v) for k, v in metrics.items()},
+            "time": round(time.time(), 3),
+        }
         assert self._file is not None
         self._file.write(json.dumps(event) + "\n")
         if self._tb is not None:

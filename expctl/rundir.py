@@ -8,6 +8,7 @@ An existing run directory is reused (to resume) only when its frozen config matc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -19,7 +20,14 @@ from expctl.config import Config
 from expctl.errors import UserError
 
 # keys that may change between an interrupted run and its continuation
-RESUMABLE_CHANGES = ("train.max_epochs", "train.max_steps", "train.log_every", "launcher.", "checkpoint.", "env.")
+RESUMABLE_CHANGES = (
+    "train.max_epochs",
+    "train.max_steps",
+    "train.log_every",
+    "launcher.",
+    "checkpoint.",
+    "env.",
+)
 
 
 def deterministic_dir(cfg: Config, run_id: str | None) -> Path | None:
@@ -27,7 +35,9 @@ def deterministic_dir(cfg: Config, run_id: str | None) -> Path | None:
     if cfg.run.dir:
         return Path(cfg.run.dir).expanduser().absolute()
     if run_id:
-        return Path(cfg.run.root).expanduser().absolute() / f"{_safe(cfg.run.name)}-job{_safe(run_id)}"
+        return (
+            Path(cfg.run.root).expanduser().absolute() / f"{_safe(cfg.run.name)}-job{_safe(run_id)}"
+        )
     return None
 
 
@@ -68,10 +78,14 @@ def _make(path: Path) -> bool:
         return True
     except FileExistsError:
         if not path.is_dir():
-            raise UserError(f"run.dir {path} exists and is not a directory", "pick another run.dir") from None
+            raise UserError(
+                f"run.dir {path} exists and is not a directory", "pick another run.dir"
+            ) from None
         return False
     except OSError as e:
-        raise UserError(f"cannot create run directory {path}: {e.strerror}", "check run.root / run.dir") from None
+        raise UserError(
+            f"cannot create run directory {path}: {e.strerror}", "check run.root / run.dir"
+        ) from None
 
 
 def _new_unique(root: Path, name: str) -> Path:
@@ -98,7 +112,9 @@ def _write_config(path: Path, cfg: Config, fresh: bool) -> None:
         if not diff:
             return
     elif not fresh and any(path.iterdir()):
-        raise UserError(f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir")
+        raise UserError(
+            f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir"
+        )
     tmp = path / f".{config_mod.CONFIG_FILE}.tmp-{os.getpid()}"
     tmp.write_text(text)
     os.chmod(tmp, 0o640)
@@ -118,10 +134,8 @@ def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list
 
 
 def _remove_if_empty(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.rmdir()
-    except OSError:
-        pass
 
 
 def remove_failed(path: Path) -> None:
@@ -129,4 +143,3 @@ def remove_failed(path: Path) -> None:
     for name in (config_mod.CONFIG_FILE,):
         (path / name).unlink(missing_ok=True)
     _remove_if_empty(path)
-

@@ -96,7 +96,9 @@ class StepContext:
 class Supervised:
     """Forward, loss, backward, step; validation reports loss and, for class targets, accuracy."""
 
-    def train_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    def train_step(
+        self, ctx: StepContext, batch: tuple[torch.Tensor, ...]
+    ) -> dict[str, torch.Tensor]:
         x, y = batch[0], batch[1]
         with ctx.autocast():
             loss = ctx.loss_fn(ctx.model(ctx.inputs(x)), y)
@@ -104,7 +106,9 @@ class Supervised:
         ctx.step()
         return {"loss": loss.detach()}
 
-    def val_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, tuple[torch.Tensor, Any]]:
+    def val_step(
+        self, ctx: StepContext, batch: tuple[torch.Tensor, ...]
+    ) -> dict[str, tuple[torch.Tensor, Any]]:
         x, y = batch[0], batch[1]
         with ctx.autocast():
             out = ctx.model(ctx.inputs(x))
@@ -122,14 +126,18 @@ class GAN:
 
     def _noise(self, ctx: StepContext, n: int) -> torch.Tensor:
         gen = ctx.models["generator"]
-        latent = getattr(gen, "module", gen).latent_dim
+        latent: int = getattr(gen, "module", gen).latent_dim  # type: ignore[assignment]
         return torch.randn(n, latent, device=ctx.device)
 
-    def train_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    def train_step(
+        self, ctx: StepContext, batch: tuple[torch.Tensor, ...]
+    ) -> dict[str, torch.Tensor]:
         real = ctx.inputs(batch[0])
         n = real.shape[0]
         gen, disc = ctx.models["generator"], ctx.models["discriminator"]
-        labels = torch.cat([torch.ones(n, 1, device=ctx.device), torch.zeros(n, 1, device=ctx.device)])
+        labels = torch.cat(
+            [torch.ones(n, 1, device=ctx.device), torch.zeros(n, 1, device=ctx.device)]
+        )
         with ctx.autocast():
             fake = gen(self._noise(ctx, n))
             # one forward of the discriminator per backward keeps DDP's reducer in step
@@ -145,7 +153,9 @@ class GAN:
         d_real = torch.sigmoid(logits[:n].detach().float()).mean()
         return {"loss_d": loss_d.detach(), "loss_g": loss_g.detach(), "d_real": d_real}
 
-    def val_step(self, ctx: StepContext, batch: tuple[torch.Tensor, ...]) -> dict[str, tuple[torch.Tensor, Any]]:
+    def val_step(
+        self, ctx: StepContext, batch: tuple[torch.Tensor, ...]
+    ) -> dict[str, tuple[torch.Tensor, Any]]:
         real = ctx.inputs(batch[0])
         n = real.shape[0]
         with ctx.autocast():
@@ -161,6 +171,7 @@ def no_sync(models: dict[str, nn.Module], skip: bool) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if skip:
             for m in models.values():
-                if hasattr(m, "no_sync"):
-                    stack.enter_context(m.no_sync())
+                sync_off = getattr(m, "no_sync", None)
+                if sync_off is not None:
+                    stack.enter_context(sync_off())
         yield

@@ -41,7 +41,10 @@ def multirun(config_file: str | None, overrides: Sequence[str]) -> Path:
     from expctl.config import validate
 
     # validate the first combination before anything is created on disk
-    first = [o.split("=", 1)[0] + "=" + o.split("=", 1)[1].split(",")[0] if "=" in o else o for o in overrides]
+    first = [
+        o.split("=", 1)[0] + "=" + o.split("=", 1)[1].split(",")[0] if "=" in o else o
+        for o in overrides
+    ]
     validate(compose.compose(config_file, first))
     sweep_dir = new_sweep_dir(_root(overrides))
     print(f"expctl: sweep directory {sweep_dir}", flush=True)
@@ -60,7 +63,14 @@ def multirun(config_file: str | None, overrides: Sequence[str]) -> Path:
             log.error("trial %s failed: %s", trial_dir.name, e)
             rows.append((label, f"failed: {str(e).splitlines()[0][:80]}"))
             return None
-        rows.append((label, "  ".join(f"{k}={v:.4g}" for k, v in result.metrics.items() if k.startswith("val/"))))
+        rows.append(
+            (
+                label,
+                "  ".join(
+                    f"{k}={v:.4g}" for k, v in result.metrics.items() if k.startswith("val/")
+                ),
+            )
+        )
         return result
 
     compose.multirun(

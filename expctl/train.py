@@ -75,7 +75,12 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
     """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json)."""
     apply_env(cfg.env)
     device = pick_device(cfg, env)
-    init_process_group(env, "nccl" if device.type == "cuda" else "gloo", cfg.launcher.rdzv_timeout, cfg.launcher.collective_timeout)
+    init_process_group(
+        env,
+        "nccl" if device.type == "cuda" else "gloo",
+        cfg.launcher.rdzv_timeout,
+        cfg.launcher.collective_timeout,
+    )
     try:
         ctl = Control(env)
         cfg = _agree_run_dir(cfg, env, ctl)
@@ -88,8 +93,14 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
         rep = Reporter(run_dir, env.is_main, parts.batches.steps_per_epoch, parts.total_steps)
         log.info(
             "run %s | %s x %d rank(s) on %s | global batch %d (%d per rank x %d accum) | %d steps left",
-            run_dir, env.source, env.world_size, device, cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
-            cfg.data.batch_size, cfg.train.grad_accum, steps_left,
+            run_dir,
+            env.source,
+            env.world_size,
+            device,
+            cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
+            cfg.data.batch_size,
+            cfg.train.grad_accum,
+            steps_left,
         )
         try:
             return run_dir, fit(cfg, env, parts, state, rep, ctl)
@@ -141,14 +152,24 @@ def _restore(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir
             parts.schedulers[name].load_state_dict(sd)
     if parts.ctx.scaler is not None and payload.get("scaler"):
         parts.ctx.scaler.load_state_dict(payload["scaler"])
-    state.step, state.epoch, state.batch = int(payload["step"]), int(payload["epoch"]), int(payload["batch"])
+    state.step, state.epoch, state.batch = (
+        int(payload["step"]),
+        int(payload["epoch"]),
+        int(payload["batch"]),
+    )
     state.val = dict(payload.get("val") or {})
     rng = payload.get("rng") or []
     if len(rng) == env.world_size:
         checkpoint.set_rng_state(rng[env.rank])
     else:
-        log.warning("checkpoint was written by %d rank(s), now %d: RNG streams restart from the seed", len(rng), env.world_size)
-    log.info("resumed from %s (step %d, epoch %d, batch %d)", path, state.step, state.epoch, state.batch)
+        log.warning(
+            "checkpoint was written by %d rank(s), now %d: RNG streams restart from the seed",
+            len(rng),
+            env.world_size,
+        )
+    log.info(
+        "resumed from %s (step %d, epoch %d, batch %d)", path, state.step, state.epoch, state.batch
+    )
 
 
 def _save(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control) -> Path | None:
@@ -157,13 +178,17 @@ def _save(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Contr
     if not env.is_main:
         return None
     payload = {
-        "step": state.step, "epoch": state.epoch, "batch": state.batch, "world_size": env.world_size,
+        "step": state.step,
+        "epoch": state.epoch,
+        "batch": state.batch,
+        "world_size": env.world_size,
         "model_args": parts.model_args,
         "models": {k: m.state_dict() for k, m in parts.models.items()},
         "optimizers": {k: o.state_dict() for k, o in parts.ctx.optimizers.items()},
         "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
         "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
-        "rng": rng, "val": state.val,
+        "rng": rng,
+        "val": state.val,
     }
     return checkpoint.save(Path(str(cfg.run.dir)), payload, cfg.checkpoint.keep)
 
@@ -219,10 +244,15 @@ def evaluate(cfg: Config, env: DistEnv, parts: Parts) -> dict[str, float]:
 
         vec = vec.to(ctx.device)
         dist.all_reduce(vec)
-    return {f"val/{k}": float(s / n) if n else math.nan for k, (s, n) in zip(keys, vec.tolist(), strict=True)}
+    return {
+        f"val/{k}": float(s / n) if n else math.nan
+        for k, (s, n) in zip(keys, vec.tolist(), strict=True)
+    }
 
 
-def fit(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, rep: Reporter, ctl: Control) -> dict[str, Any]:
+def fit(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, rep: Reporter, ctl: Control
+) -> dict[str, Any]:
     """The loop: micro-batches, optimizer steps, logging, validation, checkpoints."""
     t, ctx, every = cfg.train, parts.ctx, cfg.checkpoint.every
     micro_per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum
@@ -251,7 +281,12 @@ def fit(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, rep: Reporte
                 _check_finite(state, cfg)
                 speed = (state.step - mark_step) * global_batch / max(now - mark, 1e-9)
                 lr = next(iter(ctx.optimizers.values())).param_groups[0]["lr"]
-                rep.record(state.step, state.epoch, {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}, "train")
+                rep.record(
+                    state.step,
+                    state.epoch,
+                    {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)},
+                    "train",
+                )
                 mark, mark_step = now, state.step
             if every and state.step % every == 0:
                 _save(cfg, env, parts, state, ctl)
@@ -278,8 +313,13 @@ def fit(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, rep: Reporte
         rep.record(state.step, state.epoch, state.val, "val")
     if saved_at != state.step:
         _save(cfg, env, parts, state, ctl)
-    result = {**state.train, **state.val, "step": state.step, "epoch": state.epoch,
-              "time/train_s": round(time.perf_counter() - started, 3)}
+    result = {
+        **state.train,
+        **state.val,
+        "step": state.step,
+        "epoch": state.epoch,
+        "time/train_s": round(time.perf_counter() - started, 3),
+    }
     rep.result(result)
     return result
 
