@@ -226,7 +226,7 @@ def _hydra_errors(config_file: str | None, overrides: Sequence[str]) -> Iterator
     except MissingConfigException as e:
         raise _missing_option(e) from None
     except HydraException as e:
-        raise _override_error(e, overrides) from None
+        raise _override_error(e, config_file, overrides) from None
     except OmegaConfBaseException as e:
         msg = " ".join(str(e).split("\n")[0].split())
         raise UserError(
@@ -249,16 +249,50 @@ def _missing_option(e: Exception) -> UserError:
     return UserError(" ".join(text.split("\n")[0].split()), "check the config group names")
 
 
-def _override_error(e: Exception, overrides: Sequence[str]) -> UserError:
+def _override_error(e: Exception, config_file: str | None, overrides: Sequence[str]) -> UserError:
     text = " ".join(str(e).split())
-    bad = next((o for o in overrides if o.split("=", 1)[0] in text), None)
-    if "Could not override" in text or "Key" in text and "not in" in text:
-        key = (bad or "").split("=", 1)[0]
-        return UserError(
-            f"unknown config key '{key or text[:120]}'",
-            f"check the spelling with `expctl show`; to add a new key use +{key}=VALUE",
-        )
+    bad = next((o for o in overrides if "=" in o and f"'{o.split('=', 1)[0]}'" in text), None)
+    if bad is not None and "Could not override" in text:
+        return _unknown_key(config_file, overrides, bad.split("=", 1)[0])
     return UserError(
         f"bad override{f' {bad!r}' if bad else ''}: {text[:200]}",
         "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",
     )
+
+
+def _unknown_key(config_file: str | None, overrides: Sequence[str], key: str) -> UserError:
+    """An override of a key the config lacks: suggest a close key, or the group that has it."""
+    rest = [o for o in overrides if not o.startswith(key + "=")]
+    try:
+        cfg = compose(config_file, rest)
+    except UserError:
+        cfg = {}
+    parent, _, leaf = key.rpartition(".")
+    node: Any = cfg
+    for part in parent.split(".") if parent else []:
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    keys = list(node) if isinstance(node, dict) else []
+    group = key.split(".", 1)[0]
+    owners = [
+        opt for opt in group_options(group) if _group_file_has(group, opt, key.split(".", 1)[-1])
+    ]
+    if group in GROUPS and owners and "." in key:
+        return UserError(
+            f"'{key}' is not a key of the chosen {group} ({cfg.get(group, {}).get('name')})",
+            f"it belongs to {group}={owners[0]} (add that override first); or set it as a new key: +{key}=VALUE",
+        )
+    return UserError(
+        f"unknown config key '{key}'.{did_you_mean(leaf, keys)}"
+        + (f" Valid under '{parent}': {choices_text(keys)}" if parent and keys else ""),
+        f"check the spelling (`expctl show` prints every key); to add a new key use +{key}=VALUE",
+    )
+
+
+def _group_file_has(group: str, option: str, dotted: str) -> bool:
+    from omegaconf import OmegaConf
+
+    path = builtin_conf_dir() / group / f"{option}.yaml"
+    try:
+        return OmegaConf.select(OmegaConf.load(path), dotted, default=None) is not None
+    except Exception:
+        return False

@@ -40,6 +40,7 @@ class DistEnv:
         None  # an id every rank agrees on without talking, if the launcher gave one
     )
     restart_count: int = 0
+    agent_store: bool = False  # torch's elastic agent already hosts the store at master_addr:port
 
     @property
     def is_main(self) -> bool:
@@ -68,7 +69,11 @@ def detect(environ: Mapping[str, str], gpus_per_node: int | None = None) -> Dist
         env = _from_slurm(environ)
     else:
         job = _slurm_job_id(environ) if "SLURM_JOB_ID" in environ else None
-        env = DistEnv(job_id=job, run_id=job, master_port=_int(environ, "MASTER_PORT", 0))
+        env = DistEnv(
+            job_id=job,
+            run_id=f"job{job}" if job else None,
+            master_port=_int(environ, "MASTER_PORT", 0),
+        )
     if gpus_per_node is not None and gpus_per_node > 0 and env.local_world_size != gpus_per_node:
         more = env.local_world_size > gpus_per_node
         raise UserError(
@@ -117,6 +122,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         job_id=job,
         run_id=None if run_id in (None, "", "none") else run_id,
         restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),
+        agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
 
 
@@ -153,7 +159,7 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         master_port=port,
         source="submitit" if "SUBMITIT_EXECUTOR" in environ else "slurm",
         job_id=job,
-        run_id=job if step in ("0", "") else f"{job}.{step}",
+        run_id=f"job{job}" if step in ("0", "") else f"job{job}.{step}",
         restart_count=_int(environ, "SLURM_RESTART_COUNT", 0),
     )
 
@@ -197,9 +203,10 @@ def apply_env(values: Mapping[str, Any]) -> None:
 def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> None:
     """Join the process group for `env` (a no-op for one rank).
 
-    Under torchrun the agent's store is used (``env://``); under Slurm rank 0 hosts a TCPStore at
-    master_addr:master_port and the others connect within `rdzv_timeout_s`. Collectives time out
-    after `timeout_s`.
+    Rank 0 hosts a TCPStore at master_addr:master_port (under torchrun the agent already does);
+    the others connect within `rdzv_timeout_s`. Keys are prefixed by the restart count, so that
+    workers restarted by the elastic agent never read a dead predecessor's address. Collectives
+    time out after `timeout_s`.
 
     Raises:
         UserError: the port is taken or the master never appears, with a HINT.
@@ -208,32 +215,37 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
         return
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=timeout_s)
-    if env.source == "torchrun":
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
-        return
     try:
         store = dist.TCPStore(
             env.master_addr,
             env.master_port,
             env.world_size,
-            is_master=env.is_main,
+            is_master=env.is_main and not env.agent_store,
             timeout=timedelta(seconds=rdzv_timeout_s),
             wait_for_workers=False,
         )
     except Exception as e:  # torch raises RuntimeError/DistNetworkError/DistStoreError
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if env.is_main:
-            raise UserError(
-                f"rank 0 cannot listen on {env.master_addr}:{env.master_port} ({text[:160]})",
-                "the port is taken: set MASTER_PORT to a free port in the job's environment",
-            ) from None
-        raise UserError(
-            f"rank {env.rank} could not reach rank 0 at {env.master_addr}:{env.master_port} "
-            f"within {rdzv_timeout_s:g} s ({text[:160]})",
-            "check that rank 0 started (all tasks under one srun) and that MASTER_ADDR resolves; "
-            "raise launcher.rdzv_timeout if nodes start slowly",
-        ) from None
+        raise _store_error(env, rdzv_timeout_s, e) from None
+    prefixed = dist.PrefixStore(f"expctl/restart_{env.restart_count}", store)
     dist.init_process_group(
-        backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
+        backend,
+        store=prefixed,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _store_error(env: DistEnv, rdzv_timeout_s: float, e: Exception) -> UserError:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if env.is_main and not env.agent_store:
+        return UserError(
+            f"rank 0 cannot listen on {env.master_addr}:{env.master_port} ({text[:160]})",
+            "the port is taken: set MASTER_PORT to a free port in the job's environment",
+        )
+    return UserError(
+        f"rank {env.rank} could not reach rank 0 at {env.master_addr}:{env.master_port} "
+        f"within {rdzv_timeout_s:g} s ({text[:160]})",
+        "check that rank 0 started (all tasks under one srun) and that MASTER_ADDR resolves; "
+        "raise launcher.rdzv_timeout if nodes start slowly",
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -259,31 +260,44 @@ def _annotation_name(p: inspect.Parameter) -> str:
     ann = p.annotation
     if ann is p.empty:
         return ""
-    return ann if isinstance(ann, str) else getattr(ann, "__name__", str(ann))
+    if isinstance(ann, type):
+        return ann.__name__
+    return str(ann).replace("typing.", "").replace("torch.", "")
 
 
 _SIMPLE = {"int": int, "float": float, "bool": bool, "str": str}
+_NEVER_FROM_YAML = {"Tensor"}
+
+
+def _options(p: inspect.Parameter) -> list[str]:
+    """The alternatives of a parameter's annotation: 'Optional[float]' -> ['float', 'None']."""
+    text = _annotation_name(p)
+    if not text:
+        return [type(p.default).__name__] if p.default not in (p.empty, None) else []
+    m = re.fullmatch(r"Optional\[(.*)\]", text)
+    if m:
+        text = m.group(1) + " | None"
+    m = re.fullmatch(r"Union\[(.*)\]", text)
+    if m and "[" not in m.group(1):
+        text = m.group(1).replace(",", "|")
+    return [o.strip() for o in text.split("|")]
 
 
 def _check_type(where: str, value: Any, p: inspect.Parameter) -> None:
-    """Check `value` against a simple annotation (int, float, bool, str, their unions)."""
-    ann = _annotation_name(p).replace("typing.", "")
-    if not ann:
-        if p.default is not p.empty and p.default is not None and value is not None:
-            ann = type(p.default).__name__
-        else:
-            return
-    options = [a.strip() for a in ann.split("|")]
-    if not all(o in _SIMPLE or o == "None" for o in options):
-        return  # complex annotation (lists, tensors, ...): the factory checks it
-    if value is None:
-        if "None" in options:
-            return
-    elif any(_fits(value, _SIMPLE[o]) for o in options if o in _SIMPLE):
+    """Check `value` against a simple annotation (int, float, bool, str, unions of them)."""
+    options = _options(p)
+    if not options or any(
+        o not in _SIMPLE and o != "None" and o not in _NEVER_FROM_YAML for o in options
+    ):
+        return  # lists, sequences, user types: the factory checks them
+    if value is None and "None" in options:
         return
+    if value is not None and any(_fits(value, _SIMPLE[o]) for o in options if o in _SIMPLE):
+        return
+    shown = " or ".join(o for o in options if o not in _NEVER_FROM_YAML)
     raise UserError(
-        f"{where}: expected {' or '.join(options)}, got {value!r} ({type(value).__name__})",
-        f"set {where} to a value of type {options[0]}",
+        f"{where}: expected {shown}, got {value!r} ({type(value).__name__})",
+        f"set {where} to a value of type {shown.split(' or ')[0]}",
     )
 
 

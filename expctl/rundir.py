@@ -35,9 +35,7 @@ def deterministic_dir(cfg: Config, run_id: str | None) -> Path | None:
     if cfg.run.dir:
         return Path(cfg.run.dir).expanduser().absolute()
     if run_id:
-        return (
-            Path(cfg.run.root).expanduser().absolute() / f"{_safe(cfg.run.name)}-job{_safe(run_id)}"
-        )
+        return Path(cfg.run.root).expanduser().absolute() / f"{_safe(cfg.run.name)}-{_safe(run_id)}"
     return None
 
 
@@ -138,8 +136,19 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-def remove_failed(path: Path) -> None:
-    """Remove a run directory that a failed pre-flight left with only its config."""
-    for name in (config_mod.CONFIG_FILE,):
+def discard_if_unstarted(path: Path) -> None:
+    """Remove a run directory that a user error stopped before it trained anything: no
+    checkpoint, no result, no metrics (nothing half-written stays behind)."""
+    import shutil
+
+    metrics = path / "metrics.jsonl"
+    if any((path / "checkpoints").glob("*.pt")) or (path / "result.json").exists():
+        return
+    if metrics.exists() and metrics.stat().st_size > 0:
+        return
+    for name in (config_mod.CONFIG_FILE, "train.log", "metrics.jsonl"):
         (path / name).unlink(missing_ok=True)
+    for folder in ("tb", "checkpoints"):
+        shutil.rmtree(path / folder, ignore_errors=True)
     _remove_if_empty(path)
+    _remove_if_empty(path.parent)  # the runs/ root, when this run made it

@@ -86,9 +86,15 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
         cfg = _agree_run_dir(cfg, env, ctl)
         run_dir = Path(str(cfg.run.dir))
         setup_logging(run_dir, env.is_main, env.rank)
-        parts = build(cfg, env, device)
         state = TrainState()
-        _restore(cfg, env, parts, state, run_dir)
+        try:
+            parts = build(cfg, env, device)
+            _restore(cfg, env, parts, state, run_dir)
+        except UserError:
+            if env.is_main:
+                setup_logging(None, True)  # release train.log
+                rundir.discard_if_unstarted(run_dir)
+            raise
         steps_left = parts.total_steps - state.step
         rep = Reporter(run_dir, env.is_main, parts.batches.steps_per_epoch, parts.total_steps)
         log.info(

@@ -1,0 +1,45 @@
+"""Test plugin (listed under `imports:`): steps that die on purpose, to test restarts/resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from expctl import register
+from expctl.steps import Supervised
+
+
+@register("steps", "kill_at_step")
+class KillAtStep(Supervised):
+    """Supervised, but SIGKILLs this process at micro-batch $KILL_AT_STEP on rank $KILL_RANK,
+    only in the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        rank = os.environ.get("RANK", "0")
+        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if (
+            first
+            and rank == os.environ.get("KILL_RANK", "0")
+            and self.calls == int(os.environ.get("KILL_AT_STEP", "-1"))
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().train_step(ctx, batch)
+
+
+@register("models", "tiny_custom")
+def tiny_custom(input_shape: tuple[int, ...] = (20,), num_classes: int = 4, width: int = 8):
+    """A user-registered model."""
+    import math
+
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(input_shape), width),
+        nn.ReLU(),
+        nn.Linear(width, num_classes),
+    )

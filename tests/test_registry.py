@@ -1,0 +1,71 @@
+"""Registries: built-in names, did-you-mean errors, argument checks against signatures."""
+
+from __future__ import annotations
+
+import pytest
+
+from expctl import registry
+from expctl.errors import UserError
+
+
+@pytest.mark.parametrize(
+    ("kind", "names"),
+    [
+        ("models", ["linear", "mlp", "cnn", "dcgan", "resnet18", "vit_b_16", "mobilenet_v3_small"]),
+        ("datasets", ["fashion_mnist", "synthetic"]),
+        ("optimizers", ["sgd", "adam", "adamw", "rmsprop"]),
+        ("schedulers", ["warmup_cosine", "cosine", "multistep", "multisteplr", "onecycle", "step"]),
+        ("losses", ["cross_entropy", "mse", "bce_with_logits", "nll", "smooth_l1"]),
+        ("steps", ["supervised", "gan"]),
+    ],
+)
+def test_builtins_are_registered(kind: str, names: list[str]) -> None:
+    assert set(names) <= set(registry.names(kind))
+
+
+def test_unknown_name_lists_choices_and_suggests() -> None:
+    with pytest.raises(UserError) as e:
+        registry.get("models", "resnet19")
+    msg = str(e.value)
+    assert "resnet19" in msg and "Did you mean 'resnet18'" in msg and "expctl list models" in msg
+
+
+def test_unknown_argument_suggests_the_closest() -> None:
+    with pytest.raises(UserError) as e:
+        registry.check_args("optimizers", "sgd", {"lr": 0.1, "momentun": 0.9}, "optim")
+    assert "optim.momentun" in e.value.message and "Did you mean 'momentum'" in e.value.message
+
+
+def test_wrong_type_is_named() -> None:
+    with pytest.raises(UserError, match=r"optim.lr: expected float"):
+        registry.check_args("optimizers", "sgd", {"lr": "fast"}, "optim")
+
+
+def test_missing_required_argument() -> None:
+    with pytest.raises(UserError, match="needs argument 'milestones'"):
+        registry.check_args("schedulers", "multistep", {}, "sched")
+
+
+def test_torchvision_model_arguments_are_checked_against_the_class() -> None:
+    registry.check_args(
+        "models", "resnet18", {"num_classes": 10, "zero_init_residual": True}, "model"
+    )
+    with pytest.raises(UserError, match="Did you mean 'zero_init_residual'"):
+        registry.check_args("models", "resnet18", {"zero_init_residul": True}, "model")
+
+
+def test_user_registration_and_import_errors() -> None:
+    registry.import_user_modules(["faulty"])  # tests/plugins, put on sys.path by conftest
+    assert "tiny_custom" in registry.names("models")
+    with pytest.raises(UserError, match="cannot import module 'no_such_module_xyz'"):
+        registry.import_user_modules(["no_such_module_xyz"])
+
+
+def test_builtin_factories_build() -> None:
+    import torch
+
+    m = registry.get("models", "resnet18").factory(in_channels=1, num_classes=10)
+    assert m(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    pair = registry.get("models", "dcgan").factory(input_shape=(1, 28, 28))
+    fake = pair["generator"](torch.zeros(2, 100))
+    assert fake.shape == (2, 1, 28, 28) and pair["discriminator"](fake).shape == (2, 1)

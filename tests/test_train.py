@@ -1,0 +1,217 @@
+"""Training end to end with real processes: inline, local DDP (gloo), torchrun, resume, restarts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cli_env, run_dirs
+from conftest import expctl as run_cli
+
+import expctl
+from expctl import checkpoint
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    path = checkpoint.list_checkpoints(run_dir)[0]
+    return checkpoint.load(path)["models"]["model"]
+
+
+def test_inline_run_writes_the_run_directory(tiny: Path) -> None:
+    proc = run_cli("run", "-C", str(tiny), cwd=tiny.parent)
+    (run_dir,) = run_dirs(tiny.parent / "runs")
+    assert f"results in {run_dir}" in proc.stdout
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["step"] == 2 * (512 // 32) and result["epoch"] == 2
+    assert {"val/acc", "val/loss", "train/loss"} <= set(result)
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all({"step", "epoch"} <= set(e) for e in events)
+    assert [e["step"] for e in events if "val/acc" in e] == [16, 32]
+    assert (run_dir / "train.log").is_file() and checkpoint.list_checkpoints(run_dir)
+    assert (run_dir / "config.yaml").stat().st_mode & 0o002 == 0, "no world-writable files"
+
+
+def test_python_api_run_and_load_model(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tiny.parent)
+    result = expctl.run(str(tiny), overrides=["train.max_epochs=1", "model=linear"])
+    assert result["step"] == 16 and result.run_dir.is_dir()
+    model = expctl.load_model(result.run_dir)
+    assert not model.training
+    x = torch.randn(3, 20)
+    assert model(x).shape == (3, 4)
+
+
+def test_user_module_from_imports(tiny: Path) -> None:
+    run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "imports=[faulty]",
+        "model.name=tiny_custom",
+        "~model.hidden",
+        "train.max_epochs=1",
+        cwd=tiny.parent,
+    )
+    (run_dir,) = run_dirs(tiny.parent / "runs")
+    assert expctl.load_model(run_dir)[1].out_features == 8
+
+
+def test_two_runs_in_the_same_second_never_share_a_directory(tiny: Path) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "expctl", "run", "-C", str(tiny), "train.max_epochs=1"],
+            cwd=tiny.parent,
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    dirs = run_dirs(tiny.parent / "runs")
+    assert len(dirs) == 2 and all((d / "result.json").is_file() for d in dirs)
+
+
+def test_local_ddp_matches_one_process_with_twice_the_batch(tiny: Path) -> None:
+    """2 workers x batch 16 == 1 worker x batch 32 after the same steps (fp32 tolerance)."""
+    common = ["-C", str(tiny), "train.max_epochs=1", "data.num_samples=256"]
+    run_cli(
+        "run",
+        *common,
+        "data.batch_size=16",
+        "launcher=local",
+        "launcher.nproc=2",
+        "run.dir=ddp",
+        cwd=tiny.parent,
+    )
+    run_cli("run", *common, "data.batch_size=32", "run.dir=single", cwd=tiny.parent)
+    a, b = final_weights(tiny.parent / "ddp"), final_weights(tiny.parent / "single")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    ra = json.loads((tiny.parent / "ddp" / "result.json").read_text())
+    rb = json.loads((tiny.parent / "single" / "result.json").read_text())
+    assert ra["step"] == rb["step"] == 8
+    assert ra["val/acc"] == pytest.approx(rb["val/acc"], abs=1e-6)
+    assert ra["val/loss"] == pytest.approx(rb["val/loss"], rel=1e-4)
+
+
+def test_kill_and_resume_is_bitwise_exact(tiny: Path) -> None:
+    """SIGKILL mid-epoch, run again with resume=auto: the same weights as an uninterrupted run."""
+    args = [
+        "run",
+        "-C",
+        str(tiny),
+        "imports=[faulty]",
+        "train.step=kill_at_step",
+        "checkpoint.every=5",
+        "+model.dropout=0.2",
+    ]
+    run_cli(*args, "run.dir=ref", cwd=tiny.parent)
+    killed = run_cli(
+        *args, "run.dir=cut", cwd=tiny.parent, env=cli_env(KILL_AT_STEP="23"), check=False
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert checkpoint.list_checkpoints(tiny.parent / "cut")[0].name == "step_000000020.pt"
+    resumed = run_cli(*args, "run.dir=cut", cwd=tiny.parent)
+    assert "resumed from" in resumed.stdout and "(step 20, epoch 1, batch 4)" in resumed.stdout
+    a, b = final_weights(tiny.parent / "ref"), final_weights(tiny.parent / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_killed_worker_restarts_and_resumes_exactly(tiny: Path) -> None:
+    """launcher.max_restarts: rank 1 dies by SIGKILL; all workers restart from the checkpoint."""
+    args = [
+        "run",
+        "-C",
+        str(tiny),
+        "imports=[faulty]",
+        "train.step=kill_at_step",
+        "checkpoint.every=3",
+        "+model.dropout=0.2",
+        "data.batch_size=16",
+        "launcher=local",
+        "launcher.nproc=2",
+        "launcher.max_restarts=1",
+        "train.max_epochs=1",
+    ]
+    run_cli(*args, "run.dir=ref", cwd=tiny.parent)
+    proc = run_cli(
+        *args, "run.dir=cut", cwd=tiny.parent, env=cli_env(KILL_AT_STEP="11", KILL_RANK="1")
+    )
+    assert "resumed from" in proc.stdout and "(step 9," in proc.stdout
+    a, b = final_weights(tiny.parent / "ref"), final_weights(tiny.parent / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_torchrun_environment_is_detected(tiny: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun
+    proc = subprocess.run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "expctl",
+            "run",
+            "-C",
+            str(tiny),
+            "train.max_epochs=1",
+        ],
+        cwd=tiny.parent,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = run_dirs(tiny.parent / "runs")
+    assert "torchrun x 2 rank(s)" in (run_dir / "train.log").read_text()
+    assert json.loads((run_dir / "result.json").read_text())["step"] == 512 // 64
+
+
+def test_fashion_mnist_two_process_gloo(tmp_path: Path) -> None:
+    run_cli(
+        "run",
+        "launcher=local",
+        "launcher.nproc=2",
+        "train.max_steps=30",
+        "train.log_every=10",
+        "run.dir=fm",
+        cwd=tmp_path,
+    )
+    result = json.loads((tmp_path / "fm" / "result.json").read_text())
+    assert result["step"] == 30 and result["val/acc"] > 0.6  # 10 classes: chance is 0.1
+
+
+def test_multirun_runs_each_point(tiny: Path) -> None:
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.lr=0.01,0.1", "train.max_epochs=1", cwd=tiny.parent
+    )
+    dirs = run_dirs(tiny.parent / "runs")
+    assert len(dirs) == 2 and all((d / "result.json").is_file() for d in dirs)
+    assert "optim.lr=0.01" in proc.stdout and "optim.lr=0.1" in proc.stdout
+
+
+@pytest.mark.parametrize("preset", ["default", "fashion_resnet18", "linear_regression", "dcgan"])
+def test_example_presets_train(
+    preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = expctl.run(
+        None,
+        [f"experiment={preset}", "train.max_steps=3", "data.batch_size=16", "train.log_every=1"],
+    )
+    assert result["step"] == 3
+    if preset == "dcgan":
+        models = expctl.load_model(result.run_dir)
+        assert set(models) == {"generator", "discriminator"} and "train/loss_g" in result.metrics
+    elif preset == "linear_regression":
+        assert "val/loss" in result.metrics and "val/acc" not in result.metrics
+    else:
+        assert 0.0 <= result["val/acc"] <= 1.0
