@@ -17,11 +17,11 @@ __version__ = "0.1.0"
 __all__ = ["run", "load_model", "register", "UserError", "__version__"]
 
 
-def run(config: str | None = None, overrides: Any = ()) -> Any:
+def run(config: str | None = None, overrides: Any = (), wait: bool = True) -> Any:
     """Train from a config file (see expctl.api.run)."""
     from expctl.api import run as _run
 
-    return _run(config, overrides)
+    return _run(config, overrides, wait)
 
 
 def load_model(run_dir: Any, checkpoint: Any = None, device: str = "cpu") -> Any:

@@ -9,9 +9,10 @@ from typing import Any
 from expctl.launch import Result
 
 
-def run(config: str | None = None, overrides: Sequence[str] = ()) -> Result:
+def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = True) -> Result:
     """Compose `config` (a .yml/.yaml path, or None for the built-in default) with Hydra-style
-    `overrides`, validate it, train with its launcher and return the result.
+    `overrides`, validate it, train with its launcher and return the result (launcher=slurm:
+    once submitted, unless `wait`).
 
     Raises:
         UserError: a bad config, name, value or environment.
@@ -20,7 +21,7 @@ def run(config: str | None = None, overrides: Sequence[str] = ()) -> Result:
     from expctl.config import validate
 
     cfg = validate(compose.compose(config, overrides))
-    return launch.launch(cfg)
+    return launch.launch(cfg, wait=wait)
 
 
 def load_model(

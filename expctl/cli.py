@@ -37,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-m", "--multirun", action="store_true", help="sweep over comma-separated values"
     )
+    run.add_argument(
+        "--wait", action="store_true", help="launcher=slurm: follow the job until it ends"
+    )
+    st = sub.add_parser("status", help="job, state, requeues, progress and last metrics of a run")
+    st.add_argument("run_dir")
     lst = sub.add_parser(
         "list", help="registered models, datasets, optimizers, schedulers, losses, steps"
     )
@@ -56,7 +61,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # overrides may come before and after options (`run x=1 -C f.yml y=2`); argparse splits them
+    stray = [a for a in extra if a.startswith("-")]
+    if stray or (extra and args.command not in ("run", "show")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         if args.command == "run":
             return _run(args)
@@ -64,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args)
         if args.command == "list":
             return _list(args)
+        if args.command == "status":
+            from expctl.status import status
+
+            print(status(args.run_dir))
+            return 0
         if args.command == "_worker":
             from expctl import launch
 
@@ -74,6 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"expctl: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if type(e).__name__ != "Preempted":
+            raise
+        print(f"expctl: {e}; checkpoint saved: run the same command to resume", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("expctl: interrupted", file=sys.stderr)
         return 130
@@ -90,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     from expctl import api
 
-    result = api.run(args.config, args.overrides)
+    result = api.run(args.config, args.overrides, wait=args.wait)
     if result.metrics:
         shown = "  ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -108,6 +130,16 @@ def _show(args: argparse.Namespace) -> int:
     print(config.to_yaml(cfg), end="")
     env = detect(os.environ)
     print("# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()))
+    if cfg.launcher.name == "slurm":
+        from pathlib import Path
+
+        from expctl import rundir, slurm
+
+        run_dir = rundir.deterministic_dir(cfg, None)
+        if run_dir is None:
+            run_dir = Path(cfg.run.root).absolute() / f"{cfg.run.name}-YYYYmmdd-HHMMSS-XXXX"
+        print(f"# sbatch script, for run directory {run_dir}:")
+        print(slurm.render(cfg, run_dir), end="")
     return 0
 
 

@@ -74,6 +74,24 @@ class LauncherConfig:
     max_restarts: int = _f(0, min=0)
     rdzv_timeout: float = _f(120.0, min=1)
     collective_timeout: float = _f(1800.0, min=1)
+    # preemption and time limits (Slurm): the signal that asks for checkpoint + requeue
+    signal: str = _f("USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG"))
+    signal_delay_s: int = _f(90, min=0)
+    max_requeues: int = _f(3, min=0)
+    # launcher=slurm (submitit); see conf/launcher/slurm.yaml
+    nodes: int = _f(1, min=1)
+    tasks_per_node: int | None = _f(None, min=1)
+    gpus_per_node: int = _f(0, min=0)
+    cpus_per_task: int | None = _f(None, min=1)
+    mem_gb: float | None = _f(None, min=0)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    timeout_min: int = _f(60, min=1)
+    job_name: str | None = None
+    sbatch: dict[str, Any] = _f({})
+    setup: list[str] = _f([])
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,30 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
     """
     if not env.distributed:
         return
+    import threading
+
+
+    # whatever blocks below (a silent peer on the port, a rank 0 that died after listening),
+    # the rendezvous ends within the timeout: a watchdog ends the process with the message
+    bounded = threading.Timer(
+        rdzv_timeout_s + 5, _abort, args=(_store_error(env, rdzv_timeout_s, None),)
+    )
+    bounded.daemon = True
+    bounded.start()
+    try:
+        _join(env, backend, rdzv_timeout_s, timeout_s)
+    finally:
+        bounded.cancel()
+
+
+def _abort(error: UserError) -> None:
+    import sys
+
+    print(f"expctl: error: {error}", file=sys.stderr, flush=True)
+    os._exit(2)
+
+
+def _join(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> None:
     import torch.distributed as dist
 
     try:
@@ -236,9 +260,9 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
     )
 
 
-def _store_error(env: DistEnv, rdzv_timeout_s: float, e: Exception) -> UserError:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if env.is_main and not env.agent_store:
+def _store_error(env: DistEnv, rdzv_timeout_s: float, e: Exception | None) -> UserError:
+    text = "no answer" if e is None else (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if env.is_main and not env.agent_store and e is not None:
         return UserError(
             f"rank 0 cannot listen on {env.master_addr}:{env.master_port} ({text[:160]})",
             "the port is taken: set MASTER_PORT to a free port in the job's environment",

@@ -29,6 +29,7 @@ class Result:
 
     run_dir: Path
     metrics: dict[str, Any] = field(default_factory=dict)
+    job_id: str | None = None  # launcher=slurm
 
     def __getitem__(self, key: str) -> Any:
         return self.metrics[key]
@@ -43,8 +44,8 @@ def visible_gpus(cfg: Config) -> int:
     return torch.cuda.device_count()
 
 
-def launch(cfg: Config) -> Result:
-    """Run `cfg` with its launcher and wait for the result."""
+def launch(cfg: Config, wait: bool = True) -> Result:
+    """Run `cfg` with its launcher; launcher=slurm returns once submitted unless `wait`."""
     gpus = visible_gpus(cfg)
     env = detect(os.environ, gpus_per_node=gpus if "SLURM_STEP_ID" in os.environ else None)
     if env.distributed and cfg.launcher.name != "inline":
@@ -55,10 +56,33 @@ def launch(cfg: Config) -> Result:
     if cfg.launcher.name == "local":
         return _local(cfg, env, gpus)
     if cfg.launcher.name == "slurm":
-        raise UserError(
-            "launcher=slurm is not available yet", "use launcher=local, or srun ... expctl run"
-        )
+        return _slurm(cfg, wait)
     return inline(cfg, env, gpus)
+
+
+def _slurm(cfg: Config, wait: bool) -> Result:
+    from expctl import slurm
+
+    slurm.check_cluster(cfg)
+    slurm.parameters(cfg)  # reject bad values before the run directory exists
+    frozen = rundir.create(cfg, None)
+    run_dir = Path(str(frozen.run.dir))
+    try:
+        job_id = slurm.submit(frozen)
+    except UserError:
+        rundir.discard_if_unstarted(run_dir)
+        raise
+    print(f"expctl: submitted job {job_id}; run directory {run_dir}", flush=True)
+    print(f"expctl: follow it with `expctl status {run_dir}`", flush=True)
+    if not wait:
+        return Result(run_dir, {}, job_id)
+    state = slurm.wait(job_id)
+    metrics = read_result(run_dir)
+    if not metrics:
+        raise RuntimeError(
+            f"job {job_id} ended {state} without a result; see {run_dir}/slurm/ and train.log"
+        )
+    return Result(run_dir, metrics, job_id)
 
 
 def inline(cfg: Config, env: DistEnv, gpus: int) -> Result:

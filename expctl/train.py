@@ -71,6 +71,61 @@ class Control:
         return out
 
 
+class Preempted(Exception):
+    """Training stopped at a checkpoint because the stop signal arrived (resumable)."""
+
+
+class StopFlag:
+    """The preemption signal only sets a flag; ranks agree on it at step boundaries.
+
+    Agreement is a MAX all-reduce of one CPU integer on the gloo control group, started at one
+    step boundary and read at the next: it never waits on the GPU, and all ranks see the same
+    answer at the same step, so they checkpoint the same step.
+    """
+
+    def __init__(self, signame: str, ctl: Control) -> None:
+        import signal
+        import threading
+
+        self.ctl, self.requested = ctl, 0
+        self.signum = int(getattr(signal, f"SIG{signame}"))
+        self.previous: Any = None
+        self._buf = torch.zeros(1, dtype=torch.int32)
+        self._work: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(self.signum, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.requested = 1
+
+    def agreed(self) -> bool:
+        """Whether every rank now knows that some rank got the signal."""
+        if self.ctl.group is None:
+            return bool(self.requested)
+        import torch.distributed as dist
+
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            if int(self._buf.item()):
+                return True
+        self._buf.fill_(self.requested)
+        self._work = dist.all_reduce(
+            self._buf, op=dist.ReduceOp.MAX, group=self.ctl.group, async_op=True
+        )
+        return False
+
+    def close(self) -> None:
+        """Finish the pending agreement and restore the previous handler."""
+        import signal
+
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        if self.previous is not None:
+            signal.signal(self.signum, self.previous)
+
+
 def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
     """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json)."""
     apply_env(cfg.env)
@@ -98,19 +153,39 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
         steps_left = parts.total_steps - state.step
         rep = Reporter(run_dir, env.is_main, parts.batches.steps_per_epoch, parts.total_steps)
         log.info(
-            "run %s | %s x %d rank(s) on %s | global batch %d (%d per rank x %d accum) | %d steps left",
+            "run %s | %s x %d rank(s) on %s%s | global batch %d (%d per rank x %d accum) | %d steps left",
             run_dir,
             env.source,
             env.world_size,
             device,
+            f" via {env.master_addr}:{env.master_port}" if env.distributed else "",
             cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
             cfg.data.batch_size,
             cfg.train.grad_accum,
             steps_left,
         )
+        if env.is_main and env.job_id:
+            from expctl import slurm
+
+            slurm.record_job(
+                run_dir,
+                {
+                    "job_id": env.job_id,
+                    "event": "started",
+                    "restart": env.restart_count,
+                    "world_size": env.world_size,
+                    "source": env.source,
+                },
+            )
+        stop = StopFlag(cfg.launcher.signal, ctl)
         try:
-            return run_dir, fit(cfg, env, parts, state, rep, ctl)
+            return run_dir, fit(cfg, env, parts, state, rep, ctl, stop)
+        except Preempted:
+            stop.close()
+            _after_stop(cfg, env, stop, run_dir, state)
+            raise
         finally:
+            stop.close()
             rep.close()
     finally:
         if env.distributed:
@@ -256,8 +331,30 @@ def evaluate(cfg: Config, env: DistEnv, parts: Parts) -> dict[str, float]:
     }
 
 
+def _after_stop(
+    cfg: Config, env: DistEnv, stop: StopFlag, run_dir: Path, state: TrainState
+) -> None:
+    """After the stop checkpoint: requeue the Slurm job (submitit's mechanism, or scontrol)."""
+    from expctl import slurm
+
+    log.warning("stop signal: checkpoint of step %d saved in %s", state.step, run_dir)
+    if not env.is_main or not env.job_id:
+        return
+    slurm.record_job(run_dir, {"job_id": env.job_id, "event": "stopped", "step": state.step})
+    if env.source == "submitit" and callable(stop.previous):
+        stop.previous(stop.signum, None)  # submitit: checkpoint() + scontrol requeue + exit
+    else:
+        slurm.requeue(env.job_id, env.restart_count, cfg.launcher.max_requeues)
+
+
 def fit(
-    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, rep: Reporter, ctl: Control
+    cfg: Config,
+    env: DistEnv,
+    parts: Parts,
+    state: TrainState,
+    rep: Reporter,
+    ctl: Control,
+    stop: StopFlag,
 ) -> dict[str, Any]:
     """The loop: micro-batches, optimizer steps, logging, validation, checkpoints."""
     t, ctx, every = cfg.train, parts.ctx, cfg.checkpoint.every
@@ -297,6 +394,10 @@ def fit(
             if every and state.step % every == 0:
                 _save(cfg, env, parts, state, ctl)
                 saved_at = state.step
+            if stop.agreed():
+                if saved_at != state.step:
+                    _save(cfg, env, parts, state, ctl)
+                raise Preempted(f"stopped by SIG{cfg.launcher.signal} at step {state.step}")
             if state.step >= parts.total_steps or state.batch >= micro_per_epoch:
                 break
         if state.batch >= micro_per_epoch:

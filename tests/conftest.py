@@ -24,7 +24,11 @@ train: {max_epochs: 2, log_every: 4}
 
 def cli_env(**extra: str) -> dict[str, str]:
     """Environment for CLI subprocesses: test plugins importable, no inherited rank variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k == "SLURM_CONF" or not k.startswith(("SLURM_", "TORCHELASTIC_"))
+    }
     for k in (
         "RANK",
         "WORLD_SIZE",

@@ -43,3 +43,14 @@ def tiny_custom(input_shape: tuple[int, ...] = (20,), num_classes: int = 4, widt
         nn.ReLU(),
         nn.Linear(width, num_classes),
     )
+
+
+@register("steps", "slow")
+class Slow(Supervised):
+    """Supervised, sleeping $SLOW_STEP_S (default 0.05 s) per step: time to signal a running job."""
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        import time
+
+        time.sleep(float(os.environ.get("SLOW_STEP_S", "0.05")))
+        return super().train_step(ctx, batch)

@@ -1,0 +1,235 @@
+"""Slurm: launcher=slurm through submitit, the sbatch script it writes, requeues, job state.
+
+Inside a job, ranks are detected from SLURM_* (dist.detect); this module only submits jobs,
+requeues them after a checkpoint, and reads their state. No config value reaches a shell
+unquoted: sbatch values are checked against a strict character set and quoted by submitit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from expctl.config import Config
+from expctl.errors import UserError
+
+log = logging.getLogger("expctl")
+
+JOBS_FILE = "jobs.jsonl"
+_SAFE = re.compile(r"^[A-Za-z0-9_.,:+@%=/\[\]-]+$")
+_SAFE_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
+_MANAGED = {
+    "signal",
+    "requeue",
+    "output",
+    "error",
+    "open-mode",
+    "array",
+    "nodes",
+    "ntasks-per-node",
+    "time",
+}
+
+
+def _checked(where: str, value: Any) -> Any:
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    if not isinstance(value, str) or not _SAFE.match(value):
+        raise UserError(
+            f"{where}={value!r}: sbatch values may only hold letters, digits and _ . , : + @ % = / [ ] -",
+            "remove spaces, quotes, ';', '$', backquotes and newlines from the value",
+        )
+    return value
+
+
+def parameters(cfg: Config) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for `cfg` (checked: nothing can inject shell)."""
+    ln = cfg.launcher
+    tasks = ln.tasks_per_node or (ln.gpus_per_node or 1)
+    if ln.gpus_per_node and tasks != ln.gpus_per_node:
+        raise UserError(
+            f"launcher.tasks_per_node={tasks} but launcher.gpus_per_node={ln.gpus_per_node}",
+            f"use one task per GPU: launcher.tasks_per_node={ln.gpus_per_node} (or leave it null)",
+        )
+    extra: dict[str, Any] = {}
+    for key, value in ln.sbatch.items():
+        k = str(key).replace("_", "-")
+        if not _SAFE_KEY.match(k) or k in _MANAGED:
+            raise UserError(
+                f"launcher.sbatch.{key}: not an sbatch option expctl lets you set here",
+                "use lowercase option names (e.g. mail-type); nodes, time, signal and requeue have their own keys",
+            )
+        extra[k] = _checked(f"launcher.sbatch.{key}", value)
+    extra["requeue"] = True
+    extra["signal"] = f"{ln.signal}@{ln.signal_delay_s}"
+    params: dict[str, Any] = {
+        "job_name": _checked("launcher.job_name", ln.job_name or cfg.run.name),
+        "nodes": ln.nodes,
+        "ntasks_per_node": tasks,
+        "time": ln.timeout_min,
+        "signal_delay_s": ln.signal_delay_s,
+        "additional_parameters": extra,
+        # submitit's own handler listens for SUBMITIT_PREEMPT_SIGNAL; keep it on our signal
+        "setup": [f"export SUBMITIT_PREEMPT_SIGNAL={ln.signal}", *ln.setup],
+        "srun_args": ["--kill-on-bad-exit=1"],
+    }
+    if ln.gpus_per_node:
+        params["gpus_per_node"] = ln.gpus_per_node
+    if ln.mem_gb is not None:
+        params["mem"] = (
+            f"{int(ln.mem_gb)}GB" if ln.mem_gb == int(ln.mem_gb) else f"{int(ln.mem_gb * 1024)}MB"
+        )
+    for key in ("cpus_per_task", "partition", "account", "qos", "constraint"):
+        value = getattr(ln, key)
+        if value is not None:
+            params[key] = _checked(f"launcher.{key}", value)
+    return params
+
+
+def render(cfg: Config, run_dir: Path) -> str:
+    """The exact sbatch script `submit` would hand to sbatch for this run."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = run_dir / "slurm"
+    command = " ".join(
+        [shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))]
+    )
+    return _make_sbatch_string(command=command, folder=folder, **parameters(cfg))
+
+
+class SlurmTask:
+    """What each task of a launcher=slurm job runs: train the frozen config of `run_dir`.
+
+    submitit calls `checkpoint` when the job must be requeued: the same task runs again and
+    resumes from the newest checkpoint of the run directory.
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> dict[str, Any]:
+        import os
+
+        from expctl import config as config_mod
+        from expctl import train
+        from expctl.dist import detect
+
+        cfg = config_mod.load(self.run_dir)
+        _, metrics = train.main(cfg, detect(os.environ))
+        return metrics
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(SlurmTask(self.run_dir))
+
+
+def check_cluster(cfg: Config) -> None:
+    """Fail fast, before anything is written, when Slurm or the partition is missing."""
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            "launcher=slurm but sbatch is not on PATH",
+            "run on a Slurm login node, or use launcher=local",
+        )
+    part = cfg.launcher.partition
+    if part is None:
+        return
+    out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+    names = [p.rstrip("*") for p in out.stdout.split()]
+    if out.returncode == 0 and part not in names:
+        from expctl.errors import unknown_name
+
+        raise unknown_name("partition", part, names, "pick one that `sinfo` lists")
+
+
+def submit(cfg: Config) -> str:
+    """Submit the frozen run `cfg` (its run directory exists) and return the job id."""
+    import submitit
+
+    run_dir = Path(str(cfg.run.dir))
+    executor = submitit.SlurmExecutor(
+        folder=run_dir / "slurm", max_num_timeout=cfg.launcher.max_requeues
+    )
+    executor.update_parameters(**parameters(cfg))
+    try:
+        job = executor.submit(SlurmTask(str(run_dir)))
+    except Exception as e:  # sbatch refused the job
+        text = " ".join(str(e).split())[:300]
+        raise UserError(
+            f"sbatch refused the job: {text}", "check the launcher.* values (`expctl show`)"
+        ) from None
+    record_job(run_dir, {"job_id": job.job_id, "event": "submitted"})
+    return str(job.job_id)
+
+
+def record_job(run_dir: Path, event: dict[str, Any]) -> None:
+    """Append a job event (submission, start, requeue) to RUN_DIR/jobs.jsonl."""
+    with open(run_dir / JOBS_FILE, "a") as f:
+        f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
+
+
+def requeue(job_id: str, restart_count: int, max_requeues: int) -> bool:
+    """``scontrol requeue`` the job of a plain srun/sbatch run, at most `max_requeues` times."""
+    if restart_count >= max_requeues:
+        log.warning(
+            "not requeuing job %s: already requeued %d time(s) (launcher.max_requeues)",
+            job_id,
+            restart_count,
+        )
+        return False
+    subprocess.run(["scontrol", "requeue", job_id.split(".")[0]], check=True, timeout=60)
+    log.warning(
+        "requeued job %s (requeue %d of at most %d)", job_id, restart_count + 1, max_requeues
+    )
+    return True
+
+
+def job_state(job_id: str) -> dict[str, str]:
+    """State, nodes and restart count of a job, from squeue (live) or sacct (finished)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T|%N|%r"], capture_output=True, text=True, timeout=30
+    )
+    line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    if line:
+        state, nodes, reason = (line.split("|") + ["", ""])[:3]
+        return {"state": state, "nodes": nodes, "reason": reason}
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,NodeList,ExitCode"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = [ln for ln in out.stdout.strip().splitlines() if ln]
+    if not lines:
+        return {"state": "UNKNOWN"}
+    state, nodes, code = (lines[-1].split("|") + ["", ""])[:3]
+    return {"state": state.split()[0], "nodes": nodes, "exit_code": code}
+
+
+FINAL_STATES = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
+
+
+def wait(job_id: str, poll_s: float = 5.0) -> str:
+    """Follow a job (through its requeues) until it ends; return its final state."""
+    while True:
+        state = job_state(job_id)["state"]
+        if state in FINAL_STATES:
+            return state
+        time.sleep(poll_s)

@@ -1,0 +1,417 @@
+"""Against the real local Slurm cluster (../shared/slurm-local): srun, sbatch templates,
+launcher=slurm through submitit, every requeue path, fail-fast layouts, two jobs at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY, cli_env
+from conftest import expctl as run_cli
+
+pytestmark = pytest.mark.slurm
+EXPCTL = str(Path(sys.executable).parent / "expctl")
+SLOW = TINY + "imports: [faulty]\ncheckpoint: {every: 10}\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> None:
+    conf = os.environ.get("SLURM_CONF", "/tmp/expctl-slurm/etc/slurm.conf")
+    ok = shutil.which("sinfo") and Path(conf).is_file()
+    if ok:
+        os.environ["SLURM_CONF"] = conf
+        ok = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+    if not ok:
+        if os.environ.get("EXPCTL_REQUIRE_SLURM") == "1":
+            pytest.fail("the local Slurm cluster is not running (../shared/slurm-local/start.sh)")
+        pytest.skip("no local Slurm cluster")
+
+
+def env(**extra: str) -> dict[str, str]:
+    return cli_env(EXPCTL=EXPCTL, **extra)
+
+
+def sbatch(args: list[str], cwd: Path, **extra: str) -> str:
+    out = subprocess.run(
+        ["sbatch", "--parsable", *args],
+        cwd=cwd,
+        env=env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip().split(";")[0]
+
+
+def state(job: str) -> str:
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True
+    )
+    lines = out.stdout.split()
+    return lines[-1] if lines else "UNKNOWN"
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def wait_done(job: str, timeout: float = 240) -> str:
+    final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    wait_until(lambda: state(job) in final, timeout, f"job {job} to end")
+    return state(job)
+
+
+def last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines()
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+def starts(run_dir: Path) -> list[dict[str, object]]:
+    lines = (run_dir / "jobs.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "started"]
+
+
+@pytest.fixture
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # the cluster's nodes share this filesystem; keep files readable by every daemon
+    path = tmp_path_factory.mktemp("slurm")
+    (path / "tiny.yml").write_text(TINY)
+    (path / "slow.yml").write_text(SLOW)
+    return path
+
+
+def result(run_dir: Path) -> dict[str, float]:
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def test_srun_two_nodes_matches_local_two_workers(work: Path) -> None:
+    proc = subprocess.run(
+        ["srun", "-N", "2", "--ntasks-per-node=1", EXPCTL, "run", "-C", "tiny.yml"],
+        cwd=work,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = list((work / "runs").iterdir())
+    assert re.fullmatch(r"mlp-synthetic-job\d+", run_dir.name), "named from the job id"
+    log = (run_dir / "train.log").read_text()
+    assert "slurm x 2 rank(s)" in log and "via node1:" in log
+    run_cli(
+        "run", "-C", "tiny.yml", "launcher=local", "launcher.nproc=2", "run.dir=local", cwd=work
+    )
+    a, b = result(run_dir), result(work / "local")
+    assert a["step"] == b["step"] == 2 * 512 // 64
+    assert a["val/acc"] == pytest.approx(b["val/acc"], abs=1e-6)
+    assert a["val/loss"] == pytest.approx(b["val/loss"], rel=1e-4)
+
+
+def test_srun_two_nodes_two_tasks_each(work: Path) -> None:
+    proc = subprocess.run(
+        ["srun", "-N", "2", "--ntasks-per-node=2", EXPCTL, "run", "-C", "tiny.yml"],
+        cwd=work,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = list((work / "runs").iterdir())
+    assert "slurm x 4 rank(s)" in (run_dir / "train.log").read_text()
+    assert result(run_dir)["step"] == 2 * 512 // (4 * 32)
+    assert len(list(run_dir.glob("*.jsonl"))) == 2, "only rank 0 writes (metrics + jobs)"
+
+
+def test_batch_shell_without_srun_is_one_process(work: Path) -> None:
+    job = sbatch(
+        [
+            "-N",
+            "2",
+            "--ntasks-per-node=2",
+            "--output=batch.out",
+            "--wrap",
+            f"{EXPCTL} run -C tiny.yml",
+        ],
+        work,
+    )
+    assert wait_done(job) == "COMPLETED", (work / "batch.out").read_text()
+    run_dir = work / "runs" / f"mlp-synthetic-job{job}"
+    assert "single x 1 rank(s)" in (run_dir / "train.log").read_text()
+
+
+def test_launcher_slurm_submits_without_waiting_and_completes(work: Path) -> None:
+    proc = run_cli(
+        "run",
+        "-C",
+        "tiny.yml",
+        "launcher=slurm",
+        "launcher.nodes=2",
+        "launcher.partition=debug",
+        "launcher.timeout_min=5",
+        cwd=work,
+    )
+    job = re.search(r"submitted job (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    run_dir = Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    assert not (run_dir / "result.json").exists(), "returned before the job finished"
+    assert wait_done(job) == "COMPLETED"
+    assert result(run_dir)["step"] == 16
+    status = run_cli("status", str(run_dir), cwd=work).stdout
+    assert (
+        f"job       {job}  COMPLETED" in status and "requeued 0x" in status and "val/acc=" in status
+    )
+
+
+def _signal_when_running(
+    job: str, run_dir: Path, act: Callable[[], None], at_step: int = 20
+) -> None:
+    wait_until(lambda: last_step(run_dir) >= at_step, 120, f"job {job} to reach step {at_step}")
+    act()
+
+
+def test_launcher_slurm_preempted_by_signal_requeues_through_submitit(work: Path) -> None:
+    proc = run_cli(
+        "run",
+        "-C",
+        "slow.yml",
+        "train.step=slow",
+        "train.max_epochs=6",
+        "launcher=slurm",
+        "launcher.nodes=2",
+        "launcher.timeout_min=5",
+        cwd=work,
+        env=env(SLOW_STEP_S="0.1"),
+    )
+    job = re.search(r"submitted job (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    run_dir = Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    _signal_when_running(
+        job, run_dir, lambda: subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    )
+    assert wait_done(job) == "COMPLETED"
+    assert result(run_dir)["step"] == 6 * 8
+    assert [s["restart"] for s in starts(run_dir)] == [0, 1]
+    assert "resumed from" in (run_dir / "train.log").read_text()
+
+
+def _template_job(
+    work: Path, name: str, *extra: str, sbatch_args: tuple[str, ...] = (), **env_extra: str
+) -> tuple[str, Path]:
+    job = sbatch(
+        [
+            *sbatch_args,
+            f"--output={name}.out",
+            str(REPO / "slurm" / "train_cpu.sbatch"),
+            "-C",
+            "slow.yml",
+            "train.step=slow",
+            f"run.name={name}",
+            *extra,
+        ],
+        work,
+        **{"SLOW_STEP_S": "0.1", **env_extra},
+    )
+    return job, work / "runs" / f"{name}-job{job}"
+
+
+def test_signal_to_sbatch_job_requeues_and_resumes(work: Path) -> None:
+    job, run_dir = _template_job(work, "sig", "train.max_epochs=6")
+    _signal_when_running(
+        job, run_dir, lambda: subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    )
+    assert wait_done(job) == "COMPLETED", (work / "sig.out").read_text()
+    assert result(run_dir)["step"] == 6 * 8
+    events = [json.loads(x) for x in (run_dir / "jobs.jsonl").read_text().splitlines()]
+    stopped = [e for e in events if e["event"] == "stopped"]
+    assert len(stopped) == 1 and [s["restart"] for s in starts(run_dir)] == [0, 1]
+    assert f"(step {stopped[0]['step']}," in (run_dir / "train.log").read_text(), (
+        "resumed the stop checkpoint"
+    )
+
+
+def test_scontrol_requeue_resumes_from_last_checkpoint(work: Path) -> None:
+    job, run_dir = _template_job(work, "requeue", "train.max_epochs=6")
+    _signal_when_running(
+        job, run_dir, lambda: subprocess.run(["scontrol", "requeue", job], check=True), at_step=25
+    )
+    assert wait_done(job) == "COMPLETED", (work / "requeue.out").read_text()
+    assert result(run_dir)["step"] == 6 * 8
+    log = (run_dir / "train.log").read_text()
+    resumed = int(re.search(r"resumed from .* \(step (\d+),", log).group(1))  # type: ignore[union-attr]
+    assert resumed >= 20, "lost at most one checkpoint interval (10 steps)"
+
+
+def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
+    job, run_dir = _template_job(work, "killed", "train.max_epochs=6")
+
+    def kill_rank_1() -> None:
+        for pid in os.listdir("/proc"):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except (OSError, ValueError):
+                continue
+            if (
+                f"SLURM_JOB_ID={job}".encode() in environ
+                and b"SLURM_PROCID=1" in environ
+                and b"SLURM_STEP_ID=0" in environ
+            ):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"expctl" in cmd and b"srun" not in cmd:
+                    os.kill(int(pid), 9)
+                    return
+        raise AssertionError("rank 1 of the job not found")
+
+    _signal_when_running(job, run_dir, kill_rank_1)
+    assert wait_done(job) == "COMPLETED", (work / "killed.out").read_text()
+    assert result(run_dir)["step"] == 6 * 8
+    assert [s["restart"] for s in starts(run_dir)] == [0, 1]
+
+
+def test_time_limit_shorter_than_training_requeues_itself(work: Path) -> None:
+    # 1-minute limit with the signal 30 s before it (this cluster sends timed signals early, ~10 s
+    # into each run); ~20 s of training cannot finish in one go
+    job, run_dir = _template_job(
+        work,
+        "timelimit",
+        "train.max_epochs=3",
+        "launcher.max_requeues=8",
+        sbatch_args=("--time=1", "--signal=USR2@30"),
+        SLOW_STEP_S="0.8",
+    )
+    assert wait_done(job, timeout=600) == "COMPLETED", (work / "timelimit.out").read_text()
+    assert result(run_dir)["step"] == 3 * 8
+    assert len(starts(run_dir)) >= 2
+
+
+def test_two_jobs_at_once_never_share_port_or_directory(work: Path) -> None:
+    jobs = [
+        sbatch(
+            [
+                "-N",
+                "2",
+                "--ntasks-per-node=1",
+                f"--output=two{i}.out",
+                "--wrap",
+                f"srun {EXPCTL} run -C slow.yml train.step=slow",
+            ],
+            work,
+            SLOW_STEP_S="0.05",
+        )
+        for i in range(2)
+    ]
+    dirs = [work / "runs" / f"mlp-synthetic-job{j}" for j in jobs]
+    wait_until(lambda: all(last_step(d) > 0 for d in dirs), 120, "both jobs running at once")
+    assert all(wait_done(j) == "COMPLETED" for j in jobs)
+    ports = [re.search(r"via node1:(\d+)", (d / "train.log").read_text()).group(1) for d in dirs]  # type: ignore[union-attr]
+    assert ports[0] != ports[1] and all(result(d)["step"] == 16 for d in dirs)
+
+
+def _fake_rank(rank: int, **extra: str) -> dict[str, str]:
+    return env(
+        SLURM_JOB_ID="424242",
+        SLURM_STEP_ID="0",
+        SLURM_PROCID=str(rank),
+        SLURM_LOCALID=str(rank),
+        SLURM_NODEID="0",
+        SLURM_STEP_NUM_TASKS="2",
+        SLURM_STEP_NODELIST="node1",
+        SLURM_STEP_TASKS_PER_NODE="2",
+        **extra,
+    )
+
+
+def test_master_that_never_appears_fails_within_the_rendezvous_timeout(work: Path) -> None:
+    t0 = time.time()
+    proc = run_cli(
+        "run", "-C", "tiny.yml", "launcher.rdzv_timeout=5", cwd=work, env=_fake_rank(1), check=False
+    )
+    took = time.time() - t0
+    print(f"fail-fast: master never appears -> exit after {took:.1f} s")
+    assert (
+        proc.returncode == 2 and "could not reach rank 0" in proc.stderr and "HINT" in proc.stderr
+    )
+    assert took < 60
+
+
+def test_port_already_taken_fails_fast_on_srun(work: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        t0 = time.time()
+        proc = subprocess.run(
+            [
+                "srun",
+                "-N",
+                "2",
+                "--ntasks-per-node=1",
+                f"--export=ALL,MASTER_PORT={port}",
+                EXPCTL,
+                "run",
+                "-C",
+                "tiny.yml",
+                "launcher.rdzv_timeout=5",
+            ],
+            cwd=work,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        took = time.time() - t0
+    print(f"fail-fast: port taken -> srun ended after {took:.1f} s")
+    assert proc.returncode != 0 and f"cannot listen on node1:{port}" in proc.stderr
+    assert "HINT: the port is taken" in proc.stderr and "Traceback" not in proc.stderr
+    assert took < 60
+
+
+def test_rendered_sbatch_script_matches_the_expected_one(work: Path) -> None:
+    from expctl import compose, config, slurm
+
+    cfg = config.validate(
+        compose.compose(
+            str(work / "tiny.yml"),
+            [
+                "launcher=slurm",
+                "launcher.nodes=2",
+                "launcher.partition=debug",
+                "launcher.timeout_min=30",
+                "launcher.cpus_per_task=4",
+                "launcher.mem_gb=8",
+                "+launcher.sbatch.mail-type=END",
+                "launcher.setup=[module load cuda]",
+            ],
+        )
+    )
+    text = slurm.render(cfg, Path("/RUN_DIR")).replace(sys.executable, "PYTHON")
+    expected = (Path(__file__).parent / "data" / "sbatch_expected.txt").read_text()
+    assert text == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["debug; rm -rf ~", "$(reboot)", "a b", "x\n#SBATCH --uid=0", "`id`"]
+)
+def test_hostile_sbatch_values_are_rejected(value: str, work: Path) -> None:
+    from expctl import compose, config, slurm
+    from expctl.errors import UserError
+
+    cfg = config.validate(compose.compose(None, ["launcher=slurm"]))
+    with pytest.raises(UserError, match="sbatch values may only hold"):
+        slurm.parameters(cfg.replace("launcher", partition=value))
