@@ -215,3 +215,81 @@ def test_example_presets_train(
         assert "val/loss" in result.metrics and "val/acc" not in result.metrics
     else:
         assert 0.0 <= result["val/acc"] <= 1.0
+
+
+def test_grad_accumulation_matches_the_larger_batch(tiny: Path) -> None:
+    """2 micro-batches of 16 with no_sync == one batch of 32 (2 workers, so no_sync matters)."""
+    common = [
+        "-C",
+        str(tiny),
+        "train.max_epochs=1",
+        "data.num_samples=256",
+        "launcher=local",
+        "launcher.nproc=2",
+    ]
+    run_cli(
+        "run", *common, "data.batch_size=8", "train.grad_accum=2", "run.dir=accum", cwd=tiny.parent
+    )
+    run_cli("run", *common, "data.batch_size=16", "run.dir=plain", cwd=tiny.parent)
+    a, b = final_weights(tiny.parent / "accum"), final_weights(tiny.parent / "plain")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "16"])
+def test_mixed_precision_and_clipping_train(
+    precision: str, tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tiny.parent)
+    result = expctl.run(str(tiny), [f"train.precision={precision}", "train.grad_clip=1.0"])
+    assert result["val/acc"] > 0.5  # 4 classes: chance is 0.25
+    payload = checkpoint.load(checkpoint.list_checkpoints(result.run_dir)[0])
+    assert (payload["scaler"] is not None) == (precision == "16")
+
+
+def test_ctrl_c_stops_every_worker(tiny: Path) -> None:
+    """SIGINT to the terminal's process group ends the launcher and both workers, no orphans."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "expctl",
+            "run",
+            "-C",
+            str(tiny),
+            "imports=[faulty]",
+            "train.step=slow",
+            "train.max_epochs=50",
+            "launcher=local",
+            "launcher.nproc=2",
+            "run.dir=cc",
+        ],
+        cwd=tiny.parent,
+        env=cli_env(SLOW_STEP_S="0.05"),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics = tiny.parent / "cc" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.is_file() and metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert metrics.read_text(), "training started"
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=60)
+    time.sleep(1)
+    leftovers = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.getpgid(int(pid)) == proc.pid:
+                    leftovers.append(pid)
+            except ProcessLookupError:
+                continue
+    assert leftovers == [], f"orphans: {leftovers}"
+    assert proc.returncode != 0
