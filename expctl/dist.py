@@ -215,7 +215,6 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
         return
     import threading
 
-
     # whatever blocks below (a silent peer on the port, a rank 0 that died after listening),
     # the rendezvous ends within the timeout: a watchdog ends the process with the message
     bounded = threading.Timer(
