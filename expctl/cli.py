@@ -40,8 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--wait", action="store_true", help="launcher=slurm: follow the job until it ends"
     )
+    run.add_argument("--repeat", type=int, metavar="N", help="with -m: N seeds per configuration")
     st = sub.add_parser("status", help="job, state, requeues, progress and last metrics of a run")
     st.add_argument("run_dir")
+    sw = sub.add_parser("sweep", help="a sweep's trials: table | best | resume | plot SWEEP_DIR")
+    sw.add_argument("action", choices=("table", "best", "resume", "plot"))
+    sw.add_argument("sweep_dir")
     lst = sub.add_parser(
         "list", help="registered models, datasets, optimizers, schedulers, losses, steps"
     )
@@ -76,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args)
         if args.command == "list":
             return _list(args)
+        if args.command == "sweep":
+            return _sweep(args)
         if args.command == "status":
             from expctl.status import status
 
@@ -108,8 +114,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.multirun:
         from expctl import sweep
 
-        sweep.multirun(args.config, args.overrides)
+        sweep.multirun(args.config, args.overrides, repeat=args.repeat)
         return 0
+    if args.repeat:
+        raise UserError(
+            "--repeat needs -m (a sweep)", "add -m, e.g. expctl run -m --repeat 3 optim.lr=0.01,0.1"
+        )
     from expctl import api
 
     result = api.run(args.config, args.overrides, wait=args.wait)
@@ -119,6 +129,22 @@ def _run(args: argparse.Namespace) -> int:
             for k, v in result.metrics.items()
         )
         print(f"expctl: done  {shown}\nexpctl: results in {result.run_dir}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from expctl import ledger, sweep
+
+    if args.action == "table":
+        print(ledger.table(args.sweep_dir))
+    elif args.action == "best":
+        row, path = ledger.best(args.sweep_dir)
+        print(f"best trial {row.number}: {row.value:.6g}  {row.overrides}")
+        print(f"  directory {row.run_dir}\n  config    {path}")
+    elif args.action == "plot":
+        print(f"expctl: wrote {ledger.plot(args.sweep_dir)}")
+    else:
+        sweep.resume(args.sweep_dir)
     return 0
 
 

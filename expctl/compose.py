@@ -18,7 +18,7 @@ from typing import Any
 
 from expctl.errors import UserError, choices_text, did_you_mean
 
-GROUPS = ("model", "data", "optim", "sched", "loss", "launcher", "experiment")
+GROUPS = ("model", "data", "optim", "sched", "loss", "launcher", "sweep", "experiment")
 PRIMARY = "__expctl_main__"
 
 

@@ -95,6 +95,29 @@ class LauncherConfig:
 
 
 @dataclass(frozen=True)
+class SweepConfig:
+    """How `-m` explores: sampler, objective, early stopping of bad trials (conf/sweep/)."""
+
+    sampler: str = _f("grid", choices=("grid", "random", "tpe"))
+    n_trials: int | None = _f(None, min=1)
+    metric: str = "val/acc"
+    mode: str = _f("max", choices=("max", "min"))
+    pruner: str = _f("none", choices=("none", "asha", "median"))
+    budget: str = _f("epoch", choices=("epoch", "step"))  # the unit trials report progress in
+    grace: int = _f(1, min=1)  # ASHA: budget every trial gets; median: warm-up before pruning
+    reduction: int = _f(3, min=2)  # ASHA: keep the top 1/reduction at each rung
+    repeat: int = _f(1, min=1)  # seeds per configuration
+    seed: int = 0  # the sampler's seed
+    stop_on_failure: bool = False
+    params: dict[str, str] = _f(
+        {}
+    )  # search space in YAML: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
+    # set by expctl in each trial's frozen config
+    storage: str | None = None
+    trial: int | None = None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A registered model (or a dict of models) and its constructor arguments."""
 
@@ -152,6 +175,7 @@ class Config:
     checkpoint: CheckpointConfig = _f(CheckpointConfig())
     launcher: LauncherConfig = _f(LauncherConfig())
     run: RunConfig = _f(RunConfig())
+    sweep: SweepConfig = _f(SweepConfig())
     imports: list[str] = _f([])
     env: dict[str, str] = _f({})
 
@@ -182,7 +206,7 @@ _COMPONENT_KINDS = {
     "sched": "schedulers",
     "loss": "losses",
 }
-IGNORED_TOP = ("hydra", "sweep")  # read by the sweep machinery, not by training
+IGNORED_TOP = ("hydra",)
 
 
 def validate(raw: dict[str, Any], check_components: bool = True) -> Config:

@@ -31,11 +31,12 @@ class DataInfo:
 
 @dataclass
 class Splits:
-    """Train and validation sets of one dataset."""
+    """Train, validation and (optionally) test sets of one dataset."""
 
     train: Dataset[Any]
     val: Dataset[Any] | None
     info: DataInfo
+    test: Dataset[Any] | None = None  # evaluated once, at the end (test/ metrics)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ def _read_idx(path: Path) -> torch.Tensor:
 
 
 def _check_fashion(
-    root: str | None = None, download: bool = False, normalize: str = "standard"
+    root: str | None = None, download: bool = False, normalize: str = "standard", **_: Any
 ) -> None:
     if normalize not in ("standard", "tanh"):
         raise UserError(
@@ -129,9 +130,18 @@ def _check_fashion(
 
 @register("datasets", check=_check_fashion)
 def fashion_mnist(
-    root: str | None = None, download: bool = False, normalize: str = "standard"
+    root: str | None = None,
+    download: bool = False,
+    normalize: str = "standard",
+    val_split: int = 0,
+    subset: int | None = None,
 ) -> Splits:
-    """Fashion-MNIST (60k/10k 28x28 grey images, 10 classes), normalised, held in memory."""
+    """Fashion-MNIST (60k/10k 28x28 grey images, 10 classes), normalised, held in memory.
+
+    With `val_split` > 0 the last `val_split` training images validate and the 10k test images
+    are only evaluated at the end (test/ metrics, as a tuning study needs); `subset` keeps the
+    first N training images (quick runs).
+    """
     files = _find_fashion(root, download)
     mean, std = (FASHION_MEAN, FASHION_STD) if normalize == "standard" else (0.5, 0.5)
 
@@ -146,9 +156,19 @@ def fashion_mnist(
             raise UserError(
                 f"data file {files[key]} has {len(y)} labels for {len(x)} images", "reinstall it"
             )
-    return Splits(
-        TensorDataset(train_x, train_y), TensorDataset(val_x, val_y), DataInfo((1, 28, 28), 10)
-    )
+    info = DataInfo((1, 28, 28), 10)
+    if not 0 <= val_split < len(train_x) - 1:
+        raise UserError(
+            f"data.val_split={val_split} must be in [0, {len(train_x) - 1})", "e.g. 5000"
+        )
+    test = None
+    if val_split:
+        test = TensorDataset(val_x, val_y)
+        val_x, val_y = train_x[-val_split:], train_y[-val_split:]
+        train_x, train_y = train_x[:-val_split], train_y[:-val_split]
+    if subset is not None:
+        train_x, train_y = train_x[:subset], train_y[:subset]
+    return Splits(TensorDataset(train_x, train_y), TensorDataset(val_x, val_y), info, test)
 
 
 # ---------------------------------------------------------------------------------------------

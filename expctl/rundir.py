@@ -27,6 +27,7 @@ RESUMABLE_CHANGES = (
     "launcher.",
     "checkpoint.",
     "env.",
+    "sweep.trial",  # a sweep trial retried under a new trial number
 )
 
 

@@ -109,7 +109,8 @@ class SlurmTask:
     """What each task of a launcher=slurm job runs: train the frozen config of `run_dir`.
 
     submitit calls `checkpoint` when the job must be requeued: the same task runs again and
-    resumes from the newest checkpoint of the run directory.
+    resumes from the newest checkpoint of the run directory. A sweep trial's rank 0 also records
+    its outcome in the sweep's ledger.
     """
 
     def __init__(self, run_dir: str) -> None:
@@ -119,11 +120,23 @@ class SlurmTask:
         import os
 
         from expctl import config as config_mod
-        from expctl import train
+        from expctl import sweep, train
         from expctl.dist import detect
 
         cfg = config_mod.load(self.run_dir)
-        _, metrics = train.main(cfg, detect(os.environ))
+        env = detect(os.environ)
+        if env.is_main:
+            sweep.mark(cfg, "running", started=time.time())
+        try:
+            _, metrics = train.main(cfg, env)
+        except train.Preempted:
+            raise
+        except Exception as e:
+            if env.is_main:
+                sweep.finish(cfg, {}, error=e)
+            raise
+        if env.is_main:
+            sweep.finish(cfg, metrics)
         return metrics
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -168,6 +181,35 @@ def submit(cfg: Config) -> str:
         ) from None
     record_job(run_dir, {"job_id": job.job_id, "event": "submitted"})
     return str(job.job_id)
+
+
+def submit_array(cfgs: list[Config]) -> list[str]:
+    """Submit frozen runs (sweep trials) as job arrays, one per distinct set of sbatch values."""
+    import submitit
+
+    groups: dict[str, list[Config]] = {}
+    for cfg in cfgs:
+        groups.setdefault(json.dumps(parameters(cfg), sort_keys=True), []).append(cfg)
+    ids: list[str] = []
+    for members in groups.values():
+        first = members[0]
+        folder = Path(str(first.sweep.storage or Path(str(first.run.dir)).parent)) / "slurm"
+        executor = submitit.SlurmExecutor(
+            folder=folder, max_num_timeout=first.launcher.max_requeues
+        )
+        executor.update_parameters(**parameters(first))
+        try:
+            with executor.batch():
+                jobs = [executor.submit(SlurmTask(str(c.run.dir))) for c in members]
+        except Exception as e:
+            text = " ".join(str(e).split())[:300]
+            raise UserError(
+                f"sbatch refused the job array: {text}", "check the launcher.* values"
+            ) from None
+        for cfg, job in zip(members, jobs, strict=True):
+            record_job(Path(str(cfg.run.dir)), {"job_id": job.job_id, "event": "submitted"})
+            ids.append(str(job.job_id).split("_")[0])
+    return ids
 
 
 def record_job(run_dir: Path, event: dict[str, Any]) -> None:

@@ -1,24 +1,184 @@
-"""Sweeps: Hydra multirun over the same composition as a single run; each trial is a run."""
+"""Sweeps: `expctl run -m`, on Optuna's ask/tell API with a journal file as the ledger.
+
+The command line keeps Hydra's multirun grammar (``a=1,2``, ``range()``, ``choice()``,
+``interval()``, ``tag(log, ...)``), parsed by Hydra's own override parser; each trial is then
+composed once, frozen into ``SWEEP_DIR/trial_NNN`` and launched like any run. The study lives in
+``SWEEP_DIR/journal.log`` (Optuna's JournalStorage: safe for many writers on a shared
+filesystem), so ranks of a trial report to it, other processes read it while trials run, and an
+interrupted sweep resumes from it.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import secrets
+import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expctl.config import Config, SweepConfig
 from expctl.errors import UserError
 
 log = logging.getLogger("expctl")
 
+SPEC_FILE, JOURNAL = "sweep.json", "journal.log"
+STUDY = "expctl"
 
-def _root(overrides: Sequence[str]) -> Path:
-    for o in overrides:
-        if o.startswith("run.root="):
-            return Path(o.split("=", 1)[1]).expanduser().absolute()
-    return Path("runs").absolute()
+
+@dataclass
+class Dimension:
+    """One swept key: the values of a grid, or an Optuna distribution."""
+
+    key: str
+    values: list[Any] | None = None  # grid / categorical
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    integer: bool = False
+    step: float | None = None
+
+    def distribution(self) -> Any:
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.values is not None:
+            return CategoricalDistribution(self.values)
+        assert self.low is not None and self.high is not None
+        if self.integer:
+            return IntDistribution(
+                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+
+def parse_space(overrides: Sequence[str]) -> tuple[list[str], list[Dimension]]:
+    """Split overrides into plain ones and swept dimensions (Hydra's override grammar)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    plain: list[str] = []
+    dims: list[Dimension] = []
+    for text in overrides:
+        try:
+            (o,) = parser.parse_overrides([text])
+        except HydraException as e:
+            raise UserError(
+                f"bad override {text!r}: {' '.join(str(e).split())[:160]}",
+                "see `expctl run --help`",
+            ) from None
+        if not o.is_sweep_override():
+            plain.append(text)
+            continue
+        key, value = o.get_key_element(), o.value()
+        if isinstance(value, ChoiceSweep):
+            dims.append(Dimension(key, values=[_text(v) for v in value.list]))
+        elif isinstance(value, RangeSweep):
+            start, stop, step = (
+                float(value.start or 0),
+                float(value.stop or 0),
+                float(value.step or 1),
+            )
+            values: list[Any] = []
+            x = start
+            while (step > 0 and x < stop) or (step < 0 and x > stop):
+                values.append(x)
+                x += step
+            if all(isinstance(v, int) for v in (value.start, value.stop, value.step)):
+                values = [int(v) for v in values]
+            dims.append(Dimension(key, values=[_text(v) for v in values]))
+        elif isinstance(value, IntervalSweep):
+            dims.append(
+                Dimension(
+                    key,
+                    low=float(value.start or 0),
+                    high=float(value.end or 0),
+                    log="log" in value.tags,
+                    integer="int" in value.tags,
+                )
+            )
+        else:
+            raise UserError(
+                f"{text}: {type(value).__name__} is not supported in sweeps",
+                "use a,b / range() / choice() / interval()",
+            )
+    return plain, dims
+
+
+def _grid(dims: list[Dimension]) -> list[dict[str, Any]]:
+    import itertools
+
+    for d in dims:
+        if d.values is None:
+            raise UserError(
+                f"{d.key}: interval() needs a sampler, the grid cannot enumerate it",
+                "add sweep=random or sweep=tpe with sweep.n_trials=N, or list values: a,b,c",
+            )
+    names = [d.key for d in dims]
+    return [
+        dict(zip(names, combo, strict=True))
+        for combo in itertools.product(*[d.values or [] for d in dims])
+    ]
+
+
+def _text(value: Any) -> str:
+    """A swept value as Hydra override text: grid points and categorical choices are kept in
+    this form (Optuna stores only primitive choices; `[16, 16]` or `'a b'` stay intact)."""
+    from hydra.core.override_parser.types import Override
+
+    return Override._get_value_element_as_str(value)
+
+
+def _override(key: str, value: Any) -> str:
+    return f"{key}={value}"
+
+
+def make_pruner(s: SweepConfig) -> Any:
+    """Optuna's pruner for the sweep settings (ASHA = asynchronous successive halving)."""
+    import optuna
+
+    if s.pruner == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=s.grace, reduction_factor=s.reduction
+        )
+    if s.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=s.grace)
+    return optuna.pruners.NopPruner()
+
+
+def _sampler(s: SweepConfig) -> Any:
+    import optuna
+
+    if s.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=s.seed, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=s.seed)
+
+
+def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
+    """The sweep's Optuna study on its journal file."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = JournalStorage(JournalFileBackend(str(sweep_dir / JOURNAL)))
+    direction: Any = "maximize" if s.mode == "max" else "minimize"
+    if create:
+        return optuna.create_study(
+            storage=storage,
+            study_name=STUDY,
+            direction=direction,
+            sampler=_sampler(s),
+            pruner=make_pruner(s),
+        )
+    return optuna.load_study(
+        storage=storage, study_name=STUDY, sampler=_sampler(s), pruner=make_pruner(s)
+    )
 
 
 def new_sweep_dir(root: Path) -> Path:
@@ -35,49 +195,262 @@ def new_sweep_dir(root: Path) -> Path:
     raise UserError(f"could not create a sweep directory under {root}", "check run.root")
 
 
-def multirun(config_file: str | None, overrides: Sequence[str]) -> Path:
-    """Run every combination of the overrides as its own run inside one sweep directory."""
-    from expctl import compose, launch
+def multirun(config_file: str | None, overrides: Sequence[str], repeat: int | None = None) -> Path:
+    """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
+    from expctl import compose
     from expctl.config import validate
 
-    # validate the first combination before anything is created on disk
-    first = [
-        o.split("=", 1)[0] + "=" + o.split("=", 1)[1].split(",")[0] if "=" in o else o
-        for o in overrides
-    ]
-    validate(compose.compose(config_file, first))
-    sweep_dir = new_sweep_dir(_root(overrides))
-    print(f"expctl: sweep directory {sweep_dir}", flush=True)
-    rows: list[tuple[str, str]] = []
-
-    def trial(container: dict[str, Any], trial_dir: Path) -> Any:
-        from hydra.core.hydra_config import HydraConfig
-
-        label = " ".join(HydraConfig.get().overrides.task) or "(defaults)"
-        cfg = validate(container).replace("run", dir=str(trial_dir))
-        try:
-            result = launch.launch(cfg)
-        except UserError:
-            raise
-        except Exception as e:  # a failing trial does not end the sweep
-            log.error("trial %s failed: %s", trial_dir.name, e)
-            rows.append((label, f"failed: {str(e).splitlines()[0][:80]}"))
-            return None
-        rows.append(
-            (
-                label,
-                "  ".join(
-                    f"{k}={v:.4g}" for k, v in result.metrics.items() if k.startswith("val/")
-                ),
+    plain, dims = parse_space(overrides)
+    first = [*plain, *(_override(d.key, d.values[0]) for d in dims if d.values)]
+    base = validate(compose.compose(config_file, first))
+    s = base.sweep
+    yaml_plain, yaml_dims = parse_space([f"{k}={v}" for k, v in s.params.items()])
+    dims += [d for d in yaml_dims if d.key not in {x.key for x in dims}]
+    plain += yaml_plain
+    repeat = repeat or s.repeat
+    if s.sampler == "grid":
+        points = _grid(dims)
+        if s.n_trials:
+            points = points[: s.n_trials]
+        for p in points[1:]:  # every point is valid before anything is created
+            validate(
+                compose.compose(config_file, [*plain, *(_override(k, v) for k, v in p.items())])
             )
-        )
-        return result
-
-    compose.multirun(
-        config_file,
-        [*overrides, f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}"],
-        trial,
+    elif not s.n_trials:
+        raise UserError(f"sweep.sampler={s.sampler} needs sweep.n_trials", "add sweep.n_trials=20")
+    else:
+        points = []
+    sweep_dir = new_sweep_dir(Path(base.run.root).expanduser().absolute())
+    spec = {
+        "config_file": str(Path(config_file).absolute()) if config_file else None,
+        "plain": plain,
+        "dims": [vars(d) for d in dims],
+        "points": points,
+        "repeat": repeat,
+        "n_trials": s.n_trials or len(points),
+        "created": time.time(),
+    }
+    (sweep_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+    open_study(sweep_dir, s, create=True)
+    print(
+        f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
+        flush=True,
     )
-    for label, text in rows:
-        print(f"  {label:<40} {text}")
+    run_trials(sweep_dir, base)
     return sweep_dir
+
+
+def _trial_configs(
+    sweep_dir: Path, base: Config, todo: list[tuple[dict[str, Any], int, int | None]]
+) -> list[Config]:
+    """Ask the study for each (params, seed index, trial dir to reuse) and freeze its config."""
+    from expctl import compose, rundir
+    from expctl.config import validate
+
+    spec = json.loads((sweep_dir / SPEC_FILE).read_text())
+    dims = [Dimension(**d) for d in spec["dims"]]
+    study = open_study(sweep_dir, base.sweep)
+    out = []
+    for params, seed_idx, reuse in todo:
+        if params:
+            study.enqueue_trial(params, skip_if_exists=False)
+        trial = study.ask({d.key: d.distribution() for d in dims})
+        chosen = dict(trial.params)
+        overrides = [*spec["plain"], *(_override(k, v) for k, v in chosen.items())]
+        if seed_idx:
+            overrides.append(f"train.seed={base.train.seed + seed_idx}")
+        number = reuse if reuse is not None else trial.number
+        trial_dir = sweep_dir / f"trial_{number:03d}"
+        label = " ".join(_override(k, v) for k, v in chosen.items()) + (
+            f" seed#{seed_idx}" if seed_idx else ""
+        )
+        attrs = {
+            "overrides": label or "(base)",
+            "config": json.dumps(chosen, sort_keys=True),
+            "status": "pending",
+            "run_dir": str(trial_dir),
+            "seed_idx": seed_idx,
+        }
+        if reuse is not None:
+            attrs["retry_of"] = reuse
+        for k, v in attrs.items():
+            study._storage.set_trial_user_attr(trial._trial_id, k, v)
+        cfg = validate(compose.compose(spec["config_file"], overrides))
+        cfg = cfg.replace("sweep", storage=str(sweep_dir), trial=trial.number).replace(
+            "run", dir=str(trial_dir)
+        )
+        out.append(rundir.create(cfg))
+    return out
+
+
+def run_trials(
+    sweep_dir: Path, base: Config, todo: list[tuple[dict[str, Any], int, int | None]] | None = None
+) -> None:
+    """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array."""
+    spec = json.loads((sweep_dir / SPEC_FILE).read_text())
+    if todo is None:
+        configs = spec["points"] or [{}] * spec["n_trials"]
+        todo = [(p, i, None) for p in configs for i in range(spec["repeat"])]
+    if base.launcher.name == "slurm":
+        from expctl import slurm
+
+        cfgs = _trial_configs(sweep_dir, base, todo)
+        jobs = slurm.submit_array(cfgs)
+        print(
+            f"expctl: submitted {len(cfgs)} trial(s) as job(s) {', '.join(sorted(set(jobs)))}",
+            flush=True,
+        )
+        print(f"expctl: follow them with `expctl sweep table {sweep_dir}`", flush=True)
+        return
+    for item in todo:
+        (cfg,) = _trial_configs(sweep_dir, base, [item])
+        ok = run_one(cfg)
+        if not ok and base.sweep.stop_on_failure:
+            print(
+                "expctl: a trial failed and sweep.stop_on_failure is set: stopping the sweep",
+                flush=True,
+            )
+            break
+    from expctl import ledger
+
+    print(ledger.table(sweep_dir))
+    if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
+        top, best_yml = ledger.best(sweep_dir)
+        result = launch_result(Path(top.run_dir))
+        tests = "  ".join(f"{k}={v:.4g}" for k, v in result.items() if k.startswith("test/"))
+        print(
+            f"best trial {top.number}: {base.sweep.metric}={top.value:.4g}  {tests}  ({top.overrides})"
+        )
+        print(f"  its config: {best_yml}  (expctl run -C {best_yml})")
+
+
+def launch_result(run_dir: Path) -> dict[str, Any]:
+    from expctl.launch import read_result
+
+    return read_result(run_dir)
+
+
+def run_one(cfg: Config) -> bool:
+    """Launch one frozen trial config and record its outcome in the study; False if it failed."""
+    from expctl import launch
+
+    mark(cfg, "running", started=time.time(), pid=os.getpid(), host=socket.gethostname())
+    try:
+        result = launch.launch(cfg)
+    except Exception as e:  # a failing trial does not end the sweep
+        finish(cfg, {}, error=e)
+        log.error(
+            "trial %s failed: %s",
+            cfg.sweep.trial,
+            str(e).splitlines()[0] if str(e) else type(e).__name__,
+        )
+        return False
+    finish(cfg, result.metrics)
+    return True
+
+
+def mark(cfg: Config, status: str, **attrs: Any) -> None:
+    """Record a trial's status (and other attributes) in the ledger."""
+    if cfg.sweep.storage is None or cfg.sweep.trial is None:
+        return
+    study = open_study(Path(cfg.sweep.storage), cfg.sweep)
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(
+        study._study_id, cfg.sweep.trial
+    )
+    for k, v in {"status": status, **attrs}.items():
+        study._storage.set_trial_user_attr(trial_id, k, v)
+
+
+def finish(cfg: Config, metrics: dict[str, Any], error: BaseException | None = None) -> None:
+    """Tell the study how the trial ended: completed, stopped (pruned) or failed."""
+    import optuna
+
+    if cfg.sweep.storage is None or cfg.sweep.trial is None:
+        return
+    study = open_study(Path(cfg.sweep.storage), cfg.sweep)
+    number = cfg.sweep.trial
+    ended = {"ended": time.time(), "epoch": metrics.get("epoch"), "step": metrics.get("step")}
+    if error is not None:
+        text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        mark(cfg, "failed", error=text, **ended)
+        study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    elif metrics.get("status") == "stopped":
+        mark(cfg, "stopped", **ended)
+        study.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+    else:
+        value = metrics.get(cfg.sweep.metric)
+        if value is None:
+            mark(cfg, "failed", error=f"no metric {cfg.sweep.metric!r} in the result", **ended)
+            study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            return
+        mark(cfg, "completed", **ended)
+        study.tell(number, float(value), skip_if_finished=True)
+
+
+class Pruner:
+    """Called by rank 0 at each validation of a trial: report, and ask whether to stop."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.study = open_study(Path(str(cfg.sweep.storage)), cfg.sweep)
+        storage = self.study._storage
+        self.trial_id = storage.get_trial_id_from_study_id_trial_number(
+            self.study._study_id, cfg.sweep.trial
+        )
+
+    def should_stop(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
+        import optuna
+
+        value = metrics.get(self.cfg.sweep.metric)
+        if value is None:
+            return False
+        trial = optuna.trial.Trial(self.study, self.trial_id)
+        trial.report(float(value), epoch if self.cfg.sweep.budget == "epoch" else step)
+        return bool(trial.should_prune())
+
+
+def resume(sweep_dir: str | Path) -> None:
+    """Re-run the trials that failed or were lost (in their own directories, resuming their
+    checkpoints), and the ones the sweep never got to."""
+    import optuna
+
+    from expctl import compose
+    from expctl import config as config_mod
+    from expctl.config import validate
+    from expctl.ledger import rows
+
+    path = Path(sweep_dir)
+    if not (path / SPEC_FILE).is_file():
+        raise UserError(
+            f"{path}: not a sweep directory (no {SPEC_FILE})",
+            "pass the folder `expctl run -m` printed",
+        )
+    spec = json.loads((path / SPEC_FILE).read_text())
+    frozen = sorted(path.glob("trial_*/config.yaml"))
+    base = (
+        config_mod.load(frozen[0].parent)
+        if frozen
+        else validate(compose.compose(spec["config_file"], spec["plain"]))
+    )
+    study = open_study(path, base.sweep)
+    todo: list[tuple[dict[str, Any], int, int | None]] = []
+    live = rows(path)
+    for r in live:
+        if r.status not in ("failed", "lost"):
+            continue
+        trial = study.get_trials(deepcopy=False)[r.number]
+        if not trial.state.is_finished():
+            study.tell(r.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        todo.append((r.params, int(trial.user_attrs.get("seed_idx", 0)), r.number))
+    done_configs = [json.loads(r.config) for r in live]
+    if spec["points"]:
+        for p in spec["points"]:
+            for i in range(spec["repeat"] - done_configs.count(p)):
+                todo.append((p, i, None))
+    else:
+        todo += [({}, 0, None)] * max(0, spec["n_trials"] * spec["repeat"] - len(live))
+    if not todo:
+        print(f"expctl: nothing to resume in {path}: every trial completed or was stopped")
+        return
+    print(f"expctl: resuming {len(todo)} trial(s) of {path}", flush=True)
+    run_trials(path, base, todo)

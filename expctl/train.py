@@ -302,9 +302,10 @@ class Meter:
         return {f"{prefix}{k}": float(v) for k, v in zip(keys, vec.tolist(), strict=True)}
 
 
-def evaluate(cfg: Config, env: DistEnv, parts: Parts) -> dict[str, float]:
-    """Validation metrics over the whole val set, reduced exactly (sums and counts) over ranks."""
-    if parts.splits.val is None or not hasattr(parts.step, "val_step"):
+def evaluate(cfg: Config, env: DistEnv, parts: Parts, split: str = "val") -> dict[str, float]:
+    """Metrics over a whole split (val or test), reduced exactly (sums and counts) over ranks."""
+    data = parts.splits.val if split == "val" else parts.splits.test
+    if data is None or not hasattr(parts.step, "val_step"):
         return {}
     ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives
     sums: dict[str, list[Any]] = {}
@@ -312,7 +313,7 @@ def evaluate(cfg: Config, env: DistEnv, parts: Parts) -> dict[str, float]:
         m.eval()
     with torch.no_grad():
         bs = cfg.data.val_batch_size or cfg.data.batch_size
-        for batch in val_batches(parts.splits.val, bs, env.rank, env.world_size, ctx.device):
+        for batch in val_batches(data, bs, env.rank, env.world_size, ctx.device):
             for k, (s, n) in parts.step.val_step(ctx, batch).items():
                 acc = sums.setdefault(k, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
@@ -326,7 +327,7 @@ def evaluate(cfg: Config, env: DistEnv, parts: Parts) -> dict[str, float]:
         vec = vec.to(ctx.device)
         dist.all_reduce(vec)
     return {
-        f"val/{k}": float(s / n) if n else math.nan
+        f"{split}/{k}": float(s / n) if n else math.nan
         for k, (s, n) in zip(keys, vec.tolist(), strict=True)
     }
 
@@ -347,6 +348,15 @@ def _after_stop(
         slurm.requeue(env.job_id, env.restart_count, cfg.launcher.max_requeues)
 
 
+@dataclass
+class Clock:
+    """Throughput between log lines."""
+
+    started: float
+    mark: float
+    mark_step: int
+
+
 def fit(
     cfg: Config,
     env: DistEnv,
@@ -359,12 +369,12 @@ def fit(
     """The loop: micro-batches, optimizer steps, logging, validation, checkpoints."""
     t, ctx, every = cfg.train, parts.ctx, cfg.checkpoint.every
     micro_per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum
-    global_batch = cfg.data.batch_size * env.world_size * t.grad_accum
-    meter, started = Meter(), time.perf_counter()
-    mark, mark_step, saved_at = started, state.step, -1
+    meter, now = Meter(), time.perf_counter()
+    clock, saved_at, status = Clock(now, now, state.step), -1, "completed"
+    pruner = _pruner(cfg, env)
     for m in ctx.models.values():
         m.train()
-    while state.epoch < t.max_epochs and state.step < parts.total_steps:
+    while state.epoch < t.max_epochs and state.step < parts.total_steps and status == "completed":
         for batch in parts.batches.epoch(state.epoch, start=state.batch):
             ctx.boundary = (state.batch + 1) % t.grad_accum == 0
             with no_sync(ctx.models, skip=not ctx.boundary):
@@ -379,18 +389,7 @@ def fit(
                 for s in parts.schedulers.values():
                     s.step()
             if state.step % t.log_every == 0:
-                now = time.perf_counter()
-                state.train = meter.reduce(env, "train/")
-                _check_finite(state, cfg)
-                speed = (state.step - mark_step) * global_batch / max(now - mark, 1e-9)
-                lr = next(iter(ctx.optimizers.values())).param_groups[0]["lr"]
-                rep.record(
-                    state.step,
-                    state.epoch,
-                    {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)},
-                    "train",
-                )
-                mark, mark_step = now, state.step
+                _log_train(cfg, env, state, meter, rep, parts, clock)
             if every and state.step % every == 0:
                 _save(cfg, env, parts, state, ctl)
                 saved_at = state.step
@@ -409,26 +408,99 @@ def fit(
             if state.epoch % t.val_every == 0 or last:
                 state.val = evaluate(cfg, env, parts)
                 rep.record(state.step, state.epoch, state.val, "val")
-            if every == 0 and not last:
+                if _pruned(cfg, env, ctl, pruner, state):
+                    status = "stopped"
+            if every == 0 and not last and status == "completed":
                 _save(cfg, env, parts, state, ctl)
                 saved_at = state.step
+    return _finish(cfg, env, parts, state, rep, ctl, meter, clock, saved_at, status)
+
+
+def _log_train(
+    cfg: Config,
+    env: DistEnv,
+    state: TrainState,
+    meter: Meter,
+    rep: Reporter,
+    parts: Parts,
+    clock: Clock,
+) -> None:
+    """Reduce the running sums (the loop's one host sync) and write a train event."""
+    now = time.perf_counter()
+    state.train = meter.reduce(env, "train/")
+    _check_finite(state, cfg)
+    global_batch = cfg.data.batch_size * env.world_size * cfg.train.grad_accum
+    speed = (state.step - clock.mark_step) * global_batch / max(now - clock.mark, 1e-9)
+    lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
+    rep.record(
+        state.step,
+        state.epoch,
+        {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)},
+        "train",
+    )
+    clock.mark, clock.mark_step = now, state.step
+
+
+def _finish(
+    cfg: Config,
+    env: DistEnv,
+    parts: Parts,
+    state: TrainState,
+    rep: Reporter,
+    ctl: Control,
+    meter: Meter,
+    clock: Clock,
+    saved_at: int,
+    status: str,
+) -> dict[str, Any]:
+    """Final reduction, validation and checkpoint; result.json."""
     if meter.count:
         state.train = meter.reduce(env, "train/")
         _check_finite(state, cfg)
     if not state.val or state.batch:  # stopped mid-epoch (max_steps): validate the final weights
         state.val = evaluate(cfg, env, parts)
         rep.record(state.step, state.epoch, state.val, "val")
-    if saved_at != state.step:
+    if saved_at != state.step and status == "completed":
         _save(cfg, env, parts, state, ctl)
+    test = evaluate(cfg, env, parts, "test") if status == "completed" else {}
+    if test:
+        rep.record(state.step, state.epoch, test, "test")
     result = {
         **state.train,
         **state.val,
+        **test,
         "step": state.step,
         "epoch": state.epoch,
-        "time/train_s": round(time.perf_counter() - started, 3),
+        "status": status,
+        "time/train_s": round(time.perf_counter() - clock.started, 3),
     }
     rep.result(result)
     return result
+
+
+def _pruner(cfg: Config, env: DistEnv) -> Any:
+    """Rank 0's link to the sweep's study, when this run is a trial with a pruner."""
+    if cfg.sweep.trial is None or cfg.sweep.pruner == "none" or not env.is_main:
+        return None
+    from expctl.sweep import Pruner
+
+    return Pruner(cfg)
+
+
+def _pruned(cfg: Config, env: DistEnv, ctl: Control, pruner: Any, state: TrainState) -> bool:
+    """Rank 0 reports the validation to the study; every rank learns whether to stop."""
+    if cfg.sweep.trial is None or cfg.sweep.pruner == "none":
+        return False
+    verdict = pruner.should_stop(state.val, state.epoch, state.step) if env.is_main else False
+    verdict = bool(ctl.broadcast(verdict))
+    if verdict:
+        log.info(
+            "sweep: trial %s stopped early at epoch %d (%s)",
+            cfg.sweep.trial,
+            state.epoch,
+            cfg.sweep.pruner,
+        )
+    return verdict
 
 
 def _check_finite(state: TrainState, cfg: Config) -> None:

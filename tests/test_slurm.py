@@ -415,3 +415,40 @@ def test_hostile_sbatch_values_are_rejected(value: str, work: Path) -> None:
     cfg = config.validate(compose.compose(None, ["launcher=slurm"]))
     with pytest.raises(UserError, match="sbatch values may only hold"):
         slurm.parameters(cfg.replace("launcher", partition=value))
+
+
+def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> None:
+    from expctl import ledger
+
+    proc = run_cli(
+        "run",
+        "-C",
+        "slow.yml",
+        "-m",
+        "optim.lr=0.01,0.1,0.3",
+        "train.step=slow",
+        "train.max_epochs=1",
+        "launcher=slurm",
+        "launcher.nodes=2",
+        "launcher.timeout_min=5",
+        "sweep.pruner=asha",
+        cwd=work,
+        env=env(SLOW_STEP_S="0.05"),
+    )
+    job = re.search(r"submitted 3 trial\(s\) as job\(s\) (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    early = run_cli("sweep", "table", str(sweep), cwd=work).stdout
+    assert re.search(r"(pending|running)", early), early
+    wait_until(
+        lambda: all(r.status in ("completed", "stopped") for r in ledger.rows(sweep)),
+        300,
+        "all trials",
+    )
+    rows = ledger.rows(sweep)
+    assert len(rows) == 3
+    ids = [
+        json.loads((Path(r.run_dir) / "jobs.jsonl").read_text().splitlines()[0])["job_id"]
+        for r in rows
+    ]
+    assert sorted(ids) == [f"{job}_{i}" for i in range(3)], "one array, one element per trial"
+    assert all("submitit x 2 rank(s)" in (Path(r.run_dir) / "train.log").read_text() for r in rows)

@@ -11,21 +11,17 @@ from expctl.steps import Supervised
 
 @register("steps", "kill_at_step")
 class KillAtStep(Supervised):
-    """Supervised, but SIGKILLs this process at micro-batch $KILL_AT_STEP on rank $KILL_RANK,
-    only in the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0)."""
+    """Supervised, but SIGKILLs this process at its micro-batch $KILL_AT_STEP (counted over the
+    process: in a local sweep, across trials) on rank $KILL_RANK, only in the first attempt."""
 
-    def __init__(self) -> None:
-        self.calls = 0
+    calls = 0
 
     def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
-        self.calls += 1
+        KillAtStep.calls += 1
         rank = os.environ.get("RANK", "0")
         first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if (
-            first
-            and rank == os.environ.get("KILL_RANK", "0")
-            and self.calls == int(os.environ.get("KILL_AT_STEP", "-1"))
-        ):
+        target = int(os.environ.get("KILL_AT_STEP", "-1"))
+        if first and rank == os.environ.get("KILL_RANK", "0") and KillAtStep.calls == target:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().train_step(ctx, batch)
 
