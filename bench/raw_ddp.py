@@ -1,0 +1,136 @@
+"""The baseline: a plain PyTorch DDP training loop, as a competent engineer writes it.
+
+torchrun (or one process), DistributedSampler, autocast, channels_last and fused Adam/SGD when
+asked, no framework. The model and data builders are expctl's, so the three contenders train
+the very same network on the very same tensors; nothing else of expctl runs here.
+
+    torchrun --nproc_per_node=2 bench/raw_ddp.py --model cnn --data synthetic --batch 256
+prints one JSON line: samples/s and ms/step over the steps after --warmup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
+    from expctl import data, models
+
+    if args.data == "fashion":
+        splits = data.fashion_mnist(root=args.root)
+    else:
+        shape = tuple(int(s) for s in args.shape.split("x"))
+        splits = data.synthetic(shape=shape, num_samples=args.samples, val_samples=0)
+    info = splits.info
+    torch.manual_seed(0)
+    if args.model == "mlp":
+        model = models.mlp(input_shape=info.input_shape, num_classes=info.num_classes or 10)
+    elif args.model == "cnn":
+        model = models.cnn(in_channels=info.input_shape[0], num_classes=info.num_classes or 10)
+    else:
+        from torchvision.models import get_model
+
+        model = get_model(args.model, weights=None, num_classes=info.num_classes or 10)
+    return model, splits.train  # type: ignore[return-value]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--data", default="synthetic", choices=("synthetic", "fashion"))
+    p.add_argument("--root", default=None)
+    p.add_argument("--shape", default="1x28x28")
+    p.add_argument("--samples", type=int, default=16384)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--precision", default="32", choices=("32", "bf16"))
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--loader", default="dataloader", choices=("dataloader", "tensor"))
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--optim", default="sgd", choices=("sgd", "adamw"))
+    args = p.parse_args()
+
+    distributed = "RANK" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif distributed:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    if distributed:
+        dist.init_process_group("nccl" if cuda else "gloo")
+
+    model, dataset = build(args)
+    model.to(device)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model.to(memory_format=fmt)  # type: ignore[call-overload]
+    if distributed:
+        model = DDP(model, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
+    fused = {"fused": True} if cuda else {}
+    if args.optim == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, **fused)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **fused)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+
+    def batches(epoch: int):  # type: ignore[no-untyped-def]
+        sampler.set_epoch(epoch)
+        if args.loader == "tensor":  # the in-memory path: index whole tensors, as expctl does
+            x_all, y_all = (t.to(device) for t in dataset.tensors)
+            idx = torch.tensor(list(sampler), device=device)
+            for i in range(0, len(idx) - args.batch + 1, args.batch):
+                sel = idx[i : i + args.batch]
+                yield x_all[sel], y_all[sel]
+            return
+        loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=True,
+                            num_workers=args.workers, pin_memory=cuda, persistent_workers=args.workers > 0)
+        for x, y in loader:
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    step, epoch, t0 = 0, 0, 0.0
+    model.train()
+    while step < args.steps:
+        for x, y in batches(epoch):
+            if step == args.warmup:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
+            with amp:
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            if step == args.steps:
+                break
+        epoch += 1
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    timed = args.steps - args.warmup
+    if rank == 0:
+        print(json.dumps({"samples_per_s": timed * args.batch * world / elapsed, "ms_per_step": 1000 * elapsed / timed,
+                          "loss": float(loss)}), flush=True)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
