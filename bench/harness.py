@@ -56,23 +56,49 @@ def suites(smoke: bool) -> dict[str, list[Workload]]:
     loaders = {"raw": ["--loader", "dataloader"], "raw-tensor": ["--loader", "tensor"]}
     for w in cpu:
         w.raw_variants = loaders
-    gpu_raw = {"raw (channels_last)": ["--channels-last", "--workers", "4"], "raw (no channels_last)": ["--workers", "4"]}
+    gpu_raw = {
+        "raw (channels_last)": ["--channels-last", "--workers", "4"],
+        "raw (no channels_last)": ["--workers", "4"],
+    }
     gpu = [
-        Workload(f"gpu resnet18 {n}g", "resnet18", n, 512, 300, 60, shape="3x32x32", precision="bf16",
-                 samples=65536, raw_variants=gpu_raw)
+        Workload(
+            f"gpu resnet18 {n}g",
+            "resnet18",
+            n,
+            512,
+            300,
+            60,
+            shape="3x32x32",
+            precision="bf16",
+            samples=65536,
+            raw_variants=gpu_raw,
+        )
         for n in (1, 2)
     ] + [
-        Workload(f"gpu fashion-cnn {n}g", "cnn", n, 512, 300, 60, data="fashion", precision="bf16",
-                 raw_variants={"raw (channels_last)": ["--channels-last", "--workers", "4"]})
+        Workload(
+            f"gpu fashion-cnn {n}g",
+            "cnn",
+            n,
+            512,
+            300,
+            60,
+            data="fashion",
+            precision="bf16",
+            raw_variants={"raw (channels_last)": ["--channels-last", "--workers", "4"]},
+        )
         for n in (1, 2)
     ]
     return {"cpu": cpu, "gpu": gpu}
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: list[str], env: dict[str, str], timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd[:6])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -85,12 +111,29 @@ def _json_line(text: str) -> dict[str, Any]:
 
 def run_expctl(w: Workload, root: Path, env: dict[str, str], extra: list[str]) -> float:
     run_dir = root / f"expctl-{w.name.replace(' ', '_')}-{time.time_ns()}"
-    data = ["data=fashion_mnist"] if w.data == "fashion" else [
-        "data=synthetic", f"data.shape=[{w.shape.replace('x', ',')}]", f"data.num_samples={w.samples}", "data.val_samples=512"]
+    data = (
+        ["data=fashion_mnist"]
+        if w.data == "fashion"
+        else [
+            "data=synthetic",
+            f"data.shape=[{w.shape.replace('x', ',')}]",
+            f"data.num_samples={w.samples}",
+            "data.val_samples=512",
+        ]
+    )
     overrides = [
-        f"model={w.model}", *data, "optim=sgd", "sched=none", f"data.batch_size={w.batch}",
-        f"train.precision={w.precision}", f"train.max_steps={w.steps}", f"train.log_every={w.warmup}",
-        "train.val_every=1000", "checkpoint.every=1000000", f"run.dir={run_dir}", *extra,
+        f"model={w.model}",
+        *data,
+        "optim=sgd",
+        "sched=none",
+        f"data.batch_size={w.batch}",
+        f"train.precision={w.precision}",
+        f"train.max_steps={w.steps}",
+        f"train.log_every={w.warmup}",
+        "train.val_every=1000",
+        "checkpoint.every=1000000",
+        f"run.dir={run_dir}",
+        *extra,
     ]
     if w.nproc > 1:
         overrides += ["launcher=local", f"launcher.nproc={w.nproc}"]
@@ -104,21 +147,50 @@ def run_expctl(w: Workload, root: Path, env: dict[str, str], extra: list[str]) -
 
 
 def _base_args(w: Workload) -> list[str]:
-    return ["--model", w.model, "--data", w.data, "--shape", w.shape, "--samples", str(w.samples),
-            "--batch", str(w.batch), "--steps", str(w.steps), "--warmup", str(w.warmup), "--precision", w.precision]
+    return [
+        "--model",
+        w.model,
+        "--data",
+        w.data,
+        "--shape",
+        w.shape,
+        "--samples",
+        str(w.samples),
+        "--batch",
+        str(w.batch),
+        "--steps",
+        str(w.steps),
+        "--warmup",
+        str(w.warmup),
+        "--precision",
+        w.precision,
+    ]
 
 
 def run_raw(w: Workload, env: dict[str, str], variant: list[str]) -> float:
     script = [str(HERE / "raw_ddp.py"), *_base_args(w), *variant]
     if w.nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={w.nproc}", *script]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={w.nproc}",
+            *script,
+        ]
     else:
         cmd = [sys.executable, *script]
     return float(_json_line(_run(cmd, env).stdout)["samples_per_s"])
 
 
 def run_lightning(w: Workload, env: dict[str, str], root: Path) -> float:
-    cmd = [sys.executable, str(HERE / "lightning_bench.py"), *_base_args(w), "--devices", str(w.nproc)]
+    cmd = [
+        sys.executable,
+        str(HERE / "lightning_bench.py"),
+        *_base_args(w),
+        "--devices",
+        str(w.nproc),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -127,7 +199,10 @@ def run_lightning(w: Workload, env: dict[str, str], root: Path) -> float:
 
 def lightning_available() -> bool:
     code = "import importlib.util as u; print(bool(u.find_spec('lightning') or u.find_spec('pytorch_lightning')))"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "True"
+    return (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+        == "True"
+    )
 
 
 def startup(env: dict[str, str], root: Path, repeats: int) -> dict[str, float]:
@@ -139,24 +214,46 @@ def startup(env: dict[str, str], root: Path, repeats: int) -> dict[str, float]:
         helps.append(time.perf_counter() - t)
         run_dir = root / f"first-{i}"
         t0 = time.time()
-        _run([sys.executable, "-m", "expctl", "run", "train.max_steps=1", "train.log_every=1", f"run.dir={run_dir}"], env)
-        first = next(json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train/loss"' in x)
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "expctl",
+                "run",
+                "train.max_steps=1",
+                "train.log_every=1",
+                f"run.dir={run_dir}",
+            ],
+            env,
+        )
+        first = next(
+            json.loads(x)
+            for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if '"train/loss"' in x
+        )
         firsts.append(first["time"] - t0)
         shutil.rmtree(run_dir, ignore_errors=True)
     return {"help_s": statistics.median(helps), "first_step_s": statistics.median(firsts)}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--suite", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--smoke", action="store_true", help="short runs, one repeat (used by the tests)")
+    p.add_argument(
+        "--smoke", action="store_true", help="short runs, one repeat (used by the tests)"
+    )
     p.add_argument("--only", default="", help="run workloads whose name contains this")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--expctl-args", default="", help="extra expctl overrides, space separated")
     args = p.parse_args()
     repeats = 1 if args.smoke else args.repeats
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     has_lightning = lightning_available()
     results: dict[str, Any] = {"suite": args.suite, "repeats": repeats, "rows": []}
     with tempfile.TemporaryDirectory(prefix="expctl-bench-") as tmp:
@@ -195,7 +292,13 @@ def format_table(results: dict[str, Any]) -> str:
     for row in results["rows"]:
         names += [k for k, v in row.items() if isinstance(v, float) and k not in names]
     others = [n for n in names if n != "expctl"]
-    head = "| workload | " + " | ".join(f"{n} samples/s" for n in names) + " | " + " | ".join(f"expctl / {n}" for n in others) + " |"
+    head = (
+        "| workload | "
+        + " | ".join(f"{n} samples/s" for n in names)
+        + " | "
+        + " | ".join(f"expctl / {n}" for n in others)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (1 + len(names) + len(others))]
     for row in results["rows"]:
         cells = [f"{row[n]:,.0f}" if n in row else "-" for n in names]
@@ -203,7 +306,9 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"| {row['workload']} | " + " | ".join(cells + ratios) + " |")
     if "startup" in results:
         s = results["startup"]
-        lines.append(f"\n`expctl --help`: {s['help_s']:.3f} s; start to first training step (default job): {s['first_step_s']:.2f} s")
+        lines.append(
+            f"\n`expctl --help`: {s['help_s']:.3f} s; start to first training step (default job): {s['first_step_s']:.2f} s"
+        )
     return "\n".join(lines)
 
 

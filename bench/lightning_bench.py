@@ -74,7 +74,9 @@ def main() -> None:
     args = p.parse_args()
 
     model, dataset = build(args)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, shuffle=True, drop_last=True)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=args.batch, shuffle=True, drop_last=True
+    )
     timer = Timer(args.warmup)
     trainer = pl.Trainer(
         devices=args.devices,
@@ -87,8 +89,15 @@ def main() -> None:
         timed = args.steps - args.warmup
         elapsed = timer.t1 - timer.t0
         world = trainer.world_size
-        print(json.dumps({"samples_per_s": timed * args.batch * world / elapsed, "ms_per_step": 1000 * elapsed / timed}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "samples_per_s": timed * args.batch * world / elapsed,
+                    "ms_per_step": 1000 * elapsed / timed,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

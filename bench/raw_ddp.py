@@ -60,7 +60,9 @@ def main() -> None:
     args = p.parse_args()
 
     distributed = "RANK" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
+    rank, world = (
+        (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
+    )
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
@@ -70,7 +72,9 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     elif distributed:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+        torch.set_num_threads(
+            max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        )
     if distributed:
         dist.init_process_group("nccl" if cuda else "gloo")
 
@@ -82,12 +86,16 @@ def main() -> None:
         model = DDP(model, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
     fused = {"fused": True} if cuda else {}
     if args.optim == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, **fused)
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=0.05, momentum=0.9, **fused
+        )
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **fused)
     loss_fn = torch.nn.CrossEntropyLoss()
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    sampler = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True
+    )
 
     def batches(epoch: int):  # type: ignore[no-untyped-def]
         sampler.set_epoch(epoch)
@@ -98,8 +106,15 @@ def main() -> None:
                 sel = idx[i : i + args.batch]
                 yield x_all[sel], y_all[sel]
             return
-        loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=True,
-                            num_workers=args.workers, pin_memory=cuda, persistent_workers=args.workers > 0)
+        loader = DataLoader(
+            dataset,
+            batch_size=args.batch,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=args.workers,
+            pin_memory=cuda,
+            persistent_workers=args.workers > 0,
+        )
         for x, y in loader:
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
@@ -126,8 +141,16 @@ def main() -> None:
     elapsed = time.perf_counter() - t0
     timed = args.steps - args.warmup
     if rank == 0:
-        print(json.dumps({"samples_per_s": timed * args.batch * world / elapsed, "ms_per_step": 1000 * elapsed / timed,
-                          "loss": float(loss)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "samples_per_s": timed * args.batch * world / elapsed,
+                    "ms_per_step": 1000 * elapsed / timed,
+                    "loss": float(loss),
+                }
+            ),
+            flush=True,
+        )
     if distributed:
         dist.destroy_process_group()
 

@@ -48,7 +48,23 @@ def pick_device(cfg: Config, env: DistEnv) -> torch.device:
         )
     device = torch.device("cuda", env.local_rank % max(1, torch.cuda.device_count()))
     torch.cuda.set_device(device)
+    _cuda_defaults()
     return device
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` is bf16 autocast on a CUDA device that supports it, fp32 elsewhere."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "32"
+
+
+def _cuda_defaults() -> None:
+    """Fast defaults on CUDA: cuDNN picks the fastest kernels for our fixed shapes; fp32
+    matmuls and convolutions may use TF32 (what autocast-free fp32 runs would otherwise lose)."""
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def _cpu_threads(env: DistEnv) -> None:
@@ -84,14 +100,16 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         device,
         num_workers=cfg.data.num_workers,
         resident=resident,
+        augment=cfg.data.augment,
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
     optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
     schedulers = _schedulers(cfg, optimizers, total_steps)
     loss_fn = registry.get("losses", cfg.loss.name).factory(**cfg.loss.args).to(device)
     wrapped = {k: _wrap(cfg, m, env, device) for k, m in models.items()}
-    amp = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[cfg.train.precision]
-    scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "16" else None
+    precision = resolve_precision(cfg.train.precision, device)
+    amp = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[precision]
+    scaler = torch.amp.GradScaler(device.type) if precision == "16" else None
     ctx = StepContext(
         models=wrapped,
         optimizers=optimizers,

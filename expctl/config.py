@@ -34,7 +34,7 @@ class TrainConfig:
 
     max_epochs: int = _f(1, min=1)
     max_steps: int | None = _f(None, min=1)
-    precision: str = _f("32", choices=("32", "bf16", "16"))
+    precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))
     grad_accum: int = _f(1, min=1)
     grad_clip: float | None = _f(None, min=0)
     seed: int = 0
@@ -134,6 +134,7 @@ class DataConfig:
     val_batch_size: int | None = _f(None, min=1)
     num_workers: int = _f(0, min=0)
     device_resident: str | bool = _f("auto", choices=("auto", True, False))
+    augment: str = _f("none", choices=("none", "flip", "crop_flip"))  # on the device, per batch
     args: dict[str, Any] = _f({})
 
 

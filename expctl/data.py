@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from expctl.errors import UserError
 from expctl.registry import register
@@ -214,11 +214,46 @@ def synthetic(
 # ---------------------------------------------------------------------------------------------
 
 
+class _Order(Sampler[int]):
+    """The indices of the current epoch; one DataLoader (and its persistent workers) reads it."""
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+AUGMENTS = ("none", "flip", "crop_flip")
+
+
+def augment(x: torch.Tensor, kind: str, pad: int = 2) -> torch.Tensor:
+    """Random horizontal flips (and crops of a `pad`-padded copy), per sample, on x's device."""
+    if kind == "none" or x.dim() != 4:
+        return x
+    n, c, h, w = x.shape
+    flip = torch.rand(n, device=x.device) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    if kind == "crop_flip":
+        xp = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+        dy = torch.randint(0, 2 * pad + 1, (n,), device=x.device)
+        dx = torch.randint(0, 2 * pad + 1, (n,), device=x.device)
+        rows = (torch.arange(h, device=x.device)[None, :] + dy[:, None])[:, None, :, None]
+        cols = (torch.arange(w, device=x.device)[None, :] + dx[:, None])[:, None, None, :]
+        x = xp.gather(2, rows.expand(n, c, h, w + 2 * pad)).gather(3, cols.expand(n, c, h, w))
+    return x
+
+
 class TrainBatches:
     """Per-rank training batches for one epoch, resumable at a batch index.
 
     Order comes from DistributedSampler (seed + epoch), so it depends only on the seed, the epoch
     and the world size: a resumed run sees exactly the batches the interrupted one would have.
+    In-memory datasets are batched by indexing whole tensors (resident on the GPU when asked);
+    others go through one DataLoader whose workers persist across epochs.
     """
 
     def __init__(
@@ -231,8 +266,14 @@ class TrainBatches:
         device: torch.device,
         num_workers: int = 0,
         resident: bool = False,
+        augment: str = "none",
     ) -> None:
-        self.dataset, self.batch_size, self.device = dataset, batch_size, device
+        self.dataset, self.batch_size, self.device, self.augment = (
+            dataset,
+            batch_size,
+            device,
+            augment,
+        )
         n = len(dataset)  # type: ignore[arg-type]
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
@@ -245,9 +286,20 @@ class TrainBatches:
                 f"lower data.batch_size to at most {max(1, n // world_size)}",
             )
         self.tensors: tuple[torch.Tensor, ...] | None = None
+        self._order = _Order()
+        self._loader: DataLoader[Any] | None = None
         if isinstance(dataset, TensorDataset):
             self.tensors = tuple(t.to(device) if resident else t for t in dataset.tensors)
-        self.num_workers = num_workers
+        else:
+            self._loader = DataLoader(
+                dataset,
+                batch_size=batch_size,
+                sampler=self._order,
+                num_workers=num_workers,
+                pin_memory=device.type == "cuda",
+                drop_last=True,
+                persistent_workers=num_workers > 0,
+            )
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
         """Yield this rank's batches of `epoch`, skipping the first `start` (a resumed epoch)."""
@@ -255,19 +307,15 @@ class TrainBatches:
         indices = list(iter(self.sampler))[: self.steps_per_epoch * self.batch_size]
         indices = indices[start * self.batch_size :]
         if self.tensors is not None:
-            yield from _index_batches(self.tensors, indices, self.batch_size, self.device)
-            return
-        loader = DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
-            sampler=indices,
-            num_workers=self.num_workers,
-            pin_memory=self.device.type == "cuda",
-            drop_last=True,
-            persistent_workers=False,
-        )
-        for batch in loader:
-            yield tuple(t.to(self.device, non_blocking=True) for t in batch)
+            batches = _index_batches(self.tensors, indices, self.batch_size, self.device)
+        else:
+            assert self._loader is not None
+            self._order.indices = indices
+            batches = (tuple(t.to(self.device, non_blocking=True) for t in b) for b in self._loader)
+        for batch in batches:
+            if self.augment != "none":
+                batch = (augment(batch[0], self.augment), *batch[1:])
+            yield batch
 
 
 def _index_batches(

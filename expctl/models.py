@@ -69,6 +69,51 @@ def cnn(
     )
 
 
+class _Residual(nn.Module):
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+@register("models", inferred=("in_channels", "num_classes"))
+def speednet(in_channels: int = 1, num_classes: int = 10, width: int = 32) -> nn.Module:
+    """ResNet-9-style net for small images (conv, 3 pooled stages, 2 residual blocks)."""
+
+    def conv(cin: int, cout: int, pool: bool = False) -> list[nn.Module]:
+        layers = [
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+        ]
+        return layers + ([nn.MaxPool2d(2, ceil_mode=True)] if pool else [])
+
+    w = width
+    return nn.Sequential(
+        *conv(in_channels, w),
+        *conv(w, 2 * w, pool=True),
+        _Residual(nn.Sequential(*conv(2 * w, 2 * w), *conv(2 * w, 2 * w))),
+        *conv(2 * w, 4 * w, pool=True),
+        *conv(4 * w, 8 * w, pool=True),
+        _Residual(nn.Sequential(*conv(8 * w, 8 * w), *conv(8 * w, 8 * w))),
+        nn.AdaptiveMaxPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8 * w, num_classes, bias=False),
+        _Scale(0.125),  # small logits at the start: max-pooled features are large
+    )
+
+
+class _Scale(nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
 class _Generator(nn.Module):
     def __init__(self, latent_dim: int, features: int, channels: int, size: int) -> None:
         super().__init__()

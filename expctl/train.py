@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from expctl import checkpoint, rundir
-from expctl.build import Parts, build, pick_device
+from expctl.build import Parts, build, pick_device, resolve_precision
 from expctl.config import Config
 from expctl.data import val_batches
 from expctl.dist import DistEnv, apply_env, init_process_group
@@ -153,12 +153,14 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
         steps_left = parts.total_steps - state.step
         rep = Reporter(run_dir, env.is_main, parts.batches.steps_per_epoch, parts.total_steps)
         log.info(
-            "run %s | %s x %d rank(s) on %s%s | global batch %d (%d per rank x %d accum) | %d steps left",
+            "run %s | %s x %d rank(s) on %s%s | precision %s | global batch %d (%d per rank x %d accum)"
+            " | %d steps left",
             run_dir,
             env.source,
             env.world_size,
             device,
             f" via {env.master_addr}:{env.master_port}" if env.distributed else "",
+            resolve_precision(cfg.train.precision, device),
             cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
             cfg.data.batch_size,
             cfg.train.grad_accum,
