@@ -27,6 +27,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+DATA_ROOT = os.environ.get("EXPCTL_BENCH_DATA", "/usr/share/datasets/fashion-mnist")
 
 
 @dataclass
@@ -112,7 +113,7 @@ def _json_line(text: str) -> dict[str, Any]:
 def run_expctl(w: Workload, root: Path, env: dict[str, str], extra: list[str]) -> float:
     run_dir = root / f"expctl-{w.name.replace(' ', '_')}-{time.time_ns()}"
     data = (
-        ["data=fashion_mnist"]
+        ["data=fashion_mnist", f"data.root={DATA_ROOT}"]
         if w.data == "fashion"
         else [
             "data=synthetic",
@@ -152,6 +153,8 @@ def _base_args(w: Workload) -> list[str]:
         w.model,
         "--data",
         w.data,
+        "--root",
+        DATA_ROOT,
         "--shape",
         w.shape,
         "--samples",

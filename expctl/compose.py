@@ -24,7 +24,10 @@ PRIMARY = "__expctl_main__"
 
 def builtin_conf_dir() -> Path:
     """The folder of built-in configs (``conf/`` in the repo, ``expctl/conf`` when installed)."""
-    return Path(str(resources.files("expctl.conf")))
+    try:
+        return Path(str(resources.files("expctl.conf")))
+    except ModuleNotFoundError:  # a source checkout on PYTHONPATH, not installed
+        return Path(__file__).resolve().parent.parent / "conf"
 
 
 def group_options(group: str, extra_dirs: Sequence[Path] = ()) -> list[str]:

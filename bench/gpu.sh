@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# What ran on the GPU machine (device tool, nvidia-h100-x2), from the repository root:
+#   carry: .whl (hydra-core, omegaconf, antlr4, submitit, cloudpickle wheels), .data (Fashion-MNIST .gz)
+# Prints the harness table (1 and 2 GPUs), the speedrun (expctl and raw) and a profile summary.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi -L
+python3 -c "import torch, sys; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0])"
+part=${1:-all}
+if [ "$part" = all ] || [ "$part" = speedrun ]; then
+  echo "== speedrun: expctl (x2) then raw (x2), one GPU"
+  for i in 1 2; do
+    CUDA_VISIBLE_DEVICES=0 python3 -m expctl run experiment=fashion_speedrun data.root=.data run.dir=/tmp/speed$i >"$OUT/speed$i.log" 2>&1
+    python3 -c "import json; r=json.load(open('/tmp/speed$i/result.json')); print('expctl', {k: r[k] for k in ('val/acc', 'time/train_s')})"
+    CUDA_VISIBLE_DEVICES=0 python3 bench/raw_speedrun.py --root .data
+  done
+fi
+if [ "$part" = all ] || [ "$part" = harness ]; then
+  echo "== harness"
+  python3 bench/harness.py --suite gpu --repeats ${REPEATS:-3} --out "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | grep -v Warning
+fi
