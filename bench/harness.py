@@ -28,6 +28,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DATA_ROOT = os.environ.get("EXPCTL_BENCH_DATA", "/usr/share/datasets/fashion-mnist")
+GPU_COUNTS = [int(n) for n in os.environ.get("EXPCTL_BENCH_GPUS", "1,2,4,8").split(",")]
 
 
 @dataclass
@@ -89,7 +90,23 @@ def suites(smoke: bool) -> dict[str, list[Workload]]:
         )
         for n in (1, 2)
     ]
-    return {"cpu": cpu, "gpu": gpu}
+    scaling = [
+        Workload(
+            f"gpu resnet18 {n}g",
+            "resnet18",
+            n,
+            512,
+            300,
+            60,
+            shape="3x32x32",
+            precision="bf16",
+            samples=65536,
+            lightning=False,
+            raw_variants={"raw (channels_last)": gpu_raw["raw (channels_last)"]},
+        )
+        for n in GPU_COUNTS
+    ]
+    return {"cpu": cpu, "gpu": gpu, "scaling": scaling}
 
 
 def _run(
@@ -132,6 +149,7 @@ def run_expctl(w: Workload, root: Path, env: dict[str, str], extra: list[str]) -
         f"train.max_steps={w.steps}",
         f"train.log_every={w.warmup}",
         "train.val_every=1000",
+        "train.max_epochs=100000",
         "checkpoint.every=1000000",
         f"run.dir={run_dir}",
         *extra,
@@ -243,7 +261,12 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--suite", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument(
+        "--suite",
+        choices=("cpu", "gpu", "scaling"),
+        default="cpu",
+        help="scaling: ResNet-18 on EXPCTL_BENCH_GPUS (default 1,2,4,8) GPUs, expctl and raw",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--smoke", action="store_true", help="short runs, one repeat (used by the tests)"
