@@ -15,6 +15,7 @@ from expctl import registry
 from expctl.config import Config
 from expctl.data import Splits, TrainBatches
 from expctl.dist import DistEnv
+from expctl.errors import UserError
 from expctl.steps import StepContext
 
 log = logging.getLogger("expctl")
@@ -41,8 +42,6 @@ def pick_device(cfg: Config, env: DistEnv) -> torch.device:
         _cpu_threads(env)
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        from expctl.errors import UserError
-
         raise UserError(
             "train.device=cuda but no CUDA device is visible", "use train.device=auto or cpu"
         )
@@ -80,7 +79,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     registry.import_user_modules(cfg.imports)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     data_entry = registry.get("datasets", cfg.data.name)
-    splits: Splits = data_entry.factory(**cfg.data.args)
+    splits: Splits = _make("data", cfg.data.name, data_entry.factory, **cfg.data.args)
     models, model_args = _models(cfg, splits)
     for m in models.values():
         m.to(device)
@@ -105,7 +104,10 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
     optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
     schedulers = _schedulers(cfg, optimizers, total_steps)
-    loss_fn = registry.get("losses", cfg.loss.name).factory(**cfg.loss.args).to(device)
+    loss_fn = _make(
+        "loss", cfg.loss.name, registry.get("losses", cfg.loss.name).factory, **cfg.loss.args
+    )
+    loss_fn = loss_fn.to(device)
     wrapped = {k: _wrap(cfg, m, env, device) for k, m in models.items()}
     precision = resolve_precision(cfg.train.precision, device)
     amp = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[precision]
@@ -120,10 +122,33 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         grad_accum=cfg.train.grad_accum,
         grad_clip=cfg.train.grad_clip,
         channels_last=channels_last,
+        skip_nonfinite=cfg.train.on_nan == "skip",
     )
     torch.manual_seed(cfg.train.seed + env.rank)  # dropout & co differ per rank
     step = registry.get("steps", cfg.train.step).factory()
+    missing = [m for m in getattr(step, "requires", ()) if m not in models]
+    if missing:
+        raise UserError(
+            f"train.step={cfg.train.step} trains models {', '.join(step.requires)}, but model "
+            f"'{cfg.model.name}' gives {', '.join(models)}",
+            "pick a model that gives them (e.g. model=dcgan for train.step=gan)",
+        )
     return Parts(models, ctx, schedulers, step, splits, batches, total_steps, model_args)
+
+
+def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a registered factory; a value it rejects is the config's fault, not a crash."""
+    try:
+        return factory(*args, **kwargs)
+    except UserError:
+        raise
+    except (ValueError, TypeError, RuntimeError) as e:
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        text = " ".join(str(e).split())[:200]
+        raise UserError(
+            f"{section} '{name}' rejected its arguments ({shown}): {text}",
+            f"fix the {section}.* values; `expctl list` shows what '{name}' takes",
+        ) from None
 
 
 def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str, Any]]:
@@ -139,7 +164,7 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
     for key in entry.inferred:
         if key not in args and key in params and inferred.get(key) is not None:
             args[key] = inferred[key]
-    built = entry.factory(**args)
+    built = _make("model", cfg.model.name, entry.factory, **args)
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
         if not isinstance(m, nn.Module):
@@ -173,7 +198,9 @@ def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.opt
         and "foreach" not in args
     ):
         args["fused"] = True  # one kernel for the whole update
-    opt: torch.optim.Optimizer = entry.factory(model.parameters(), **args)
+    opt: torch.optim.Optimizer = _make(
+        "optim", cfg.optim.name, entry.factory, model.parameters(), **args
+    )
     return opt
 
 
@@ -186,7 +213,10 @@ def _schedulers(
     args = dict(cfg.sched.args)
     if "total_steps" in entry.inferred and "total_steps" not in args:
         args["total_steps"] = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
-    return {k: entry.factory(opt, **args) for k, opt in optimizers.items()}
+    return {
+        k: _make("sched", str(cfg.sched.name), entry.factory, opt, **args)
+        for k, opt in optimizers.items()
+    }
 
 
 def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:

@@ -98,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"expctl: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
+        if type(e).__name__ == "CheckpointError":  # disk full, permissions: no traceback
+            print(f"expctl: error: {e}", file=sys.stderr)
+            return 1
         if type(e).__name__ != "Preempted":
             raise
         print(f"expctl: {e}; checkpoint saved: run the same command to resume", file=sys.stderr)

@@ -8,6 +8,7 @@ keys, and the factory's own arguments, checked against its signature (registry.c
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -258,13 +259,27 @@ def check_registered(cfg: Config) -> None:
     registry.get("steps", cfg.train.step)
 
 
+_NAME_CHARS = re.compile(r"^[A-Za-z0-9_.+=-]+$")
+
+
 def _cross_checks(cfg: Config) -> None:
     t, ln = cfg.train, cfg.launcher
+    if not _NAME_CHARS.match(cfg.run.name) or cfg.run.name.startswith(".") or ".." in cfg.run.name:
+        raise UserError(
+            f"run.name={cfg.run.name!r}: a run name becomes a folder name and may only hold "
+            "letters, digits and _ . + = - (no '/', '..', spaces, quotes or shell characters)",
+            "pick a plain name, e.g. run.name=resnet18-lr0.1; use run.root / run.dir for the place",
+        )
     if ln.name == "inline" and ln.nproc > 1:
         raise UserError(
             f"launcher.nproc={ln.nproc} needs launcher=local (inline runs in this one process)",
             f"use launcher=local launcher.nproc={ln.nproc}",
         )
+    for key in cfg.env:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise UserError(
+                f"env.{key}: not an environment variable name", "use letters, digits and _"
+            )
     resume = cfg.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
         raise UserError(

@@ -63,8 +63,8 @@ def launch(cfg: Config, wait: bool = True) -> Result:
 def _slurm(cfg: Config, wait: bool) -> Result:
     from expctl import slurm
 
+    slurm.parameters(cfg)  # reject bad values before anything else
     slurm.check_cluster(cfg)
-    slurm.parameters(cfg)  # reject bad values before the run directory exists
     frozen = rundir.create(cfg, None)
     run_dir = Path(str(frozen.run.dir))
     try:

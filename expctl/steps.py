@@ -44,6 +44,8 @@ class StepContext:
     grad_clip: float | None = None
     channels_last: bool = False
     boundary: bool = True  # the last micro-batch before an optimizer step
+    skip_nonfinite: bool = False  # train.on_nan=skip: drop updates whose gradients are not finite
+    skipped: int = 0  # updates dropped so far
 
     @property
     def model(self) -> nn.Module:
@@ -70,6 +72,10 @@ class StepContext:
             return
         key = name or next(iter(self.optimizers))
         opt = self.optimizers[key]
+        if self.skip_nonfinite and self.scaler is None and not self._finite(opt):
+            self.skipped += 1  # gradients are all-reduced: every rank decides alike
+            opt.zero_grad(set_to_none=True)
+            return
         if self.grad_clip is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(opt)
@@ -80,6 +86,15 @@ class StepContext:
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
+
+    @staticmethod
+    def _finite(opt: torch.optim.Optimizer) -> bool:
+        """Whether every gradient is finite (one host sync: only with train.on_nan=skip)."""
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return True
+        norms = torch._foreach_norm(grads)
+        return bool(torch.isfinite(torch.stack(norms)).all())
 
     def zero_grad(self, name: str) -> None:
         """Drop gradients that another model's backward left on `name`'s parameters."""
@@ -123,6 +138,8 @@ class Supervised:
 @register("steps", "gan")
 class GAN:
     """DCGAN: a discriminator step on real + generated images, then a generator step."""
+
+    requires = ("generator", "discriminator")  # the models it trains (model=dcgan gives them)
 
     def _noise(self, ctx: StepContext, n: int) -> torch.Tensor:
         gen = ctx.models["generator"]

@@ -431,6 +431,8 @@ def _log_train(
     now = time.perf_counter()
     state.train = meter.reduce(env, "train/")
     _check_finite(state, cfg)
+    if parts.ctx.skip_nonfinite:
+        state.train["train/skipped"] = float(parts.ctx.skipped)
     global_batch = cfg.data.batch_size * env.world_size * cfg.train.grad_accum
     speed = (state.step - clock.mark_step) * global_batch / max(now - clock.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
@@ -506,6 +508,7 @@ def _pruned(cfg: Config, env: DistEnv, ctl: Control, pruner: Any, state: TrainSt
 
 
 def _check_finite(state: TrainState, cfg: Config) -> None:
+    """train.on_nan=stop: a non-finite loss ends the run, naming the step and last checkpoint."""
     bad = [k for k, v in state.train.items() if not math.isfinite(v)]
     if bad and cfg.train.on_nan == "stop":
         ckpts = checkpoint.list_checkpoints(Path(str(cfg.run.dir)))

@@ -1,0 +1,169 @@
+"""The bad-input corpus: every case is a real CLI invocation that must end in one or two lines
+(`expctl: error: ...` and a HINT), exit code 2, no traceback, and nothing left on disk (no run
+directory, no job)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from expctl import cli
+
+CORPUS: list[tuple[list[str], str]] = [
+    (["run", "-C", "missing.yml"], "no such file"),
+    (["run", "-C", "notes.txt"], "must end in .yml or .yaml"),
+    (["run", "-C", "broken.yml"], "not valid YAML"),
+    (["run", "-C", "list.yml"], "must hold a mapping"),
+    (["run", "-C", "unreadable.yml"], "cannot read it"),
+    (["run", "-C", "typo_section.yml"], "Did you mean 'train'"),
+    (["run", "-C", "typo_key.yml"], "Did you mean 'max_epochs'"),
+    (["run", "-C", "bad_default.yml"], "Did you mean 'resnet18'"),
+    (["run", "model=resnet19"], "Did you mean 'resnet18'"),
+    (["run", "model.name=transformer9000"], "unknown model name 'transformer9000'"),
+    (["run", "data.name=fashion"], "Did you mean 'fashion_mnist'"),
+    (["run", "optim.name=adamm"], "Did you mean 'adam'"),
+    (["run", "sched=cosinee"], "Did you mean 'cosine'"),
+    (["run", "loss.name=crossentropy"], "Did you mean 'cross_entropy'"),
+    (["run", "train.step=supervise"], "Did you mean 'supervised'"),
+    (["run", "optim.lrr=0.1"], "Did you mean 'lr'"),
+    (["run", "train.max_epochs=0"], "below the minimum 1"),
+    (["run", "train.max_epochs=-3"], "below the minimum 1"),
+    (["run", "data.batch_size=0"], "below the minimum 1"),
+    (["run", "train.max_epochs=ten"], "expected int"),
+    (["run", "train.precision=fp8"], "not one of: auto, 32, bf16, 16"),
+    (["run", "train.device=tpu"], "not one of: auto, cpu, cuda"),
+    (["run", "optim.lr=fast"], "optim.lr: expected float"),
+    (["run", "data.root=/nonexistent/fm"], "Fashion-MNIST not found"),
+    (["run", "data.root=corrupt_data"], "truncated or corrupt"),
+    (["run", "imports=[no_such_module_xyz]"], "cannot import module"),
+    (["run", "launcher.nproc=2"], "launcher=local"),
+    (["run", "launcher=local", "launcher.nproc=0"], "below the minimum 1"),
+    (["run", "launcher=nowhere"], "no 'nowhere' in config group 'launcher'"),
+    (["run", "checkpoint.resume=/nope.pt"], "no checkpoint at"),
+    (["run", "data=synthetic", "data.batch_size=100000"], "larger than the"),
+    (["run", "sched=multistep", "~sched.milestones"], "needs argument 'milestones'"),
+    (["run", "optim.lr=[1,2"], "bad override"),
+    (["run", "run.dir=a_file"], "exists and is not a directory"),
+    # zero, negative and out-of-range sizes
+    (["run", "train.grad_accum=0"], "below the minimum 1"),
+    (["run", "train.log_every=0"], "below the minimum 1"),
+    (["run", "train.val_every=-1"], "below the minimum 1"),
+    (["run", "train.grad_clip=-1"], "below the minimum 0"),
+    (["run", "checkpoint.keep=0"], "below the minimum 1"),
+    (["run", "data.num_workers=-2"], "below the minimum 0"),
+    (["run", "launcher=local", "launcher.max_restarts=-1"], "below the minimum 0"),
+    (["run", "launcher.rdzv_timeout=0"], "below the minimum 1"),
+    (["run", "data=synthetic", "data.num_classes=0"], "num_samples and num_classes must be >= 1"),
+    (["run", "model=mlp", "+model.hidden=[-5]"], "rejected its arguments"),
+    (["run", "train.channels_last=maybe"], "not one of: auto, true, false"),
+    (["run", "sched=multistep", "sched.interval=hourly"], "not one of: epoch, step"),
+    (["run", "train.on_nan=ignore"], "not one of: stop, skip"),
+    (["run", "data.augment=rotate"], "not one of: none, flip, crop_flip"),
+    (
+        ["run", "train.step=gan"],
+        "trains models generator, discriminator",
+    ),  # gan step needs the dcgan models: caught at build
+    # hostile strings that would end up in paths, sbatch scripts or the environment
+    (["run", "run.name=../../etc"], "run.name='../../etc'"),
+    (["run", "run.name=a b"], "may only hold"),
+    (["run", "run.name='x;rm -rf ~'"], "may only hold"),
+    (["run", "run.name='$(id)'"], "may only hold"),
+    (["run", "run.name='it\\'s'"], "may only hold"),
+    (
+        ["run", "launcher=slurm", "launcher.partition='debug; rm -rf ~'"],
+        "sbatch values may only hold",
+    ),
+    (["run", "launcher=slurm", "launcher.job_name='$(reboot)'"], "sbatch values may only hold"),
+    (["run", "launcher=slurm", "launcher.account='a`id`'"], "sbatch values may only hold"),
+    (["run", "launcher=slurm", "launcher.qos='x\ny'"], "sbatch values may only hold"),
+    (["run", "launcher=slurm", "launcher.constraint='a b'"], "sbatch values may only hold"),
+    (
+        ["run", "launcher=slurm", "+launcher.sbatch.signal=KILL"],
+        "not an sbatch option expctl lets you set",
+    ),
+    (
+        ["run", "launcher=slurm", "+launcher.sbatch.output=/etc/passwd"],
+        "not an sbatch option expctl lets you set",
+    ),
+    (["run", "launcher=slurm", "+launcher.sbatch.comment='a;b'"], "sbatch values may only hold"),
+    (["run", "+env.BAD-NAME=1"], "not an environment variable name"),
+    (["run", "imports=['os;rm']"], "cannot import module"),
+    (["run", "data.root='$(reboot)'"], "Fashion-MNIST not found in $(reboot)"),
+    (["run", "-C", "../nope/../x.yml"], "no such file"),
+    (["show", "-C", "broken.yml"], "not valid YAML"),
+    (["sweep", "table", "."], "not a sweep directory"),
+    (["status", "."], "not a run directory"),
+]
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    (tmp_path / "notes.txt").write_text("model: cnn\n")
+    (tmp_path / "broken.yml").write_text("model: {name: cnn\ntrain: [\n")
+    (tmp_path / "list.yml").write_text("- a\n- b\n")
+    unreadable = tmp_path / "unreadable.yml"
+    unreadable.write_bytes(b"\xff\xfe\x00bad")
+    (tmp_path / "typo_section.yml").write_text("trian:\n  max_epochs: 2\n")
+    (tmp_path / "typo_key.yml").write_text("train:\n  max_epoch: 2\n")
+    (tmp_path / "bad_default.yml").write_text("defaults:\n  - model: resnet19\n")
+    (tmp_path / "a_file").write_text("not a directory")
+    bad = tmp_path / "corrupt_data"
+    bad.mkdir()
+    for name in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ):
+        (bad / name).write_bytes(b"\x00\x00\x08\x03" + (5).to_bytes(4, "big") * 3 + b"\x00" * 10)
+    (bad / "train-labels-idx1-ubyte").write_bytes(
+        b"\x00\x00\x08\x01" + (5).to_bytes(4, "big") + b"\x00" * 5
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize(("args", "expected"), CORPUS, ids=[" ".join(a)[:60] for a, _ in CORPUS])
+def test_bad_input_is_a_short_error_with_exit_2_and_nothing_on_disk(
+    args: list[str],
+    expected: str,
+    corpus_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(corpus_dir)
+    before = sorted(p.name for p in corpus_dir.iterdir())
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+    lines = err.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("expctl: error: "), err
+    assert len(lines) == 1 or lines[1].startswith("  HINT: "), err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in corpus_dir.iterdir()) == before, "nothing half-written on disk"
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(CORPUS) >= 40
+
+
+def test_hostile_values_never_reach_sbatch(corpus_dir: Path) -> None:
+    """A hostile partition is refused before any job exists (when a cluster is here to receive one)."""
+    import shutil
+
+    if shutil.which("squeue") is None:
+        pytest.skip("no Slurm client")
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    proc = subprocess.run(
+        [sys.executable, "-m", "expctl", "run", "launcher=slurm", "launcher.partition=a;b"],
+        cwd=corpus_dir,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+        == before
+    )
