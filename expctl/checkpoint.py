@@ -21,12 +21,14 @@ from typing import Any
 
 import torch
 
+from expctl.errors import RunError
+
 FORMAT = 1
 DIR = "checkpoints"
 log = logging.getLogger("expctl")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunError):
     """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
 
 
@@ -45,6 +47,8 @@ def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
     final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     digest_file = final.with_name(final.name + ".sha256")
+    for stale in final.parent.glob(".step_*.tmp-*"):  # left by a process killed mid-write
+        stale.unlink(missing_ok=True)
     try:
         with open(tmp, "wb") as f:
             torch.save({"format": FORMAT, **payload}, f)
@@ -55,12 +59,16 @@ def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
         os.chmod(tmp, 0o640)
         os.replace(tmp, final)
         _fsync_dir(final.parent)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise
         tmp.unlink(missing_ok=True)
         if not final.exists():
             digest_file.unlink(missing_ok=True)
         raise CheckpointError(
-            f"could not write checkpoint {final} ({e.strerror or e}); the previous checkpoint is intact"
+            f"could not write checkpoint {final} ({cause.strerror or cause}); "
+            "the previous checkpoint is intact"
         ) from e
     _prune(final.parent, keep)
     return final

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from expctl.errors import UserError
+from expctl.errors import RunError, UserError
 
 EPILOG = """examples:
   expctl run                                    train the built-in default (Fashion-MNIST, small CNN)
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"expctl: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        if type(e).__name__ == "CheckpointError":  # disk full, permissions: no traceback
+        if isinstance(e, RunError):  # disk full, a hung peer: one line, no traceback
             print(f"expctl: error: {e}", file=sys.stderr)
             return 1
         if type(e).__name__ != "Preempted":

@@ -200,7 +200,7 @@ def apply_env(values: Mapping[str, Any]) -> None:
             log.info("env: %s=%s%s", key, value, "" if old is None else f" (was {old})")
 
 
-def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> None:
+def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> Any:
     """Join the process group for `env` (a no-op for one rank).
 
     Rank 0 hosts a TCPStore at master_addr:master_port (under torchrun the agent already does);
@@ -208,11 +208,14 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
     workers restarted by the elastic agent never read a dead predecessor's address. Collectives
     time out after `timeout_s`.
 
+    Returns:
+        The job's key-value store (None for one rank).
+
     Raises:
         UserError: the port is taken or the master never appears, with a HINT.
     """
     if not env.distributed:
-        return
+        return None
     import threading
 
     # whatever blocks below (a silent peer on the port, a rank 0 that died after listening),
@@ -223,7 +226,7 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
     bounded.daemon = True
     bounded.start()
     try:
-        _join(env, backend, rdzv_timeout_s, timeout_s)
+        return _join(env, backend, rdzv_timeout_s, timeout_s)
     finally:
         bounded.cancel()
 
@@ -235,7 +238,7 @@ def _abort(error: UserError) -> None:
     os._exit(2)
 
 
-def _join(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> None:
+def _join(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> Any:
     import torch.distributed as dist
 
     try:
@@ -257,6 +260,7 @@ def _join(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -
         world_size=env.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    return prefixed
 
 
 def _store_error(env: DistEnv, rdzv_timeout_s: float, e: Exception | None) -> UserError:

@@ -44,3 +44,10 @@ def unknown_name(kind: str, name: str, choices: Iterable[str], hint: str) -> Use
         f"unknown {kind} '{name}'.{did_you_mean(name, choices)} Valid: {choices_text(choices)}",
         hint,
     )
+
+
+class RunError(RuntimeError):
+    """A run stopped for a reason outside the program (a full disk, a hung or dead peer).
+
+    The CLI prints it in one line without a traceback and exits 1; what was checkpointed is kept.
+    """

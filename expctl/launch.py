@@ -18,7 +18,7 @@ from typing import Any
 from expctl import rundir
 from expctl.config import Config
 from expctl.dist import DistEnv, detect
-from expctl.errors import UserError
+from expctl.errors import RunError, UserError
 
 log = logging.getLogger("expctl")
 
@@ -129,7 +129,7 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
         code = failure.exitcode
         if code == 2:  # the worker printed a user error itself
             raise SystemExit(2) from None
-        raise RuntimeError(
+        raise RunError(
             f"local worker rank {rank} failed with exit code {code} after "
             f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
         ) from None

@@ -20,7 +20,7 @@ from expctl.build import Parts, build, pick_device, resolve_precision
 from expctl.config import Config
 from expctl.data import val_batches
 from expctl.dist import DistEnv, apply_env, init_process_group
-from expctl.errors import UserError
+from expctl.errors import RunError, UserError
 from expctl.report import Reporter, setup_logging
 from expctl.steps import no_sync
 
@@ -42,8 +42,8 @@ class Control:
     """Small CPU collectives (gloo) that never touch the GPU stream: run-dir agreement, RNG
     gathering for checkpoints."""
 
-    def __init__(self, env: DistEnv) -> None:
-        self.env = env
+    def __init__(self, env: DistEnv, store: Any = None) -> None:
+        self.env, self.store = env, store
         self.group: Any = None
         if env.distributed:
             import torch.distributed as dist
@@ -59,6 +59,14 @@ class Control:
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
+
+    def unresponsive(self, step: int, wait_s: float = 3.0) -> list[int]:
+        """After a collective timed out: ranks that do not say they are waiting too."""
+        if self.store is None:
+            return []
+        self.store.set(f"waiting/{self.env.rank}", str(step))
+        time.sleep(wait_s)  # the other live ranks time out on the same collective
+        return [r for r in range(self.env.world_size) if not self.store.check([f"waiting/{r}"])]
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order."""
@@ -83,11 +91,13 @@ class StopFlag:
     answer at the same step, so they checkpoint the same step.
     """
 
+    EVERY = 10
+
     def __init__(self, signame: str, ctl: Control) -> None:
         import signal
         import threading
 
-        self.ctl, self.requested = ctl, 0
+        self.ctl, self.requested, self._calls = ctl, 0, 0
         self.signum = int(getattr(signal, f"SIG{signame}"))
         self.previous: Any = None
         self._buf = torch.zeros(1, dtype=torch.int32)
@@ -99,9 +109,13 @@ class StopFlag:
         self.requested = 1
 
     def agreed(self) -> bool:
-        """Whether every rank now knows that some rank got the signal."""
+        """Whether every rank now knows that some rank got the signal (checked every
+        `EVERY` steps with several ranks: a CPU all-reduce per step would cost small models ~10%)."""
         if self.ctl.group is None:
             return bool(self.requested)
+        self._calls += 1
+        if self._calls % self.EVERY:
+            return False
         import torch.distributed as dist
 
         if self._work is not None:
@@ -130,14 +144,14 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
     """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json)."""
     apply_env(cfg.env)
     device = pick_device(cfg, env)
-    init_process_group(
+    store = init_process_group(
         env,
         "nccl" if device.type == "cuda" else "gloo",
         cfg.launcher.rdzv_timeout,
         cfg.launcher.collective_timeout,
     )
     try:
-        ctl = Control(env)
+        ctl = Control(env, store)
         cfg = _agree_run_dir(cfg, env, ctl)
         run_dir = Path(str(cfg.run.dir))
         setup_logging(run_dir, env.is_main, env.rank)
@@ -186,6 +200,15 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
             stop.close()
             _after_stop(cfg, env, stop, run_dir, state)
             raise
+        except RuntimeError as e:
+            if not env.distributed or "timed out" not in str(e).lower():
+                raise
+            hung = ctl.unresponsive(state.step)
+            who = f"rank {', '.join(map(str, hung))}" if hung else "another rank"
+            raise RunError(
+                f"rank {env.rank}: {who} stopped responding near step {state.step + 1}: a collective "
+                f"waited launcher.collective_timeout={cfg.launcher.collective_timeout:g} s"
+            ) from None
         finally:
             stop.close()
             rep.close()

@@ -50,3 +50,18 @@ class Slow(Supervised):
 
         time.sleep(float(os.environ.get("SLOW_STEP_S", "0.05")))
         return super().train_step(ctx, batch)
+
+
+@register("steps", "nan_at_step")
+class NanAtStep(Supervised):
+    """Supervised, but the loss of micro-batches listed in $NAN_AT_STEPS (e.g. "5,6") is NaN."""
+
+    calls = 0
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        NanAtStep.calls += 1
+        bad = {int(s) for s in os.environ.get("NAN_AT_STEPS", "").split(",") if s}
+        if NanAtStep.calls in bad:
+            x, y = batch
+            batch = (x * float("nan"), y)
+        return super().train_step(ctx, batch)

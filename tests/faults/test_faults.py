@@ -1,0 +1,272 @@
+"""Fault injection with real processes: killed workers, kills during checkpoint writes, corrupt
+checkpoints, a full disk, NaN losses and a hung rank. Each ends in a completed run or a clear
+one-line error, and nothing checkpointed is lost."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from expctl import checkpoint
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+TINY = """\
+model: {name: mlp, hidden: [32]}
+data: {name: synthetic, shape: [20], num_classes: 4, num_samples: 512, val_samples: 128, batch_size: 16}
+optim: {name: sgd, lr: 0.1, momentum: 0.9}
+sched: {name: null}
+train: {max_epochs: 2, log_every: 4}
+imports: [faulty]
+"""
+LOCAL = ["launcher=local", "launcher.nproc=2", "launcher.max_restarts=3", "+model.dropout=0.2"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    }
+    out["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), out.get("PYTHONPATH", "")])
+    return {**out, **extra}
+
+
+def expctl(
+    cwd: Path, *args: str, check: bool = True, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    kw.setdefault("env", env())
+    proc = subprocess.run(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )  # type: ignore[call-overload]
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.load(checkpoint.list_checkpoints(run_dir)[0])["models"]["model"]
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    work = tmp_path_factory.mktemp("faults")
+    (work / "tiny.yml").write_text(TINY)
+    expctl(work, *LOCAL, "train.step=kill_at_step", "checkpoint.every=3", "run.dir=ref", env=env())
+    return work, weights(work / "ref")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sigkill_of_a_random_worker_at_a_random_step(
+    seed: int, ddp_reference: tuple[Path, dict[str, torch.Tensor]]
+) -> None:
+    """2 workers, max_restarts=3: the run completes with bitwise the uninterrupted weights."""
+    work, ref = ddp_reference
+    rng = random.Random(seed)
+    rank, step = rng.randrange(2), rng.randrange(2, 32)  # 32 optimizer steps in all
+    proc = expctl(
+        work,
+        *LOCAL,
+        "train.step=kill_at_step",
+        "checkpoint.every=3",
+        f"run.dir=kill{seed}",
+        env=env(KILL_AT_STEP=str(step), KILL_RANK=str(rank)),
+    )
+    assert "exitcode: -9" in proc.stderr, f"rank {rank} was not killed at step {step}"
+    if step > 3:  # a checkpoint existed (every 3 steps): the restart resumed it
+        assert "resumed from" in proc.stdout, f"rank {rank} killed at step {step} did not resume"
+    got = weights(work / f"kill{seed}")
+    assert all(torch.equal(got[k], ref[k]) for k in ref), f"seed {seed}: rank {rank} at step {step}"
+
+
+def test_sigkill_during_checkpoint_writes_keeps_a_loadable_checkpoint(tmp_path: Path) -> None:
+    """Kill a run that checkpoints every step (large model: writes take time) at random moments;
+    every kill leaves the newest named checkpoint loadable, and the run finally completes."""
+    (tmp_path / "tiny.yml").write_text(TINY.replace("hidden: [32]", "hidden: [1024, 1024]"))
+    rng = random.Random(0)
+    mid_write = 0
+    for i in range(8):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "expctl",
+                "run",
+                "-C",
+                "tiny.yml",
+                "checkpoint.every=1",
+                "checkpoint.keep=3",
+                "run.dir=w",
+            ],
+            cwd=tmp_path,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 60
+        while not checkpoint.list_checkpoints(tmp_path / "w") and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        mid_write += bool(list((tmp_path / "w" / "checkpoints").glob(".step_*.tmp-*")))
+        found = checkpoint.newest_valid(tmp_path / "w")
+        assert found is not None and found[0] == checkpoint.list_checkpoints(tmp_path / "w")[0], (
+            f"kill {i}"
+        )
+    print(f"kills during checkpoint writes: {mid_write} of 8 left a partial temporary file")
+    final = expctl(tmp_path, "checkpoint.every=1", "checkpoint.keep=3", "run.dir=w")
+    assert "resumed from" in final.stdout
+    assert not list((tmp_path / "w" / "checkpoints").glob(".step_*.tmp-*")), (
+        "partial files cleaned up"
+    )
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_checkpoint_is_skipped_with_a_warning(damage: str, tmp_path: Path) -> None:
+    (tmp_path / "tiny.yml").write_text(TINY)
+    expctl(tmp_path, "checkpoint.every=4", "checkpoint.keep=5", "train.max_epochs=1", "run.dir=c")
+    newest, previous = checkpoint.list_checkpoints(tmp_path / "c")[:2]
+    data = bytearray(newest.read_bytes())
+    if damage == "flip":
+        for i in range(100, 140):
+            data[i] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    newest.write_bytes(bytes(data))
+    proc = expctl(
+        tmp_path, "checkpoint.every=4", "checkpoint.keep=5", "train.max_epochs=2", "run.dir=c"
+    )
+    assert f"skipping checkpoint {newest.name}: checksum mismatch" in proc.stdout + proc.stderr
+    assert f"resumed from {previous}" in proc.stdout
+
+
+def test_full_disk_during_a_checkpoint_write(tmp_path: Path) -> None:
+    """A first run checkpoints normally (~2.3 MB files); its continuation may not grow a file past
+    1 MB (RLIMIT_FSIZE, as a full disk would stop it): a clear one-line error, exit 1, the
+    previous checkpoint intact and still the newest, no partial file left."""
+    (tmp_path / "tiny.yml").write_text(TINY.replace("hidden: [32]", "hidden: [512, 512]"))
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    expctl(tmp_path, "checkpoint.every=4", "train.max_epochs=1", "run.dir=d")
+    proc = expctl(
+        tmp_path,
+        "checkpoint.every=4",
+        "train.max_epochs=2",
+        "run.dir=d",
+        check=False,
+        preexec_fn=limit,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (
+        "could not write checkpoint" in lines[-1] and "previous checkpoint is intact" in lines[-1]
+    )
+    newest = checkpoint.list_checkpoints(tmp_path / "d")[0]
+    assert checkpoint.load(newest)["step"] == 32  # the first run's last checkpoint (1 epoch)
+    assert not list((tmp_path / "d" / "checkpoints").glob(".*tmp*"))
+
+
+def test_nan_loss_stops_with_the_step_and_last_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yml").write_text(TINY)
+    proc = expctl(
+        tmp_path,
+        "train.step=nan_at_step",
+        "train.log_every=1",
+        "checkpoint.every=5",
+        "run.dir=n",
+        check=False,
+        env=env(NAN_AT_STEPS="7"),
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        "non-finite train/loss by step 7" in proc.stderr
+        and "last checkpoint: step_000000005.pt" in proc.stderr
+    )
+
+
+def test_nan_loss_skip_drops_the_update_and_counts_it(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yml").write_text(TINY)
+    expctl(
+        tmp_path,
+        "train.step=nan_at_step",
+        "train.on_nan=skip",
+        "run.dir=s",
+        env=env(NAN_AT_STEPS="7,20"),
+    )
+    import json
+
+    events = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert max(e.get("train/skipped", 0) for e in events) == 2.0
+    assert all(torch.isfinite(t).all() for t in weights(tmp_path / "s").values())
+
+
+def test_hung_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
+    """SIGSTOP one of 2 workers: the other fails after launcher.collective_timeout, naming it."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "expctl",
+            "run",
+            "-C",
+            "tiny.yml",
+            "launcher=local",
+            "launcher.nproc=2",
+            "launcher.collective_timeout=8",
+            "train.step=slow",
+            "train.max_epochs=20",
+            "run.dir=h",
+        ],
+        cwd=tmp_path,
+        env=env(SLOW_STEP_S="0.05"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = tmp_path / "h" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.is_file() and metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    worker = next(
+        int(p) for p in os.listdir("/proc") if p.isdigit() and _is_rank(int(p), 1, tmp_path / "h")
+    )
+    t0 = time.time()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        os.kill(worker, signal.SIGKILL) if Path(f"/proc/{worker}").exists() else None
+    took = time.time() - t0
+    print(f"hung rank: the run ended {took:.1f} s after SIGSTOP (collective timeout 8 s)")
+    assert proc.returncode != 0 and "rank 1 stopped responding" in err, err[-3000:]
+    assert took < 120
+
+
+def _is_rank(pid: int, rank: int, run_dir: Path) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return f"RANK={rank}".encode() in environ and b"_worker" in cmd and str(run_dir).encode() in cmd
