@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import statistics
 from dataclasses import dataclass
@@ -69,13 +70,22 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     study = open_study(path, s)
     trials = study.get_trials(deepcopy=False)
     retried = {int(t.user_attrs["retry_of"]) for t in trials if "retry_of" in t.user_attrs}
+    open_attrs = [
+        t.user_attrs for t in trials if t.user_attrs.get("status") in ("running", "pending")
+    ]
+    jobs = [j for j in map(_job_of, open_attrs) if j is not None]
+    states = {}
+    if jobs and shutil.which("squeue"):
+        from expctl.slurm import job_states
+
+        states = job_states(jobs)
     out = []
     for t in trials:
         if t.number in retried:
             continue
         a = t.user_attrs
         status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
-        if status in ("running", "pending") and not _alive(a):
+        if status in ("running", "pending") and not _alive(a, states):
             status = "lost"
         history = _history(Path(a.get("run_dir", "")), s.metric)
         best = (max(history) if s.mode == "max" else min(history)) if history else None
@@ -99,19 +109,20 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     return out
 
 
-def _alive(attrs: dict[str, Any]) -> bool:
-    """Whether a trial still marked pending/running has a live process or Slurm job."""
-    run_dir = Path(attrs.get("run_dir", ""))
-    jobs = run_dir / "jobs.jsonl"
-    if jobs.is_file():
-        lines = jobs.read_text().splitlines()
-        if lines:
-            from expctl.slurm import FINAL_STATES, job_state
+def _job_of(attrs: dict[str, Any]) -> str | None:
+    jobs = Path(attrs.get("run_dir", "")) / "jobs.jsonl"
+    lines = jobs.read_text().splitlines() if jobs.is_file() else []
+    return str(json.loads(lines[-1])["job_id"]) if lines else None
 
-            return job_state(str(json.loads(lines[-1])["job_id"]))["state"] not in (
-                *FINAL_STATES,
-                "UNKNOWN",
-            )
+
+def _alive(attrs: dict[str, Any], states: dict[str, dict[str, str]]) -> bool:
+    """Whether a trial still marked pending/running has a live process or Slurm job (a job
+    Slurm cannot tell us about counts as alive: only a final state makes a trial lost)."""
+    from expctl.slurm import FINAL_STATES
+
+    job = _job_of(attrs)
+    if job is not None:
+        return states.get(job, {}).get("state", "UNKNOWN") not in FINAL_STATES
     pid, host = attrs.get("pid"), attrs.get("host")
     if pid is None:
         return attrs.get("status") == "pending"

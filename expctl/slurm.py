@@ -235,25 +235,46 @@ def requeue(job_id: str, restart_count: int, max_requeues: int) -> bool:
 
 
 def job_state(job_id: str) -> dict[str, str]:
-    """State, nodes and restart count of a job, from squeue (live) or sacct (finished)."""
-    out = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-o", "%T|%N|%r"], capture_output=True, text=True, timeout=30
+    """State and nodes of a job, from squeue (live) or sacct (finished); UNKNOWN if neither says."""
+    return job_states([job_id])[job_id]
+
+
+def job_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
+    """Like `job_state` for many jobs, with one squeue and at most one sacct call."""
+    out: dict[str, dict[str, str]] = {}
+    q = subprocess.run(
+        ["squeue", "-h", "--array", "-o", "%i|%T|%N|%r"], capture_output=True, text=True, timeout=60
     )
-    line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
-    if line:
-        state, nodes, reason = (line.split("|") + ["", ""])[:3]
-        return {"state": state, "nodes": nodes, "reason": reason}
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,NodeList,ExitCode"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    lines = [ln for ln in out.stdout.strip().splitlines() if ln]
-    if not lines:
-        return {"state": "UNKNOWN"}
-    state, nodes, code = (lines[-1].split("|") + ["", ""])[:3]
-    return {"state": state.split()[0], "nodes": nodes, "exit_code": code}
+    if q.returncode == 0:
+        for line in q.stdout.splitlines():
+            jid, state, nodes, reason = (line.split("|") + ["", "", ""])[:4]
+            out[jid.strip()] = {"state": state, "nodes": nodes, "reason": reason}
+    missing = [j for j in job_ids if j not in out]
+    if missing:
+        a = subprocess.run(
+            [
+                "sacct",
+                "-n",
+                "-X",
+                "-P",
+                "-j",
+                ",".join(missing),
+                "-o",
+                "JobID,State,NodeList,ExitCode",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for line in a.stdout.splitlines():
+            jid, state, nodes, code = (line.split("|") + ["", "", ""])[:4]
+            if jid in missing:  # the last line of a requeued job is its newest run
+                out[jid] = {
+                    "state": state.split()[0] if state else "UNKNOWN",
+                    "nodes": nodes,
+                    "exit_code": code,
+                }
+    return {j: out.get(j, {"state": "UNKNOWN"}) for j in job_ids}
 
 
 FINAL_STATES = (

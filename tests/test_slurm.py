@@ -452,3 +452,32 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
     ]
     assert sorted(ids) == [f"{job}_{i}" for i in range(3)], "one array, one element per trial"
     assert all("submitit x 2 rank(s)" in (Path(r.run_dir) / "train.log").read_text() for r in rows)
+
+
+def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
+    """N short trials as one Slurm job array: every one ends completed, stopped or failed with its
+    reason (CI runs 40; EXPCTL_LOAD_TRIALS=200 runs the full load, ~10 min on 2 cores)."""
+    from expctl import ledger
+
+    n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "40"))
+    proc = run_cli(
+        "run",
+        "-C",
+        "tiny.yml",
+        "-m",
+        f"train.seed=range(0,{n})",
+        "train.max_steps=2",
+        "launcher=slurm",
+        "launcher.timeout_min=5",
+        cwd=work,
+        timeout=600,
+    )
+    sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    done = ("completed", "stopped", "failed")
+    wait_until(
+        lambda: all(r.status in done for r in ledger.rows(sweep)), 60 + 15 * n, f"{n} trials"
+    )
+    rows = ledger.rows(sweep)
+    assert len(rows) == n and len({r.run_dir for r in rows}) == n
+    assert all(r.status == "completed" or (r.status == "failed" and r.error) for r in rows)
+    print(f"load: {n} trials, {sum(r.status == 'completed' for r in rows)} completed, none lost")

@@ -250,3 +250,26 @@ def test_seed_004_study_at_small_scale(tmp_path: Path) -> None:
     rows = ledger.rows(sweep_dir_of(proc.stdout))
     assert len(rows) == 3 and all(r.status in ("completed", "stopped") for r in rows)
     assert re.search(r"best trial \d+: val/acc=[0-9.]+\s+test/acc=[0-9.]+", proc.stdout)
+
+
+def test_median_rule_and_the_plot(tiny: Path) -> None:
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "-m",
+        "optim.lr=0.3,0.2,0.00001",
+        "train.max_epochs=3",
+        "sweep.pruner=median",
+        cwd=tiny.parent,
+    )
+    sweep = sweep_dir_of(proc.stdout)
+    rows = {r.overrides: r for r in ledger.rows(sweep)}
+    assert rows["optim.lr=1e-05"].status == "stopped" and rows["optim.lr=0.3"].status == "completed"
+    out = run_cli("sweep", "plot", str(sweep), cwd=tiny.parent).stdout
+    png = sweep / "sweep.png"
+    assert (
+        str(png) in out
+        and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        and png.stat().st_size > 10_000
+    )
