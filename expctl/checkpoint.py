@@ -17,11 +17,16 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from expctl.errors import RunError
+
+if TYPE_CHECKING:
+    from expctl.build import Parts
+
+Position = tuple[int, int, int, dict[str, float]]  # step, epoch, batch in the epoch, last val
 
 FORMAT = 1
 DIR = "checkpoints"
@@ -30,6 +35,52 @@ log = logging.getLogger("expctl")
 
 class CheckpointError(RunError):
     """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
+
+
+def capture(parts: Parts, position: Position, rng: list[dict[str, Any]]) -> dict[str, Any]:
+    """The checkpoint payload of a run at `position`, with every rank's RNG state."""
+    step, epoch, batch, val = position
+    return {
+        "step": step,
+        "epoch": epoch,
+        "batch": batch,
+        "world_size": len(rng),
+        "model_args": parts.model_args,
+        "models": {k: m.state_dict() for k, m in parts.models.items()},
+        "optimizers": {k: o.state_dict() for k, o in parts.ctx.optimizers.items()},
+        "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
+        "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
+        "rng": rng,
+        "val": val,
+    }
+
+
+def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> Position:
+    """Load a payload into the built parts and this rank's RNG; return where training stood."""
+    for name, sd in payload["models"].items():
+        parts.models[name].load_state_dict(sd)
+    for name, sd in payload["optimizers"].items():
+        parts.ctx.optimizers[name].load_state_dict(sd)
+    for name, sd in (payload.get("schedulers") or {}).items():
+        if name in parts.schedulers:
+            parts.schedulers[name].load_state_dict(sd)
+    if parts.ctx.scaler is not None and payload.get("scaler"):
+        parts.ctx.scaler.load_state_dict(payload["scaler"])
+    rng = payload.get("rng") or []
+    if len(rng) == world_size:
+        set_rng_state(rng[rank])
+    else:
+        log.warning(
+            "checkpoint written by %d rank(s), now %d: RNG streams restart from the seed",
+            len(rng),
+            world_size,
+        )
+    return (
+        int(payload["step"]),
+        int(payload["epoch"]),
+        int(payload["batch"]),
+        dict(payload.get("val") or {}),
+    )
 
 
 def path_for(run_dir: Path, step: int) -> Path:

@@ -63,7 +63,7 @@ def _settings(sweep_dir: Path) -> Any:
 
 def rows(sweep_dir: str | Path) -> list[Row]:
     """Every live trial (retried ones replaced by their retry), in trial order."""
-    from expctl.sweep import open_study
+    from expctl.study import open_study
 
     path = Path(sweep_dir)
     s = _settings(path)

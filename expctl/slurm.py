@@ -120,23 +120,24 @@ class SlurmTask:
         import os
 
         from expctl import config as config_mod
-        from expctl import sweep, train
+        from expctl import study, train
+        from expctl.control import Preempted
         from expctl.dist import detect
 
         cfg = config_mod.load(self.run_dir)
         env = detect(os.environ)
         if env.is_main:
-            sweep.mark(cfg, "running", started=time.time())
+            study.mark(cfg, "running", started=time.time())
         try:
             _, metrics = train.main(cfg, env)
-        except train.Preempted:
+        except Preempted:
             raise
         except Exception as e:
             if env.is_main:
-                sweep.finish(cfg, {}, error=e)
+                study.finish(cfg, {}, error=e)
             raise
         if env.is_main:
-            sweep.finish(cfg, metrics)
+            study.finish(cfg, metrics)
         return metrics
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

@@ -18,6 +18,7 @@ import torch
 from expctl import checkpoint, rundir
 from expctl.build import Parts, build, pick_device, resolve_precision
 from expctl.config import Config
+from expctl.control import Control, Preempted, StopFlag
 from expctl.data import val_batches
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import RunError, UserError
@@ -36,108 +37,6 @@ class TrainState:
     batch: int = 0
     val: dict[str, float] = field(default_factory=dict)
     train: dict[str, float] = field(default_factory=dict)
-
-
-class Control:
-    """Small CPU collectives (gloo) that never touch the GPU stream: run-dir agreement, RNG
-    gathering for checkpoints."""
-
-    def __init__(self, env: DistEnv, store: Any = None) -> None:
-        self.env, self.store = env, store
-        self.group: Any = None
-        if env.distributed:
-            import torch.distributed as dist
-
-            self.group = dist.new_group(backend="gloo")
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
-        if self.group is None:
-            return obj
-        import torch.distributed as dist
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def unresponsive(self, step: int, wait_s: float = 3.0) -> list[int]:
-        """After a collective timed out: ranks that do not say they are waiting too."""
-        if self.store is None:
-            return []
-        self.store.set(f"waiting/{self.env.rank}", str(step))
-        time.sleep(wait_s)  # the other live ranks time out on the same collective
-        return [r for r in range(self.env.world_size) if not self.store.check([f"waiting/{r}"])]
-
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order."""
-        if self.group is None:
-            return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
-
-
-class Preempted(Exception):
-    """Training stopped at a checkpoint because the stop signal arrived (resumable)."""
-
-
-class StopFlag:
-    """The preemption signal only sets a flag; ranks agree on it at step boundaries.
-
-    Agreement is a MAX all-reduce of one CPU integer on the gloo control group, started at one
-    step boundary and read at the next: it never waits on the GPU, and all ranks see the same
-    answer at the same step, so they checkpoint the same step.
-    """
-
-    EVERY = 10
-
-    def __init__(self, signame: str, ctl: Control) -> None:
-        import signal
-        import threading
-
-        self.ctl, self.requested, self._calls = ctl, 0, 0
-        self.signum = int(getattr(signal, f"SIG{signame}"))
-        self.previous: Any = None
-        self._buf = torch.zeros(1, dtype=torch.int32)
-        self._work: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(self.signum, self._handler)
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.requested = 1
-
-    def agreed(self) -> bool:
-        """Whether every rank now knows that some rank got the signal (checked every
-        `EVERY` steps with several ranks: a CPU all-reduce per step would cost small models ~10%)."""
-        if self.ctl.group is None:
-            return bool(self.requested)
-        self._calls += 1
-        if self._calls % self.EVERY:
-            return False
-        import torch.distributed as dist
-
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
-            if int(self._buf.item()):
-                return True
-        self._buf.fill_(self.requested)
-        self._work = dist.all_reduce(
-            self._buf, op=dist.ReduceOp.MAX, group=self.ctl.group, async_op=True
-        )
-        return False
-
-    def close(self) -> None:
-        """Finish the pending agreement and restore the previous handler."""
-        import signal
-
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
-        if self.previous is not None:
-            signal.signal(self.signum, self.previous)
 
 
 def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
@@ -246,36 +145,10 @@ def _restore(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir
         found = checkpoint.newest_valid(run_dir)
     else:
         found = None
-    if found is None:
-        return
-    path, payload = found
-    for name, sd in payload["models"].items():
-        parts.models[name].load_state_dict(sd)
-    for name, sd in payload["optimizers"].items():
-        parts.ctx.optimizers[name].load_state_dict(sd)
-    for name, sd in payload.get("schedulers", {}).items():
-        if name in parts.schedulers:
-            parts.schedulers[name].load_state_dict(sd)
-    if parts.ctx.scaler is not None and payload.get("scaler"):
-        parts.ctx.scaler.load_state_dict(payload["scaler"])
-    state.step, state.epoch, state.batch = (
-        int(payload["step"]),
-        int(payload["epoch"]),
-        int(payload["batch"]),
-    )
-    state.val = dict(payload.get("val") or {})
-    rng = payload.get("rng") or []
-    if len(rng) == env.world_size:
-        checkpoint.set_rng_state(rng[env.rank])
-    else:
-        log.warning(
-            "checkpoint was written by %d rank(s), now %d: RNG streams restart from the seed",
-            len(rng),
-            env.world_size,
-        )
-    log.info(
-        "resumed from %s (step %d, epoch %d, batch %d)", path, state.step, state.epoch, state.batch
-    )
+    if found is not None:
+        position = checkpoint.apply(found[1], parts, env.rank, env.world_size)
+        state.step, state.epoch, state.batch, state.val = position
+        log.info("resumed from %s (step %d, epoch %d, batch %d)", found[0], *position[:3])
 
 
 def _save(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control) -> Path | None:
@@ -283,19 +156,7 @@ def _save(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Contr
     rng = ctl.gather(checkpoint.rng_state())
     if not env.is_main:
         return None
-    payload = {
-        "step": state.step,
-        "epoch": state.epoch,
-        "batch": state.batch,
-        "world_size": env.world_size,
-        "model_args": parts.model_args,
-        "models": {k: m.state_dict() for k, m in parts.models.items()},
-        "optimizers": {k: o.state_dict() for k, o in parts.ctx.optimizers.items()},
-        "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
-        "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
-        "rng": rng,
-        "val": state.val,
-    }
+    payload = checkpoint.capture(parts, (state.step, state.epoch, state.batch, state.val), rng)
     return checkpoint.save(Path(str(cfg.run.dir)), payload, cfg.checkpoint.keep)
 
 
@@ -509,7 +370,7 @@ def _pruner(cfg: Config, env: DistEnv) -> Any:
     """Rank 0's link to the sweep's study, when this run is a trial with a pruner."""
     if cfg.sweep.trial is None or cfg.sweep.pruner == "none" or not env.is_main:
         return None
-    from expctl.sweep import Pruner
+    from expctl.study import Pruner
 
     return Pruner(cfg)
 
