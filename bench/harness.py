@@ -62,8 +62,9 @@ def suites(smoke: bool) -> dict[str, list[Workload]]:
         "raw (channels_last)": ["--channels-last", "--workers", "4"],
         "raw (no channels_last)": ["--workers", "4"],
     }
-    gpu = [
-        Workload(
+
+    def resnet(n: int, **kw: Any) -> Workload:  # ResNet-18, CIFAR-shaped synthetic data, bf16
+        return Workload(
             f"gpu resnet18 {n}g",
             "resnet18",
             n,
@@ -73,10 +74,11 @@ def suites(smoke: bool) -> dict[str, list[Workload]]:
             shape="3x32x32",
             precision="bf16",
             samples=65536,
-            raw_variants=gpu_raw,
+            **kw,
         )
-        for n in (1, 2)
-    ] + [
+
+    cl_only = {"raw (channels_last)": gpu_raw["raw (channels_last)"]}
+    gpu = [resnet(n, raw_variants=gpu_raw) for n in (1, 2)] + [
         Workload(
             f"gpu fashion-cnn {n}g",
             "cnn",
@@ -86,26 +88,11 @@ def suites(smoke: bool) -> dict[str, list[Workload]]:
             60,
             data="fashion",
             precision="bf16",
-            raw_variants={"raw (channels_last)": ["--channels-last", "--workers", "4"]},
+            raw_variants=cl_only,
         )
         for n in (1, 2)
     ]
-    scaling = [
-        Workload(
-            f"gpu resnet18 {n}g",
-            "resnet18",
-            n,
-            512,
-            300,
-            60,
-            shape="3x32x32",
-            precision="bf16",
-            samples=65536,
-            lightning=False,
-            raw_variants={"raw (channels_last)": gpu_raw["raw (channels_last)"]},
-        )
-        for n in GPU_COUNTS
-    ]
+    scaling = [resnet(n, lightning=False, raw_variants=cl_only) for n in GPU_COUNTS]
     return {"cpu": cpu, "gpu": gpu, "scaling": scaling}
 
 

@@ -9,7 +9,6 @@ samples/s over the steps after --warmup (timed by a callback, CUDA synchronised)
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from typing import Any
@@ -21,7 +20,7 @@ try:
 except ImportError:  # the older package name, as on the GPU image
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
-from raw_ddp import build  # same network, same tensors
+from raw_ddp import build, common_args  # same network, same tensors, same flags
 
 
 class Module(pl.LightningModule):
@@ -59,18 +58,8 @@ class Timer(pl.Callback):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="cnn")
-    p.add_argument("--data", default="synthetic", choices=("synthetic", "fashion"))
-    p.add_argument("--root", default=None)
-    p.add_argument("--shape", default="1x28x28")
-    p.add_argument("--samples", type=int, default=16384)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--precision", default="32", choices=("32", "bf16"))
+    p = common_args()
     p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--optim", default="sgd", choices=("sgd", "adamw"))
     args = p.parse_args()
 
     model, dataset = build(args)

@@ -42,7 +42,8 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.T
     return model, splits.train  # type: ignore[return-value]
 
 
-def main() -> None:
+def common_args() -> argparse.ArgumentParser:
+    """The workload flags every contender takes (the harness passes the same to each)."""
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="cnn")
     p.add_argument("--data", default="synthetic", choices=("synthetic", "fashion"))
@@ -53,10 +54,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--precision", default="32", choices=("32", "bf16"))
+    p.add_argument("--optim", default="sgd", choices=("sgd", "adamw"))
+    return p
+
+
+def main() -> None:
+    p = common_args()
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--loader", default="dataloader", choices=("dataloader", "tensor"))
     p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--optim", default="sgd", choices=("sgd", "adamw"))
     args = p.parse_args()
 
     distributed = "RANK" in os.environ

@@ -29,12 +29,12 @@ def make_pruner(s: SweepConfig) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def _sampler(s: SweepConfig) -> Any:
+def _sampler(s: SweepConfig, offset: int = 0) -> Any:
     import optuna
 
     if s.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=s.seed, constant_liar=True)
-    return optuna.samplers.RandomSampler(seed=s.seed)
+        return optuna.samplers.TPESampler(seed=s.seed + offset, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=s.seed + offset)
 
 
 def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
@@ -54,9 +54,11 @@ def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
             sampler=_sampler(s),
             pruner=make_pruner(s),
         )
-    return optuna.load_study(
-        storage=storage, study_name=STUDY, sampler=_sampler(s), pruner=make_pruner(s)
-    )
+    study = optuna.load_study(storage=storage, study_name=STUDY, pruner=make_pruner(s))
+    # a sampler made anew with the same seed would draw the same "random" point every time the
+    # study is reopened (once per local trial): offset the seed by the trials already asked
+    study.sampler = _sampler(s, offset=len(study.get_trials(deepcopy=False)))
+    return study
 
 
 def mark(cfg: Config, status: str, **attrs: Any) -> None:

@@ -86,6 +86,7 @@ def test_tpe_samples_log_interval_and_choices(tiny: Path) -> None:
     )
     rows = ledger.rows(sweep_dir_of(proc.stdout))
     assert len(rows) == 4 and all(r.status == "completed" for r in rows)
+    assert len({r.params["optim.lr"] for r in rows}) == 4, "every trial samples a new point"
     for r in rows:
         lr = r.params["optim.lr"]
         assert 0.001 <= lr <= 0.5

@@ -1,0 +1,36 @@
+"""The benchmark harness runs end to end (smoke mode: short runs; timings are not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, cli_env
+
+
+def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "harness.py"),
+            "--suite",
+            "cpu",
+            "--smoke",
+            "--only",
+            "mlp 1w",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| cpu mlp 1w |" in proc.stdout and "expctl / raw" in proc.stdout
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["expctl"] > 0 and row["raw"] > 0 and row["raw-tensor"] > 0
