@@ -13,31 +13,16 @@ import sys
 import time
 from pathlib import Path
 
+import conftest as base
 import pytest
 import torch
 
 from expctl import checkpoint
 
-PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-TINY = """\
-model: {name: mlp, hidden: [32]}
-data: {name: synthetic, shape: [20], num_classes: 4, num_samples: 512, val_samples: 128, batch_size: 16}
-optim: {name: sgd, lr: 0.1, momentum: 0.9}
-sched: {name: null}
-train: {max_epochs: 2, log_every: 4}
-imports: [faulty]
-"""
+# the suite's small config (tests/conftest.py), with batch 16 and the fault-injecting plugin
+TINY = base.TINY.replace("batch_size: 32", "batch_size: 16") + "imports: [faulty]\n"
 LOCAL = ["launcher=local", "launcher.nproc=2", "launcher.max_restarts=3", "+model.dropout=0.2"]
-
-
-def env(**extra: str) -> dict[str, str]:
-    out = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    }
-    out["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), out.get("PYTHONPATH", "")])
-    return {**out, **extra}
+env = base.cli_env
 
 
 def expctl(
