@@ -285,18 +285,23 @@ def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
 
 
 def test_time_limit_shorter_than_training_requeues_itself(work: Path) -> None:
-    # 1-minute limit with the signal 30 s before it (this cluster sends timed signals early, ~10 s
-    # into each run); ~20 s of training cannot finish in one go
+    # slurmctld checks time limits every 30 s and sends the timed signal at the first check with at
+    # most (delay + 30 s) left: a 2-minute limit with USR2@60 signals 30-60 s into each run, after
+    # the tasks have started (a signal before any job step exists would be lost). 64 s of training
+    # cannot finish before that signal, so only a requeue can complete it.
     job, run_dir = _template_job(
         work,
         "timelimit",
-        "train.max_epochs=3",
-        "launcher.max_requeues=8",
-        sbatch_args=("--time=1", "--signal=USR2@30"),
-        SLOW_STEP_S="0.8",
+        "train.max_epochs=16",
+        "launcher.max_requeues=10",
+        sbatch_args=("--time=2", "--signal=USR2@60"),
+        SLOW_STEP_S="0.5",
+        EXPCTL_MAX_REQUEUES="10",
     )
-    assert wait_done(job, timeout=600) == "COMPLETED", (work / "timelimit.out").read_text()
-    assert result(run_dir)["step"] == 3 * 8
+    assert wait_done(job, timeout=900) == "COMPLETED", (work / "timelimit.out").read_text()
+    assert result(run_dir)["step"] == 16 * 8
+    events = [json.loads(x) for x in (run_dir / "jobs.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] == "stopped"], "stopped by the timed signal"
     assert len(starts(run_dir)) >= 2
 
 
