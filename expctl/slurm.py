@@ -16,10 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from expctl.config import Config
 from expctl.errors import UserError
+
+if TYPE_CHECKING:
+    from expctl.dist import DistEnv
 
 log = logging.getLogger("expctl")
 
@@ -79,7 +82,6 @@ def parameters(cfg: Config) -> dict[str, Any]:
         "additional_parameters": extra,
         # submitit's own handler listens for SUBMITIT_PREEMPT_SIGNAL; keep it on our signal
         "setup": [f"export SUBMITIT_PREEMPT_SIGNAL={ln.signal}", *ln.setup],
-        "srun_args": ["--kill-on-bad-exit=1"],
     }
     if ln.gpus_per_node:
         params["gpus_per_node"] = ln.gpus_per_node
@@ -133,6 +135,8 @@ class SlurmTask:
         except Preempted:
             raise
         except Exception as e:
+            if requeue_after_failure(cfg, env, Path(self.run_dir), e):
+                raise  # the job comes back and resumes; the trial is not over
             if env.is_main:
                 study.finish(cfg, {}, error=e)
             raise
@@ -232,6 +236,35 @@ def requeue(job_id: str, restart_count: int, max_requeues: int) -> bool:
     log.warning(
         "requeued job %s (requeue %d of at most %d)", job_id, restart_count + 1, max_requeues
     )
+    return True
+
+
+def requeue_after_failure(cfg: Config, env: DistEnv, run_dir: Path, error: Exception) -> bool:
+    """A launcher=slurm task failed for a reason other than a config error (most often a peer
+    rank that died: SIGKILL, OOM killer): requeue the job so that it resumes from the newest
+    checkpoint, as the sbatch templates do. Every surviving rank asks; Slurm takes the first
+    request and refuses the others (the job is already leaving). Bounded by max_requeues."""
+    if isinstance(error, UserError) or not env.job_id:
+        return False
+    if env.restart_count >= cfg.launcher.max_requeues:
+        log.warning(
+            "not requeuing job %s: already requeued %d time(s)", env.job_id, env.restart_count
+        )
+        return False
+    text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    if env.is_main:
+        record_job(run_dir, {"job_id": env.job_id, "event": "failed", "error": text})
+    job = env.job_id.split(".")[0]
+    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if out.returncode == 0:
+        log.warning(
+            "rank %d failed (%s); requeued job %s (requeue %d of at most %d)",
+            env.rank,
+            text,
+            job,
+            env.restart_count + 1,
+            cfg.launcher.max_requeues,
+        )
     return True
 
 

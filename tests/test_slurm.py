@@ -258,30 +258,56 @@ def test_scontrol_requeue_resumes_from_last_checkpoint(work: Path) -> None:
     assert resumed >= 20, "lost at most one checkpoint interval (10 steps)"
 
 
+def _kill_task(job: str, rank: int, program: bytes) -> None:
+    """SIGKILL the process of task `rank` of `job`'s first step that runs `program`."""
+    for pid in os.listdir("/proc"):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if (
+            f"SLURM_JOB_ID={job}".encode() in environ
+            and f"SLURM_PROCID={rank}".encode() in environ
+            and b"SLURM_STEP_ID=0" in environ
+            and program in cmd
+            and not cmd.startswith(b"srun")
+        ):
+            os.kill(int(pid), 9)
+            return
+    raise AssertionError(f"rank {rank} of job {job} not found")
+
+
 def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
     job, run_dir = _template_job(work, "killed", "train.max_epochs=6")
-
-    def kill_rank_1() -> None:
-        for pid in os.listdir("/proc"):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except (OSError, ValueError):
-                continue
-            if (
-                f"SLURM_JOB_ID={job}".encode() in environ
-                and b"SLURM_PROCID=1" in environ
-                and b"SLURM_STEP_ID=0" in environ
-            ):
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"expctl" in cmd and b"srun" not in cmd:
-                    os.kill(int(pid), 9)
-                    return
-        raise AssertionError("rank 1 of the job not found")
-
-    _signal_when_running(job, run_dir, kill_rank_1)
+    _signal_when_running(job, run_dir, lambda: _kill_task(job, 1, b"expctl"))
     assert wait_done(job) == "COMPLETED", (work / "killed.out").read_text()
     assert result(run_dir)["step"] == 6 * 8
     assert [s["restart"] for s in starts(run_dir)] == [0, 1]
+
+
+def test_launcher_slurm_requeues_when_a_task_is_killed(work: Path) -> None:
+    proc = run_cli(
+        "run",
+        "-C",
+        "slow.yml",
+        "train.step=slow",
+        "train.max_epochs=6",
+        "launcher=slurm",
+        "launcher.nodes=2",
+        "launcher.timeout_min=5",
+        cwd=work,
+        env=env(SLOW_STEP_S="0.1"),
+    )
+    job = re.search(r"submitted job (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    run_dir = Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    _signal_when_running(job, run_dir, lambda: _kill_task(job, 1, b"submitit.core._submit"))
+    assert wait_done(job) == "COMPLETED", sorted((run_dir / "slurm").glob("*"))
+    assert result(run_dir)["step"] == 6 * 8
+    assert [s["restart"] for s in starts(run_dir)] == [0, 1]
+    events = [json.loads(x) for x in (run_dir / "jobs.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("failed") == 1, events
+    assert "resumed from" in (run_dir / "train.log").read_text()
 
 
 def test_time_limit_shorter_than_training_requeues_itself(work: Path) -> None:
