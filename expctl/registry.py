@@ -232,10 +232,12 @@ def check_args(kind: str, name: str, kwargs: Mapping[str, Any], section: str) ->
 
 
 def describe(entry: Entry) -> str:
-    """Render 'arg=default, arg: type' for `expctl list`."""
+    """Render 'arg=default, arg: type' for `expctl list` (only what a YAML value can set)."""
     parts = []
     for p in entry.parameters().values():
         ann = _annotation_name(p)
+        if re.search(r"\b(Callable|Module|Tensor)\b", ann):
+            continue  # a class or function argument (e.g. torchvision's norm_layer)
         text = p.name + (f": {ann}" if ann else "")
         if p.default is not p.empty:
             text += f" = {p.default!r}"

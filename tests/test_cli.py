@@ -29,6 +29,10 @@ def test_list_shows_names_descriptions_and_arguments(capsys: pytest.CaptureFixtu
     assert cli.main(["list", "models"]) == 0
     out = capsys.readouterr().out
     assert "resnet18" in out and "num_classes: int" in out and "Small CNN" in out
+    convnext = out.split("convnext_tiny", 1)[1].split("\n  ", 2)[1]
+    assert "stochastic_depth_prob" in convnext and "norm_layer" not in convnext, (
+        "arguments YAML cannot set are not listed"
+    )
     assert cli.main(["list", "optim"]) == 0 and "adamw" in capsys.readouterr().out
 
 
