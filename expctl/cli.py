@@ -97,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"expctl: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `expctl list | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:
         if isinstance(e, RunError):  # disk full, a hung peer: one line, no traceback
             print(f"expctl: error: {e}", file=sys.stderr)
@@ -106,11 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"expctl: {e}; checkpoint saved: run the same command to resume", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("expctl: interrupted", file=sys.stderr)
+        if args.command != "_worker":  # the launching process speaks for its workers
+            print(
+                "expctl: interrupted; run the same command to resume from the last checkpoint",
+                file=sys.stderr,
+            )
         return 130
-    except BrokenPipeError:  # `expctl list | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -126,7 +130,9 @@ def _run(args: argparse.Namespace) -> int:
     from expctl import api
 
     result = api.run(args.config, args.overrides, wait=args.wait)
-    if result.metrics:
+    from expctl.dist import detect
+
+    if result.metrics and detect(os.environ).is_main:  # under torchrun / srun: rank 0 reports
         shown = "  ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in result.metrics.items()

@@ -136,6 +136,9 @@ def primary_config(config_file: str | None) -> Iterator[tuple[Path, str]]:
         return
     user = read_user_file(config_file)
     user_dir = Path(config_file).expanduser().resolve().parent
+    from expctl.registry import add_import_path
+
+    add_import_path(user_dir)  # `imports: [my_components]` next to the file, from anywhere
     if "hydra" in user and not isinstance(user["hydra"], dict):
         raise UserError("hydra: must be a mapping of Hydra settings")
     body = dict(user)
@@ -295,7 +298,8 @@ def _group_file_has(group: str, option: str, dotted: str) -> bool:
     from omegaconf import OmegaConf
 
     path = builtin_conf_dir() / group / f"{option}.yaml"
+    absent = object()  # keys whose value is null count too (launcher.partition: null)
     try:
-        return OmegaConf.select(OmegaConf.load(path), dotted, default=None) is not None
+        return OmegaConf.select(OmegaConf.load(path), dotted, default=absent) is not absent
     except Exception:
         return False

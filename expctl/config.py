@@ -373,12 +373,33 @@ def _section(where: str, value: Any, cls: Any) -> Any:
     return cls(**kwargs)
 
 
+# what users of other tools write, and the value meant here (suggested, never silently accepted)
+_ALIASES = {
+    "gpu": "cuda",
+    "fp16": "16",
+    "float16": "16",
+    "half": "16",
+    "16-mixed": "16",
+    "bfloat16": "bf16",
+    "bf16-mixed": "bf16",
+    "fp32": "32",
+    "float32": "32",
+    "32-true": "32",
+}
+
+
 def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         shown = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+        alias = _ALIASES.get(str(value).lower())
+        suggest = (
+            f" Did you mean '{alias}'?"
+            if alias in choices
+            else did_you_mean(str(value), [str(c) for c in choices])
+        )
         raise UserError(
-            f"{where}: '{value}' is not one of: {shown}.{did_you_mean(str(value), [str(c) for c in choices])}",
+            f"{where}: '{value}' is not one of: {shown}.{suggest}",
             f"set {where} to one of: {shown}",
         )
     low = f.metadata.get("min")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ def inline(cfg: Config, env: DistEnv, gpus: int) -> Result:
 
 
 def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -124,6 +126,10 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
     )
     try:
         elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir))
+    except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
+        if e.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise RunError(f"stopped by {e.sigval.name}; the run is in {run_dir}") from None
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode

@@ -17,6 +17,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from expctl.errors import UserError, choices_text, did_you_mean, unknown_name
@@ -158,13 +159,26 @@ def load_builtins() -> None:
         ep.load()
 
 
+def add_import_path(folder: Path) -> None:
+    """Search `folder` (the -C file's) for ``imports:`` modules, after the current directory,
+    in this process and in the workers it starts (they inherit PYTHONPATH)."""
+    import os
+    import sys
+
+    path = str(folder)
+    if path not in sys.path:
+        sys.path.append(path)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if path not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*parts, path])
+
+
 def import_user_modules(modules: Iterable[str]) -> None:
     """Import the modules a config lists under ``imports:`` (their decorators register names)."""
     import sys
-    from pathlib import Path
 
     cwd = str(Path.cwd())
-    if cwd not in sys.path:  # `imports: [my_components]` next to the config, as with python -m
+    if cwd not in sys.path:  # `imports: [my_components]` in the current directory, as python -m
         sys.path.insert(0, cwd)
     for mod in modules:
         try:
@@ -173,8 +187,8 @@ def import_user_modules(modules: Iterable[str]) -> None:
             if e.name and mod.startswith(e.name):
                 raise UserError(
                     f"imports: cannot import module '{mod}' (no module named '{e.name}')",
-                    "list importable module names (e.g. 'my_pkg.components'), run from the "
-                    "directory holding them or add it to PYTHONPATH",
+                    "list importable module names (e.g. 'my_pkg.components'): they are found in "
+                    "the current directory, next to the -C file, and on PYTHONPATH",
                 ) from None
             raise
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ def status(run_dir: str) -> str:
         lines.append(
             f"job       {job_id}  {state['state']}{where}  requeued {requeues}x  ({len(starts)} start(s))"
         )
+    else:  # not a Slurm job: the files say what they can
+        lines.append(f"state     {_local_state(path)}")
     ckpts = checkpoint.list_checkpoints(path)
     events = _last_lines(path / "metrics.jsonl")
     if events:
@@ -77,6 +80,29 @@ def status(run_dir: str) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _local_state(path: Path) -> str:
+    """'completed' (or the result's status), else unfinished with the age of the newest write."""
+    result = path / "result.json"
+    if result.is_file():
+        return str(json.loads(result.read_text()).get("status", "completed"))
+    files = [f for f in (path / "metrics.jsonl", path / "train.log") if f.is_file()]
+    if not files:
+        return "not started"
+    age = time.time() - max(f.stat().st_mtime for f in files)
+    return (
+        f"unfinished, last written {_age(age)} ago (still running, or interrupted: "
+        "the same command resumes it)"
+    )
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _state(job_id: str) -> dict[str, str]:

@@ -95,3 +95,55 @@ def test_real_process_exit_code_and_no_traceback(args: list[str], tmp_path: Path
     proc = run_cli(*args, cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "HINT:" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_output_piped_into_head_ends_quietly() -> None:
+    proc = subprocess.run(
+        f"{sys.executable} -m expctl list models | head -1",
+        shell=True,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.startswith("models:") and proc.stderr == "", proc.stderr
+
+
+def test_status_of_a_local_run_tells_unfinished_from_completed(tiny: Path) -> None:
+    args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=kill_at_step", "run.dir=r"]
+    killed = run_cli(*args, cwd=tiny.parent, env=cli_env(KILL_AT_STEP="12"), check=False)
+    assert killed.returncode == -9
+    state = run_cli("status", "r", cwd=tiny.parent).stdout
+    assert "state     unfinished, last written" in state and "resumes it" in state, state
+    run_cli(*args, cwd=tiny.parent)
+    assert "state     completed" in run_cli("status", "r", cwd=tiny.parent).stdout
+
+
+def test_imports_next_to_the_config_file_work_from_any_directory(tmp_path: Path) -> None:
+    """`imports: [near_model]` with near_model.py beside the -C file, run from elsewhere, with
+    two local workers (they must find it too)."""
+    cfg_dir, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    cfg_dir.mkdir()
+    elsewhere.mkdir()
+    (cfg_dir / "near_model.py").write_text(
+        "from torch import nn\nfrom expctl import register\n\n"
+        "@register('models', 'near_linear')\n"
+        "def near_linear(num_classes: int = 4) -> nn.Module:\n"
+        "    '''Linear model from a module beside the config.'''\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(20, num_classes))\n"
+    )
+    (cfg_dir / "exp.yml").write_text(
+        "imports: [near_model]\nmodel: {name: near_linear}\n"
+        "data: {name: synthetic, shape: [20], num_classes: 4, num_samples: 256, batch_size: 32}\n"
+        "train: {max_steps: 4}\n"
+    )
+    run_cli(
+        "run",
+        "-C",
+        str(cfg_dir / "exp.yml"),
+        "launcher=local",
+        "launcher.nproc=2",
+        "run.dir=r",
+        cwd=elsewhere,
+    )
+    assert (elsewhere / "r" / "result.json").is_file()

@@ -23,7 +23,7 @@ def test_embedded_default() -> None:
         "cross_entropy",
     )
     assert cfg.launcher.name == "inline" and cfg.run.name == "cnn-fashion_mnist"
-    assert cfg.optim.args == {"lr": 0.05, "momentum": 0.9}
+    assert cfg.optim.args == {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0}
 
 
 @pytest.mark.parametrize("suffix", [".yml", ".yaml"])
@@ -86,6 +86,9 @@ BAD = [
     (["model.name=resnet19"], "Did you mean 'resnet18'"),
     (["data.batch_size=-4"], "data.batch_size: -4 is below the minimum 1"),
     (["launcher.nproc=2"], "launcher=local"),
+    (["launcher.partition=debug"], "it belongs to launcher=slurm"),
+    (["train.device=gpu"], "Did you mean 'cuda'"),
+    (["train.precision=fp16"], "Did you mean '16'"),
     (["launcher=inline", "+launcher.nproc=2"], "needs launcher=local"),
     (["checkpoint.resume=/nope/x.pt"], "no checkpoint at"),
     (["+trian.seed=1"], "Did you mean 'train'"),

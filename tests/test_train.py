@@ -172,6 +172,7 @@ def test_torchrun_environment_is_detected(tiny: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = run_dirs(tiny.parent / "runs")
     assert "torchrun x 2 rank(s)" in (run_dir / "train.log").read_text()
+    assert proc.stdout.count("expctl: done") == 1, "rank 0 alone reports"
     assert json.loads((run_dir / "result.json").read_text())["step"] == 512 // 64
 
 
@@ -247,8 +248,10 @@ def test_mixed_precision_and_clipping_train(
     assert (payload["scaler"] is not None) == (precision == "16")
 
 
-def test_ctrl_c_stops_every_worker(tiny: Path) -> None:
-    """SIGINT to the terminal's process group ends the launcher and both workers, no orphans."""
+@pytest.mark.parametrize("to_group", [True, False], ids=["terminal", "launcher-only"])
+def test_ctrl_c_stops_every_worker(tiny: Path, to_group: bool) -> None:
+    """SIGINT (Ctrl-C: the terminal's process group; or `kill -INT` of the launcher alone) ends
+    the launcher and both workers, no orphans, one line, exit 130."""
     import os
     import signal
     import time
@@ -280,8 +283,8 @@ def test_ctrl_c_stops_every_worker(tiny: Path) -> None:
     while not (metrics.is_file() and metrics.read_text()) and time.time() < deadline:
         time.sleep(0.2)
     assert metrics.read_text(), "training started"
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=60)
+    (os.killpg if to_group else os.kill)(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
     time.sleep(1)
     leftovers = []
     for pid in os.listdir("/proc"):
@@ -292,4 +295,5 @@ def test_ctrl_c_stops_every_worker(tiny: Path) -> None:
             except ProcessLookupError:
                 continue
     assert leftovers == [], f"orphans: {leftovers}"
-    assert proc.returncode != 0
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and out.count("interrupted") == 1, out
