@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -283,6 +284,7 @@ def _annotation_name(p: inspect.Parameter) -> str:
 
 _SIMPLE = {"int": int, "float": float, "bool": bool, "str": str}
 _NEVER_FROM_YAML = {"Tensor"}
+_SEQUENCE = re.compile(r"^(?:[\w.]+\.)?(Sequence|list|List|tuple|Tuple)\[")
 
 
 def _options(p: inspect.Parameter) -> list[str]:
@@ -302,10 +304,17 @@ def _options(p: inspect.Parameter) -> list[str]:
 def _check_type(where: str, value: Any, p: inspect.Parameter) -> None:
     """Check `value` against a simple annotation (int, float, bool, str, unions of them)."""
     options = _options(p)
+    if options and all(_SEQUENCE.match(o) or o == "None" for o in options):
+        if isinstance(value, (list, tuple)) or (value is None and "None" in options):
+            return  # the items: the factory checks them
+        raise UserError(
+            f"{where}: expected a list ({' or '.join(options)}), got {value!r}",
+            f"write it as a list, e.g. {where}=[{json.dumps(value, default=str)}]",
+        )
     if not options or any(
         o not in _SIMPLE and o != "None" and o not in _NEVER_FROM_YAML for o in options
     ):
-        return  # lists, sequences, user types: the factory checks them
+        return  # user types: the factory checks them
     if value is None and "None" in options:
         return
     if value is not None and any(_fits(value, _SIMPLE[o]) for o in options if o in _SIMPLE):

@@ -88,6 +88,7 @@ BAD = [
     (["launcher.nproc=2"], "launcher=local"),
     (["launcher.partition=debug"], "it belongs to launcher=slurm"),
     (["train.device=gpu"], "Did you mean 'cuda'"),
+    (["model=mlp", "model.hidden=64"], "model.hidden: expected a list"),
     (["train.precision=fp16"], "Did you mean '16'"),
     (["launcher=inline", "+launcher.nproc=2"], "needs launcher=local"),
     (["checkpoint.resume=/nope/x.pt"], "no checkpoint at"),
