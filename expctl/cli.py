@@ -121,8 +121,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.multirun:
         from expctl import sweep
 
-        sweep.multirun(args.config, args.overrides, repeat=args.repeat)
-        return 0
+        outcome = sweep.multirun(args.config, args.overrides, repeat=args.repeat)
+        return 1 if outcome.failed else 0  # it printed "N of M trial(s) failed: ..."
     if args.repeat:
         raise UserError(
             "--repeat needs -m (a sweep)", "add -m, e.g. expctl run -m --repeat 3 optim.lr=0.01,0.1"
@@ -147,13 +147,11 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.action == "table":
         print(ledger.table(args.sweep_dir))
     elif args.action == "best":
-        row, path = ledger.best(args.sweep_dir)
-        print(f"best trial {row.number}: {row.value:.6g}  {row.overrides}")
-        print(f"  directory {row.run_dir}\n  config    {path}")
+        print(ledger.best(args.sweep_dir).describe())
     elif args.action == "plot":
         print(f"expctl: wrote {ledger.plot(args.sweep_dir)}")
     else:
-        sweep.resume(args.sweep_dir)
+        return 1 if sweep.resume(args.sweep_dir).failed else 0
     return 0
 
 

@@ -15,15 +15,19 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from expctl.config import Config
 from expctl.errors import UserError
 from expctl.study import finish, mark, open_study
+
+if TYPE_CHECKING:
+    from expctl.ledger import Best
 
 log = logging.getLogger("expctl")
 
@@ -138,12 +142,23 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
-def new_sweep_dir(root: Path) -> Path:
-    """Create a fresh sweep directory atomically (two sweeps never share one)."""
+@dataclass
+class Outcome:
+    """How a sweep (or its resume) ended, from its ledger; `failed` counts failed and lost trials."""
+
+    sweep_dir: Path
+    trials: int
+    failed: int
+
+
+def new_sweep_dir(root: Path, name: str | None = None) -> Path:
+    """Create a fresh sweep directory atomically (two sweeps never share one):
+    NAME-sweep-TIME-XXXX, or sweep-TIME-XXXX without a name."""
     root.mkdir(parents=True, exist_ok=True, mode=0o750)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    prefix = f"{name}-sweep" if name else "sweep"
     for _ in range(100):
-        path = root / f"sweep-{stamp}-{secrets.token_hex(2)}"
+        path = root / f"{prefix}-{stamp}-{secrets.token_hex(2)}"
         try:
             path.mkdir(mode=0o750)
             return path
@@ -152,7 +167,9 @@ def new_sweep_dir(root: Path) -> Path:
     raise UserError(f"could not create a sweep directory under {root}", "check run.root")
 
 
-def multirun(config_file: str | None, overrides: Sequence[str], repeat: int | None = None) -> Path:
+def multirun(
+    config_file: str | None, overrides: Sequence[str], repeat: int | None = None
+) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
     from expctl import compose
     from expctl.config import validate
@@ -177,7 +194,11 @@ def multirun(config_file: str | None, overrides: Sequence[str], repeat: int | No
         raise UserError(f"sweep.sampler={s.sampler} needs sweep.n_trials", "add sweep.n_trials=20")
     else:
         points = []
-    sweep_dir = new_sweep_dir(Path(base.run.root).expanduser().absolute())
+    # run.name's built-in default, model-data (conf/config.yaml), would name the first point only
+    named = base.run.name != f"{base.model.name}-{base.data.name}"
+    sweep_dir = new_sweep_dir(
+        Path(base.run.root).expanduser().absolute(), base.run.name if named else None
+    )
     spec = {
         "config_file": str(Path(config_file).absolute()) if config_file else None,
         "plain": plain,
@@ -193,8 +214,7 @@ def multirun(config_file: str | None, overrides: Sequence[str], repeat: int | No
         f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
         flush=True,
     )
-    run_trials(sweep_dir, base)
-    return sweep_dir
+    return run_trials(sweep_dir, base)
 
 
 def _trial_configs(
@@ -242,8 +262,9 @@ def _trial_configs(
 
 def run_trials(
     sweep_dir: Path, base: Config, todo: list[tuple[dict[str, Any], int, int | None]] | None = None
-) -> None:
-    """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array."""
+) -> Outcome:
+    """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array (whose
+    trials have not ended when this returns: none counts as failed)."""
     spec = json.loads((sweep_dir / SPEC_FILE).read_text())
     if todo is None:
         configs = spec["points"] or [{}] * spec["n_trials"]
@@ -258,7 +279,7 @@ def run_trials(
             flush=True,
         )
         print(f"expctl: follow them with `expctl sweep table {sweep_dir}`", flush=True)
-        return
+        return Outcome(sweep_dir, len(cfgs), 0)
     for item in todo:
         (cfg,) = _trial_configs(sweep_dir, base, [item])
         ok = run_one(cfg)
@@ -272,13 +293,50 @@ def run_trials(
 
     print(ledger.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
-        top, best_yml = ledger.best(sweep_dir)
-        result = launch_result(Path(top.run_dir))
-        tests = "  ".join(f"{k}={v:.4g}" for k, v in result.items() if k.startswith("test/"))
+        print(_best_line(ledger.best(sweep_dir)), flush=True)
+    return _outcome(sweep_dir)
+
+
+def _best_line(top: Best) -> str:
+    """The end-of-sweep summary of `ledger.best`: with repeats, the mean ± std over the seeds of
+    the best configuration (its test metrics too), as the table ranks it."""
+    results = [launch_result(Path(r.run_dir)) for r in top.trials]
+    keys = [k for k in results[0] if k.startswith("test/") and all(k in x for x in results)]
+    if top.std is None:
+        r = top.trials[0]
+        parts = [f"best trial {r.number}: {top.metric}={top.value:.4g}"]
+        parts += [f"{k}={results[0][k]:.4g}" for k in keys] + [f"({r.overrides})"]
+    else:
+        numbers = ", ".join(str(r.number) for r in top.trials)
+        parts = [
+            f"best configuration: {top.metric}={top.value:.4g} ± {top.std:.2g} over {top.seeds}"
+            f" (trials {numbers})"
+        ]
+        parts += [f"{k}={_spread([float(x[k]) for x in results])}" for k in keys]
+        parts += [f"({top.label})"]
+    return "  ".join(parts) + f"\n  its config: {top.path}  (expctl run -C {top.path})"
+
+
+def _spread(values: list[float]) -> str:
+    import statistics
+
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.4g} ± {std:.2g}"
+
+
+def _outcome(sweep_dir: Path) -> Outcome:
+    """Count the sweep's failed (or lost) trials and say so in one line on stderr."""
+    from expctl import ledger
+
+    live = ledger.rows(sweep_dir)
+    failed = sum(r.status in ("failed", "lost") for r in live)
+    if failed:
         print(
-            f"best trial {top.number}: {base.sweep.metric}={top.value:.4g}  {tests}  ({top.overrides})"
+            f"expctl: {failed} of {len(live)} trial(s) failed: see `expctl sweep table {sweep_dir}`",
+            file=sys.stderr,
+            flush=True,
         )
-        print(f"  its config: {best_yml}  (expctl run -C {best_yml})")
+    return Outcome(sweep_dir, len(live), failed)
 
 
 def launch_result(run_dir: Path) -> dict[str, Any]:
@@ -306,7 +364,7 @@ def run_one(cfg: Config) -> bool:
     return True
 
 
-def resume(sweep_dir: str | Path) -> None:
+def resume(sweep_dir: str | Path) -> Outcome:
     """Re-run the trials that failed or were lost (in their own directories, resuming their
     checkpoints), and the ones the sweep never got to."""
     import optuna
@@ -348,6 +406,6 @@ def resume(sweep_dir: str | Path) -> None:
         todo += [({}, 0, None)] * max(0, spec["n_trials"] * spec["repeat"] - len(live))
     if not todo:
         print(f"expctl: nothing to resume in {path}: every trial completed or was stopped")
-        return
+        return _outcome(path)
     print(f"expctl: resuming {len(todo)} trial(s) of {path}", flush=True)
-    run_trials(path, base, todo)
+    return run_trials(path, base, todo)

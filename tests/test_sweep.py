@@ -3,14 +3,16 @@ commands, failures, resume, and the same on Slurm."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_env
+from conftest import TINY, cli_env
 from conftest import expctl as run_cli
 
 from expctl import ledger
@@ -32,6 +34,7 @@ def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
         cwd=tiny.parent,
     )
     sweep = sweep_dir_of(proc.stdout)
+    assert sweep.name.startswith("sweep-"), "run.name left at its default: no prefix"
     rows = ledger.rows(sweep)
     assert len(rows) == 4 and all(r.status == "completed" for r in rows)
     assert {r.overrides for r in rows} == {
@@ -116,6 +119,8 @@ def test_ddp_trials_are_pruned_on_every_rank(tiny: Path) -> None:
 
 
 def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
+    """The other trials still run, and the sweep exits 1 (as Hydra's multirun does), naming how
+    many failed; so does a resume that cannot mend them, and a sweep stopped at the failure."""
     proc = run_cli(
         "run",
         "-C",
@@ -124,15 +129,18 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
         "data.batch_size=100000,16",
         "train.max_epochs=1",
         cwd=tiny.parent,
+        check=False,
     )
-    rows = {r.overrides: r for r in ledger.rows(sweep_dir_of(proc.stdout))}
+    sweep = sweep_dir_of(proc.stdout)
+    assert proc.returncode == 1, proc.stderr
+    assert f"1 of 2 trial(s) failed: see `expctl sweep table {sweep}`" in proc.stderr
+    rows = {r.overrides: r for r in ledger.rows(sweep)}
     assert rows["data.batch_size=100000"].status == "failed"
     assert "larger than the 512 training samples" in rows["data.batch_size=100000"].error
     assert rows["data.batch_size=16"].status == "completed"
-    assert (
-        "larger than"
-        in run_cli("sweep", "table", str(sweep_dir_of(proc.stdout)), cwd=tiny.parent).stdout
-    )
+    assert "larger than" in run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
+    resumed = run_cli("sweep", "resume", str(sweep), cwd=tiny.parent, check=False)
+    assert resumed.returncode == 1 and "1 of 2 trial(s) failed" in resumed.stderr
     proc = run_cli(
         "run",
         "-C",
@@ -141,8 +149,10 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
         "data.batch_size=100000,16",
         "sweep.stop_on_failure=true",
         cwd=tiny.parent,
+        check=False,
     )
     assert [r.status for r in ledger.rows(sweep_dir_of(proc.stdout))] == ["failed"]
+    assert proc.returncode == 1 and "1 of 1 trial(s) failed" in proc.stderr
 
 
 def test_repeat_runs_each_configuration_with_seeds(tiny: Path) -> None:
@@ -166,6 +176,120 @@ def test_repeat_runs_each_configuration_with_seeds(tiny: Path) -> None:
     assert seeds == [0, 0, 1, 1], "each configuration once with seed 0, once with seed 1"
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
     assert "± std" in table and table.count("optim.lr=") == 2
+
+
+def test_best_with_repeats_is_the_best_configuration_by_its_mean(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "-m",
+        "--repeat",
+        "2",
+        "optim.lr=0.05,0.3",
+        "train.max_epochs=1",
+        "train.seed=7",
+        cwd=tiny.parent,
+    )
+    sweep = sweep_dir_of(proc.stdout)
+    rows = ledger.rows(sweep)
+    configs: dict[str, list[ledger.Row]] = {}
+    for r in rows:
+        configs.setdefault(r.config, []).append(r)
+    means = {c: statistics.fmean(r.value or 0.0 for r in g) for c, g in configs.items()}
+    top = max(means, key=lambda c: means[c])
+    summary = re.search(
+        r"best configuration: val/acc=([0-9.]+) ± \S+ over 2 seed\(s\) \(trials (\d+), (\d+)\)",
+        proc.stdout,
+    )
+    assert summary, proc.stdout
+    assert float(summary.group(1)) == pytest.approx(means[top], abs=1e-3)
+    assert {int(summary.group(2)), int(summary.group(3))} == {r.number for r in configs[top]}
+
+    # one lucky seed (0.9) in `a`, the better mean (0.8) in `b`: best is `b`, at the base seed
+    a, b = configs
+    values = {(a, 0): 0.5, (a, 1): 0.9, (b, 0): 0.8, (b, 1): 0.8}
+    lucky = [
+        dataclasses.replace(r, value=values[r.config, int(r.overrides.endswith(" seed#1"))])
+        for r in rows
+    ]
+    monkeypatch.setattr(ledger, "rows", lambda _: lucky)
+    found = ledger.best(sweep)
+    from omegaconf import OmegaConf
+
+    best_yml = OmegaConf.load(sweep / "best.yml")
+    assert best_yml.optim.lr == float(json.loads(b)["optim.lr"]) and best_yml.train.seed == 7
+    assert found.value == pytest.approx(0.8) and found.std == pytest.approx(0.0)
+    assert {r.number for r in found.trials} == {r.number for r in configs[b]}
+    assert found.describe().startswith(
+        f"best configuration: val/acc=0.8 ± 0 over 2 seed(s)  optim.lr={json.loads(b)['optim.lr']}"
+    )
+
+
+@pytest.fixture(scope="module")
+def short_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-sampler sweep named `tune` whose 2 trials end inside their first epoch
+    (train.max_steps=6 of 16 steps per epoch): one validation each."""
+    cwd = tmp_path_factory.mktemp("short")
+    (cwd / "tiny.yml").write_text(TINY)
+    proc = run_cli(
+        "run",
+        "-C",
+        "tiny.yml",
+        "-m",
+        "sweep=random",
+        "sweep.n_trials=2",
+        "optim.lr=tag(log, interval(0.001, 0.5))",
+        "train.max_steps=6",
+        "run.name=tune",
+        cwd=cwd,
+    )
+    return sweep_dir_of(proc.stdout)
+
+
+def test_sweep_directory_carries_the_run_name(short_sweep: Path) -> None:
+    assert short_sweep.parent.name == "runs" and short_sweep.name.startswith("tune-sweep-")
+
+
+def test_table_rounds_sampled_values_and_counts_steps(short_sweep: Path) -> None:
+    table = run_cli("sweep", "table", str(short_sweep), cwd=short_sweep.parent).stdout
+    assert re.search(r" epochs +steps ", table), table
+    rows = ledger.rows(short_sweep)
+    for r in rows:
+        lr = r.params["optim.lr"]
+        assert r.overrides == f"optim.lr={lr}" and len(str(lr)) > 8, "the ledger keeps it exact"
+        (line,) = [x for x in table.splitlines() if re.match(rf" *{r.number}  completed ", x)]
+        fields = line.split()
+        assert fields[4:6] == ["0", "6"], f"0 whole epochs, 6 steps: {line}"
+        assert fields[7] == f"optim.lr={lr:.4g}", line
+    ledger.best(short_sweep)
+    exact = re.search(r"\n  lr: (\S+)\n", (short_sweep / "best.yml").read_text())
+    assert exact and exact.group(1) in {str(r.params["optim.lr"]) for r in rows}
+
+
+def test_plot_shows_trials_with_a_single_validation(
+    short_sweep: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.figure
+
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig: matplotlib.figure.Figure, *args: object, **kwargs: object) -> None:
+        figures.append(fig)
+        save(fig, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    ledger.plot(short_sweep)
+    (ax,) = figures[0].axes
+    trials = [x for x in ax.get_lines() if str(x.get_label()).startswith("#")]
+    assert len(trials) == 2 and all(len(x.get_xdata()) == 1 for x in trials)  # type: ignore[arg-type]
+    assert all(x.get_marker() not in (None, "", " ", "None") for x in trials), "points are drawn"
+    lo, hi = ax.get_xlim()
+    assert hi - lo >= 1, (lo, hi)
+    assert all(lo < x < hi for t in trials for x in t.get_xdata())  # type: ignore[union-attr]
 
 
 def test_resume_reruns_a_lost_trial_and_the_rest(tiny: Path) -> None:
