@@ -4,7 +4,8 @@
 
     format: 1, step, epoch, batch (micro-batches done in `epoch`), world_size,
     models / optimizers / schedulers: {name: state_dict}, scaler: state_dict | None,
-    rng: [per-rank RNG states], metrics: last validation metrics
+    rng: [per-rank RNG states], val / train: last validation / train metrics,
+    metrics_rows: rows of metrics.jsonl written before it (the rest are logged again on resume)
 
 next to ``step_000001234.pt.sha256``. Loading uses ``torch.load(weights_only=True)``: tensors
 and plain containers only, never arbitrary pickled objects.
@@ -26,7 +27,8 @@ from expctl.errors import RunError
 if TYPE_CHECKING:
     from expctl.build import Parts
 
-Position = tuple[int, int, int, dict[str, float]]  # step, epoch, batch in the epoch, last val
+# step, epoch, batch in the epoch, last validation and last train metrics
+Position = tuple[int, int, int, dict[str, float], dict[str, float]]
 
 FORMAT = 1
 DIR = "checkpoints"
@@ -37,9 +39,12 @@ class CheckpointError(RunError):
     """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
 
 
-def capture(parts: Parts, position: Position, rng: list[dict[str, Any]]) -> dict[str, Any]:
-    """The checkpoint payload of a run at `position`, with every rank's RNG state."""
-    step, epoch, batch, val = position
+def capture(
+    parts: Parts, position: Position, rng: list[dict[str, Any]], metrics_rows: int
+) -> dict[str, Any]:
+    """The checkpoint payload of a run at `position`, with every rank's RNG state and the number
+    of metrics.jsonl rows logged so far."""
+    step, epoch, batch, val, train = position
     return {
         "step": step,
         "epoch": epoch,
@@ -52,6 +57,8 @@ def capture(parts: Parts, position: Position, rng: list[dict[str, Any]]) -> dict
         "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
         "rng": rng,
         "val": val,
+        "train": train,
+        "metrics_rows": metrics_rows,
     }
 
 
@@ -80,6 +87,7 @@ def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> 
         int(payload["epoch"]),
         int(payload["batch"]),
         dict(payload.get("val") or {}),
+        dict(payload.get("train") or {}),
     )
 
 

@@ -43,19 +43,66 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
         root.addHandler(h)
 
 
-class Reporter:
-    """Rank 0's outputs. Every method is a no-op when `enabled` is False."""
+def read_result(run_dir: Path) -> dict[str, Any]:
+    """The metrics of result.json ({} while the run has none)."""
+    path = run_dir / RESULT_FILE
+    return dict(json.loads(path.read_text())) if path.is_file() else {}
 
-    def __init__(self, run_dir: Path, enabled: bool, steps_per_epoch: int, max_steps: int) -> None:
+
+def truncate_metrics(run_dir: Path, rows: int | None, step: int) -> int:
+    """Keep the metrics.jsonl rows logged before the point training continues from: the first
+    `rows` (a checkpoint's count), or without a count those up to `step`. Training logs the rest
+    again. The file is rewritten atomically (temporary file + rename); returns the rows dropped."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    whole = [line for line in lines if line.endswith("\n")]  # a kill may cut the last one
+    kept = whole[:rows] if rows is not None else [x for x in whole if _step(x) <= step]
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+def _step(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return 0
+
+
+class Reporter:
+    """Rank 0's outputs. Every method is a no-op when `enabled` is False.
+
+    `rows` counts the lines of metrics.jsonl (those of earlier attempts included); a checkpoint
+    records it, so that resuming from it drops exactly the rows logged after it.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        steps_per_epoch: int,
+        max_steps: int,
+        purge_after: int | None = None,
+    ) -> None:
+        """`purge_after`: the step a resumed run continues from; TensorBoard hides the events an
+        earlier attempt logged after it."""
         self.run_dir, self.enabled = run_dir, enabled
         self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
         self.tty = enabled and sys.stdout.isatty()
+        self.rows = 0
         self._file: TextIO | None = None
         self._tb: Any = None
         self._last_len = 0
         if enabled:
-            self._file = open(run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115
-            self._tb = _tensorboard(run_dir)
+            path = run_dir / METRICS_FILE
+            self.rows = path.read_bytes().count(b"\n") if path.is_file() else 0
+            self._file = open(path, "a", buffering=1)  # noqa: SIM115
+            self._tb = _tensorboard(run_dir, None if purge_after is None else purge_after + 1)
 
     def record(self, step: int, epoch: int, metrics: dict[str, float], kind: str) -> None:
         """Append one event to metrics.jsonl, TensorBoard and the console."""
@@ -69,6 +116,7 @@ class Reporter:
         }
         assert self._file is not None
         self._file.write(json.dumps(event) + "\n")
+        self.rows += 1
         if self._tb is not None:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, v, step)
@@ -105,13 +153,13 @@ class Reporter:
             self._tb = None
 
 
-def _tensorboard(run_dir: Path) -> Any:
+def _tensorboard(run_dir: Path, purge_step: int | None) -> Any:
     try:
         import tensorboard  # noqa: F401
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    return SummaryWriter(str(run_dir / "tb"))
+    return SummaryWriter(str(run_dir / "tb"), purge_step=purge_step)
 
 
 def _num(v: Any) -> Any:

@@ -3,12 +3,15 @@
 Its name comes from ``run.dir`` when set, else from an id every rank knows without talking (the
 Slurm job id, or the id a launcher passes down), else from the time plus a random suffix; the
 folder is made with ``mkdir`` (atomic), so two runs started in the same second never share one.
-An existing run directory is reused (to resume) only when its frozen config matches.
+An existing run directory is reused (to resume) only when its frozen config matches, and a new
+launch continues the run it holds only with checkpoint.resume=auto (restarts within a launch,
+elastic or Slurm requeue, always continue it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -45,14 +48,19 @@ def _safe(text: str) -> str:
     return out or "run"
 
 
-def create(cfg: Config, run_id: str | None = None) -> Config:
+def create(cfg: Config, run_id: str | None = None, restart: bool = False) -> Config:
     """Create (or reopen, to resume) the run directory and write config.yaml into it.
+
+    Args:
+        restart: this process restarts a launch already under way (elastic restart, Slurm
+            requeue), which continues the run whatever checkpoint.resume says.
 
     Returns:
         The config with ``run.dir`` set to the absolute path of the directory.
 
     Raises:
-        UserError: the directory holds another run's config, or cannot be created.
+        UserError: the directory holds another run's config, holds a run that
+            checkpoint.resume=never or PATH would start over, or cannot be created.
     """
     path = deterministic_dir(cfg, run_id)
     if path is None:
@@ -62,7 +70,7 @@ def create(cfg: Config, run_id: str | None = None) -> Config:
         created = _make(path)
     frozen = cfg.replace("run", dir=str(path))
     try:
-        _write_config(path, frozen, fresh=created)
+        _write_config(path, frozen, fresh=created, restart=restart)
     except BaseException:
         if created:
             _remove_if_empty(path)
@@ -96,7 +104,7 @@ def _new_unique(root: Path, name: str) -> Path:
     raise UserError(f"could not create a fresh run directory under {root}", "check run.root")
 
 
-def _write_config(path: Path, cfg: Config, fresh: bool) -> None:
+def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
     target = path / config_mod.CONFIG_FILE
     text = config_mod.to_yaml(cfg)
     if not fresh and target.exists():
@@ -104,9 +112,25 @@ def _write_config(path: Path, cfg: Config, fresh: bool) -> None:
         diff = _differences(old.to_dict(), cfg.to_dict())
         blocking = [k for k in diff if not k.startswith(RESUMABLE_CHANGES)]
         if blocking:
+            newest = _checkpoints(path)
             raise UserError(
-                f"run directory {path} holds a run with a different config ({', '.join(blocking[:3])} differ)",
-                "resume it with the same config, or start a new run (drop run.dir, or pick another)",
+                f"run.dir={path} holds a run with a different config: "
+                + _describe(blocking, old.to_dict(), cfg.to_dict()),
+                "use a new run.dir"
+                + (
+                    "; to start from its last checkpoint (weights, optimizer state, step): "
+                    f"checkpoint.resume={newest[0]}"
+                    if newest
+                    else ""
+                ),
+            )
+        resume = cfg.checkpoint.resume
+        step = _progress(path)
+        if resume != "auto" and not restart and step is not None:
+            raise UserError(
+                f"run.dir={path} already holds a run (step {step}); "
+                f"checkpoint.resume={resume} would overwrite it",
+                "use a new run.dir, or checkpoint.resume=auto to continue it",
             )
         if not diff:
             return
@@ -118,6 +142,42 @@ def _write_config(path: Path, cfg: Config, fresh: bool) -> None:
     tmp.write_text(text)
     os.chmod(tmp, 0o640)
     os.replace(tmp, target)
+
+
+def _progress(path: Path) -> int | None:
+    """The step the run in `path` reached (newest checkpoint, else last metrics row), or None
+    when it holds no run yet (a fresh directory, or one only created for a launch)."""
+    newest = _checkpoints(path)
+    if newest:
+        return int(newest[0].stem.removeprefix("step_"))
+    metrics = path / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    if not lines:
+        return None
+    try:
+        return int(json.loads(lines[-1])["step"])
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def _checkpoints(path: Path) -> list[Path]:
+    """The run's checkpoint files, newest first (as `checkpoint.list_checkpoints`, without torch)."""
+    return sorted((path / "checkpoints").glob("step_*.pt"), reverse=True)
+
+
+def _describe(keys: list[str], old: dict[str, Any], new: dict[str, Any], shown: int = 3) -> str:
+    """'optim.lr=0.1 there, 0.01 here' for the first `shown` keys, and how many more differ."""
+    parts = [f"{k}={_get(old, k)} there, {_get(new, k)} here" for k in keys[:shown]]
+    more = f" (and {len(keys) - shown} more)" if len(keys) > shown else ""
+    return "; ".join(parts) + more
+
+
+def _get(tree: dict[str, Any], dotted: str) -> str:
+    value: Any = tree
+    for part in dotted.split("."):
+        value = value.get(part, "unset") if isinstance(value, dict) else "unset"
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

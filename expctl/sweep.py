@@ -256,6 +256,8 @@ def _trial_configs(
         cfg = cfg.replace("sweep", storage=str(sweep_dir), trial=trial.number).replace(
             "run", dir=str(trial_dir)
         )
+        if reuse is not None:  # a retry continues the failed trial's own checkpoints
+            cfg = cfg.replace("checkpoint", resume="auto")
         out.append(rundir.create(cfg))
     return out
 

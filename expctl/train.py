@@ -22,7 +22,14 @@ from expctl.control import Control, Preempted, StopFlag
 from expctl.data import val_batches
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import RunError, UserError
-from expctl.report import Reporter, setup_logging
+from expctl.report import (
+    METRICS_FILE,
+    RESULT_FILE,
+    Reporter,
+    read_result,
+    setup_logging,
+    truncate_metrics,
+)
 from expctl.steps import no_sync
 
 log = logging.getLogger("expctl")
@@ -57,14 +64,39 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
         state = TrainState()
         try:
             parts = build(cfg, env, device)
-            _restore(cfg, env, parts, state, run_dir)
+            rows = _restore(cfg, env, parts, state, run_dir)
         except UserError:
             if env.is_main:
                 setup_logging(None, True)  # release train.log
                 rundir.discard_if_unstarted(run_dir)
             raise
+        stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
+        if stored is not None:
+            log.info(
+                "run %s already completed (step %d, epoch %d): nothing to train; its results are "
+                "in %s",
+                run_dir,
+                state.step,
+                state.epoch,
+                run_dir / RESULT_FILE,
+            )
+            return run_dir, stored
+        dropped = truncate_metrics(run_dir, rows, state.step) if env.is_main else 0
+        if dropped:
+            log.info(
+                "%s: dropped %d row(s) logged after step %d, where training continues",
+                METRICS_FILE,
+                dropped,
+                state.step,
+            )
         steps_left = parts.total_steps - state.step
-        rep = Reporter(run_dir, env.is_main, parts.batches.steps_per_epoch, parts.total_steps)
+        rep = Reporter(
+            run_dir,
+            env.is_main,
+            parts.batches.steps_per_epoch,
+            parts.total_steps,
+            purge_after=state.step if dropped else None,
+        )
         log.info(
             "run %s | %s x %d rank(s) on %s%s | precision %s | global batch %d (%d per rank x %d accum)"
             " | %d steps left",
@@ -124,7 +156,7 @@ def _agree_run_dir(cfg: Config, env: DistEnv, ctl: Control) -> Config:
     reply: tuple[str, str, str | None]
     if env.is_main:
         try:
-            frozen = rundir.create(cfg, env.run_id)
+            frozen = rundir.create(cfg, env.run_id, restart=env.restart_count > 0)
             reply = ("ok", str(frozen.run.dir), None)
         except UserError as e:
             reply = ("error", e.message, e.hint)
@@ -136,27 +168,66 @@ def _agree_run_dir(cfg: Config, env: DistEnv, ctl: Control) -> Config:
     return cfg.replace("run", dir=reply[1])
 
 
-def _restore(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir: Path) -> None:
-    """Resume from the run's newest valid checkpoint (resume=auto, or any restart) or a path."""
+def _restore(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir: Path
+) -> int | None:
+    """Set `state` to where training continues: this run's newest valid checkpoint (resume=auto,
+    or any restart within the launch), else the checkpoint.resume=PATH it started from, else
+    the beginning.
+
+    Returns:
+        How many metrics.jsonl rows precede that point (None: a checkpoint without the count).
+    """
     resume = cfg.checkpoint.resume
-    if resume not in ("auto", "never"):
-        found: tuple[Path, dict[str, Any]] | None = (Path(resume), checkpoint.load(Path(resume)))
-    elif resume == "auto" or env.restart_count > 0:
-        found = checkpoint.newest_valid(run_dir)
-    else:
-        found = None
-    if found is not None:
-        position = checkpoint.apply(found[1], parts, env.rank, env.world_size)
-        state.step, state.epoch, state.batch, state.val = position
-        log.info("resumed from %s (step %d, epoch %d, batch %d)", found[0], *position[:3])
+    own = resume == "auto" or env.restart_count > 0
+    found = checkpoint.newest_valid(run_dir) if own else None
+    if found is None and resume not in ("auto", "never"):
+        found, own = (Path(resume), checkpoint.load(Path(resume))), False
+    if found is None:
+        return 0
+    configured = _lrs(parts)
+    position = checkpoint.apply(found[1], parts, env.rank, env.world_size)
+    state.step, state.epoch, state.batch, state.val, state.train = position
+    log.info("resumed from %s (step %d, epoch %d, batch %d)", found[0], *position[:3])
+    if not own and _lrs(parts) != configured:
+        log.warning(
+            "checkpoint.resume=%s restores that run's optimizer state: learning rate %s "
+            "(this config says %s)",
+            resume,
+            _lrs(parts),
+            configured,
+        )
+    return found[1].get("metrics_rows") if own else 0
 
 
-def _save(cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control) -> Path | None:
+def _lrs(parts: Parts) -> str:
+    """The optimizers' base learning rates (before any scheduler), as text."""
+    groups = [g for o in parts.ctx.optimizers.values() for g in o.param_groups]
+    return ", ".join(f"{g.get('initial_lr', g['lr']):g}" for g in groups)
+
+
+def _stored_result(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, run_dir: Path
+) -> dict[str, Any] | None:
+    """result.json of a run that already completed where it was restored: re-running it trains,
+    evaluates and writes nothing. (A raised max_steps or max_epochs leaves steps to train.)"""
+    if state.epoch < cfg.train.max_epochs and state.step < parts.total_steps:
+        return None
+    result = ctl.broadcast(read_result(run_dir) if env.is_main else {})
+    if result.get("status") != "completed" or result.get("step") != state.step:
+        return None
+    return dict(result)
+
+
+def _save(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, rep: Reporter
+) -> Path | None:
     """Every rank contributes its RNG state; rank 0 writes the checkpoint."""
     rng = ctl.gather(checkpoint.rng_state())
     if not env.is_main:
         return None
-    payload = checkpoint.capture(parts, (state.step, state.epoch, state.batch, state.val), rng)
+    position = (state.step, state.epoch, state.batch, state.val, state.train)
+    payload = checkpoint.capture(parts, position, rng, rep.rows)
     return checkpoint.save(Path(str(cfg.run.dir)), payload, cfg.checkpoint.keep)
 
 
@@ -260,8 +331,13 @@ def fit(
     pruner = _pruner(cfg, env)
     for m in ctx.models.values():
         m.train()
-    while state.epoch < t.max_epochs and state.step < parts.total_steps and status == "completed":
-        for batch in parts.batches.epoch(state.epoch, start=state.batch):
+    while status == "completed" and (
+        (state.epoch < t.max_epochs and state.step < parts.total_steps)
+        or state.batch >= micro_per_epoch  # restored at an epoch's last step: its end is due
+    ):
+        # micro-batches past the epoch's last full accumulation are never trained
+        done = state.batch >= micro_per_epoch
+        for batch in () if done else parts.batches.epoch(state.epoch, start=state.batch):
             ctx.boundary = (state.batch + 1) % t.grad_accum == 0
             with no_sync(ctx.models, skip=not ctx.boundary):
                 meter.add(parts.step.train_step(ctx, batch))
@@ -277,11 +353,11 @@ def fit(
             if state.step % t.log_every == 0:
                 _log_train(cfg, env, state, meter, rep, parts, clock)
             if every and state.step % every == 0:
-                _save(cfg, env, parts, state, ctl)
+                _save(cfg, env, parts, state, ctl, rep)
                 saved_at = state.step
             if stop.agreed():
                 if saved_at != state.step:
-                    _save(cfg, env, parts, state, ctl)
+                    _save(cfg, env, parts, state, ctl, rep)
                 raise Preempted(f"stopped by SIG{cfg.launcher.signal} at step {state.step}")
             if state.step >= parts.total_steps or state.batch >= micro_per_epoch:
                 break
@@ -297,7 +373,7 @@ def fit(
                 if _pruned(cfg, env, ctl, pruner, state):
                     status = "stopped"
             if every == 0 and not last and status == "completed":
-                _save(cfg, env, parts, state, ctl)
+                _save(cfg, env, parts, state, ctl, rep)
                 saved_at = state.step
     return _finish(cfg, env, parts, state, rep, ctl, meter, clock, saved_at, status)
 
@@ -349,7 +425,7 @@ def _finish(
         state.val = evaluate(cfg, env, parts)
         rep.record(state.step, state.epoch, state.val, "val")
     if saved_at != state.step and status == "completed":
-        _save(cfg, env, parts, state, ctl)
+        _save(cfg, env, parts, state, ctl, rep)
     test = evaluate(cfg, env, parts, "test") if status == "completed" else {}
     if test:
         rep.record(state.step, state.epoch, test, "test")

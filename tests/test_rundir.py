@@ -1,0 +1,310 @@
+"""Re-using a run directory: one metrics history across resumes, completed runs left alone,
+runs never overwritten by a new launch, and errors that say how to start from a run's weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import cli_env
+from conftest import expctl as run_cli
+
+import expctl
+from expctl import checkpoint, compose, rundir
+from expctl.config import Config, validate
+from expctl.errors import UserError
+
+KILL = ["imports=[faulty]", "train.step=kill_at_step"]
+NOISE = ("time", "perf/samples_per_s")
+
+
+def history(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl without the fields that differ between identical runs."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in NOISE} for r in rows]
+
+
+def shape(rows: list[dict[str, Any]]) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Which event was logged when (train values depend on where a resume reset the averages)."""
+    return [(r["step"], r["epoch"], tuple(sorted(r))) for r in rows]
+
+
+def vals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if "val/acc" in r]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.load(checkpoint.list_checkpoints(run_dir)[0])["models"]["model"]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = weights(a), weights(b)
+    return all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != "train.log"
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run that the interrupted ones must match (tiny config, 2 epochs)."""
+    import conftest
+
+    work = tmp_path_factory.mktemp("ref")
+    (work / "tiny.yml").write_text(conftest.TINY)
+    run_cli("run", "-C", "tiny.yml", *KILL, "run.dir=ref", cwd=work)
+    return work / "ref"
+
+
+# --- 1. one history after a resume ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("every", "kill_at"),
+    [
+        (6, 23),  # checkpoint at 18, a train row at 20 logged after it
+        (8, 18),  # checkpoint at 16 = the epoch's last step: the epoch's val row follows it
+        (0, 10),  # killed before the first checkpoint: rows at 4 and 8, then a fresh start
+    ],
+    ids=["rows-past-checkpoint", "val-row-at-checkpoint-step", "no-checkpoint-yet"],
+)
+def test_rerun_after_a_kill_logs_one_history(
+    every: int, kill_at: int, reference: Path, tiny: Path
+) -> None:
+    args = ["run", "-C", str(tiny), *KILL, f"checkpoint.every={every}", "run.dir=cut"]
+    metrics = tiny.parent / "cut" / "metrics.jsonl"
+    killed = run_cli(*args, cwd=tiny.parent, env=cli_env(KILL_AT_STEP=str(kill_at)), check=False)
+    assert killed.returncode == -9, killed.stderr
+    before = metrics.read_text().splitlines()
+    resumed = run_cli(*args, cwd=tiny.parent)
+    got, ref = history(tiny.parent / "cut"), history(reference)
+    assert shape(got) == shape(ref), f"logged before the kill: {before}"
+    assert vals(got) == vals(ref)
+    saved = every * ((kill_at - 1) // every) if every else 0  # the step resumed from
+    kept = sum(json.loads(x)["step"] < saved for x in before)
+    assert metrics.read_text().splitlines()[:kept] == before[:kept], "earlier rows kept as is"
+    assert ("resumed from" in resumed.stdout) == bool(every)
+    assert "metrics.jsonl: dropped" in (tiny.parent / "cut" / "train.log").read_text()
+    assert same_weights(tiny.parent / "cut", reference)
+
+
+def test_restarted_workers_log_one_history_even_with_resume_never(tiny: Path) -> None:
+    """launcher.max_restarts: the workers a kill restarts continue the launch's own checkpoints
+    (checkpoint.resume=never refuses only a new launch) and drop the rows past them."""
+    args = [
+        "run",
+        "-C",
+        str(tiny),
+        *KILL,
+        "checkpoint.every=5",
+        "data.batch_size=16",
+        "launcher=local",
+        "launcher.nproc=2",
+        "launcher.max_restarts=1",
+        "train.max_epochs=1",
+        "checkpoint.resume=never",
+    ]
+    run_cli(*args, "run.dir=ref", cwd=tiny.parent)
+    proc = run_cli(  # checkpoint at step 10, a train row at 12, killed in step 14
+        *args, "run.dir=cut", cwd=tiny.parent, env=cli_env(KILL_AT_STEP="14", KILL_RANK="1")
+    )
+    assert "resumed from" in proc.stdout and "(step 10," in proc.stdout
+    assert shape(history(tiny.parent / "cut")) == shape(history(tiny.parent / "ref"))
+    assert same_weights(tiny.parent / "cut", tiny.parent / "ref")
+
+
+def test_resume_at_an_epochs_last_step_with_leftover_micro_batches_is_exact(tiny: Path) -> None:
+    """grad_accum=3 over 16 micro-batches: 15 are trained per epoch. A checkpoint of the epoch's
+    last step resumes into the epoch's end, without training the 16th micro-batch."""
+    args = ["run", "-C", str(tiny), "train.grad_accum=3", "checkpoint.every=5"]
+    run_cli(*args, "train.max_steps=10", "run.dir=ref", cwd=tiny.parent)
+    run_cli(*args, "train.max_steps=5", "run.dir=cut", cwd=tiny.parent)
+    proc = run_cli(*args, "train.max_steps=10", "run.dir=cut", cwd=tiny.parent)
+    assert "(step 5, epoch 0, batch 15)" in proc.stdout
+    assert same_weights(tiny.parent / "cut", tiny.parent / "ref")
+    got, ref = history(tiny.parent / "cut"), history(tiny.parent / "ref")
+    assert shape(got) == shape(ref) and vals(got) == vals(ref)
+
+
+def test_killed_before_result_json_finishes_as_the_uninterrupted_run(tiny: Path) -> None:
+    """The last checkpoint (step 32, taken before the epoch's validation) exists, result.json
+    does not: the re-run validates once, at the right epoch, and writes the same result."""
+    args = ["run", "-C", str(tiny), "checkpoint.every=8", "run.dir=r"]
+    run_cli(*args, cwd=tiny.parent)
+    result = tiny.parent / "r" / "result.json"
+    before, rows = json.loads(result.read_text()), history(tiny.parent / "r")
+    result.unlink()
+    run_cli(*args, cwd=tiny.parent)
+    after = json.loads(result.read_text())
+    assert {k: v for k, v in after.items() if k != "time/train_s"} == {
+        k: v for k, v in before.items() if k != "time/train_s"
+    }
+    assert history(tiny.parent / "r") == rows
+
+
+# --- 2. a completed run is left alone --------------------------------------------------------------
+
+
+def test_rerun_of_a_completed_run_returns_its_result_and_writes_nothing(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_steps=20 stops mid-epoch (a final validation at step 20): re-running the same command,
+    from the CLI or the Python API, trains and evaluates nothing; a higher max_steps continues."""
+    args = ["-C", str(tiny), "train.max_steps=20", "run.dir=done"]
+    first = run_cli("run", *args, cwd=tiny.parent)
+    run_dir = tiny.parent / "done"
+    files = snapshot(run_dir)
+    again = run_cli("run", *args, cwd=tiny.parent)
+    assert "already completed (step 20, epoch 1)" in again.stdout
+    assert f"results in {run_dir}" in again.stdout
+    assert again.stdout.splitlines()[-2] == first.stdout.splitlines()[-2], "the stored result"
+    assert snapshot(run_dir) == files
+    monkeypatch.chdir(tiny.parent)
+    result = expctl.run(str(tiny), ["train.max_steps=20", "run.dir=done"])
+    assert result.metrics == json.loads((run_dir / "result.json").read_text())
+    assert snapshot(run_dir) == files
+
+    more = run_cli("run", "-C", str(tiny), "train.max_steps=28", "run.dir=done", cwd=tiny.parent)
+    assert "resumed from" in more.stdout and "already completed" not in more.stdout
+    assert json.loads((run_dir / "result.json").read_text())["step"] == 28
+    steps = [r["step"] for r in history(run_dir)]
+    assert steps == sorted(steps) and steps[-1] == 28
+
+
+# --- 3. a new launch never overwrites a run --------------------------------------------------------
+
+
+def frozen(tiny: Path, run_dir: Path, *overrides: str) -> Config:
+    return validate(compose.compose(str(tiny), [f"run.dir={run_dir}", *overrides]))
+
+
+def test_a_launch_with_resume_never_or_a_path_refuses_a_directory_holding_a_run(
+    tiny: Path,
+) -> None:
+    d = tiny.parent / "held"
+    rundir.create(frozen(tiny, d, "checkpoint.resume=never"))
+    rundir.create(frozen(tiny, d, "checkpoint.resume=never"))  # a launch's workers reopen it
+    (d / "checkpoints").mkdir()
+    (d / "checkpoints" / "step_000000012.pt").write_bytes(b"")
+    files = snapshot(d)
+    other = tiny.parent / "other.pt"
+    other.write_bytes(b"")
+    for resume in ("never", str(other)):
+        with pytest.raises(UserError) as e:
+            rundir.create(frozen(tiny, d, f"checkpoint.resume={resume}"))
+        assert e.value.message == (
+            f"run.dir={d} already holds a run (step 12); "
+            f"checkpoint.resume={resume} would overwrite it"
+        )
+        assert e.value.hint == "use a new run.dir, or checkpoint.resume=auto to continue it"
+        assert snapshot(d) == files
+    rundir.create(frozen(tiny, d, "checkpoint.resume=never"), restart=True)  # elastic / requeue
+    rundir.create(frozen(tiny, d))  # resume=auto continues it
+
+
+def test_cli_refuses_before_any_worker_starts(tiny: Path) -> None:
+    run_cli("run", "-C", str(tiny), "train.max_epochs=1", "run.dir=r", cwd=tiny.parent)
+    files = snapshot(tiny.parent / "r")
+    log = (tiny.parent / "r" / "train.log").read_text()
+    for launcher in ("launcher=inline", "launcher=local"):
+        proc = run_cli(
+            "run",
+            "-C",
+            str(tiny),
+            "train.max_epochs=1",
+            "run.dir=r",
+            "checkpoint.resume=never",
+            launcher,
+            cwd=tiny.parent,
+            check=False,
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert lines[0].endswith(
+            "already holds a run (step 16); checkpoint.resume=never would overwrite it"
+        )
+        assert lines[1] == "  HINT: use a new run.dir, or checkpoint.resume=auto to continue it"
+        assert "local workers" not in proc.stdout
+        assert snapshot(tiny.parent / "r") == files
+        assert (tiny.parent / "r" / "train.log").read_text() == log
+
+
+# --- 4. another config: say what differs and how to start from the run's weights ----------------
+
+
+def test_another_config_names_the_values_and_the_checkpoint_to_start_from(tiny: Path) -> None:
+    run_cli("run", "-C", str(tiny), "train.max_epochs=1", "run.dir=a", cwd=tiny.parent)
+    a = tiny.parent / "a"
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "train.max_epochs=1",
+        "optim.lr=0.01",
+        "run.dir=a",
+        cwd=tiny.parent,
+        check=False,
+    )
+    ckpt = a / "checkpoints" / "step_000000016.pt"
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"expctl: error: run.dir={a} holds a run with a different config: "
+        "optim.lr=0.1 there, 0.01 here",
+        "  HINT: use a new run.dir; to start from its last checkpoint (weights, optimizer state, "
+        f"step): checkpoint.resume={ckpt}",
+    ]
+    # following the hint continues that run in a new directory, exactly
+    run_cli("run", "-C", str(tiny), "run.dir=full", cwd=tiny.parent)
+    b = run_cli("run", "-C", str(tiny), "run.dir=b", f"checkpoint.resume={ckpt}", cwd=tiny.parent)
+    assert f"resumed from {ckpt} (step 16, epoch 1, batch 0)" in b.stdout
+    assert same_weights(tiny.parent / "b", tiny.parent / "full")
+    assert [r["step"] for r in history(tiny.parent / "b")][0] == 20
+    # a changed learning rate does not apply: the checkpoint's optimizer state brings its own
+    c = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "run.dir=c",
+        "optim.lr=0.01",
+        f"checkpoint.resume={ckpt}",
+        cwd=tiny.parent,
+    )
+    assert "restores that run's optimizer state: learning rate 0.1 (this config says 0.01)" in (
+        c.stdout + c.stderr
+    )
+
+
+def test_restarted_workers_of_a_run_started_from_a_path_continue_their_own_checkpoint(
+    tiny: Path,
+) -> None:
+    """checkpoint.resume=PATH is where the run started; a restart continues from the run's own
+    newest checkpoint, not from PATH again."""
+    run_cli("run", "-C", str(tiny), "train.max_epochs=1", "run.dir=start", cwd=tiny.parent)
+    start = checkpoint.list_checkpoints(tiny.parent / "start")[0]  # step 16, the end of epoch 0
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        *KILL,
+        "data.batch_size=16",
+        "launcher=local",
+        "launcher.nproc=2",
+        "launcher.max_restarts=1",
+        "checkpoint.every=3",
+        f"checkpoint.resume={start}",
+        "run.dir=cut",
+        cwd=tiny.parent,
+        env=cli_env(KILL_AT_STEP="8", KILL_RANK="1"),  # in step 24: checkpoints at 18 and 21
+    )
+    own = tiny.parent / "cut" / "checkpoints" / "step_000000021.pt"
+    assert f"resumed from {own} (step 21," in proc.stdout, proc.stdout
+    steps = [r["step"] for r in history(tiny.parent / "cut") if "train/loss" in r]
+    assert steps == [20, 24, 28, 32]
