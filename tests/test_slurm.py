@@ -187,7 +187,8 @@ def _signal_when_running(
     act()
 
 
-def test_launcher_slurm_preempted_by_signal_requeues_through_submitit(work: Path) -> None:
+def _submit_slow(work: Path) -> tuple[str, Path]:
+    """A 2-node launcher=slurm run of 48 slow steps (0.1 s each): its job id and run directory."""
     proc = run_cli(
         "run",
         "-C",
@@ -201,7 +202,11 @@ def test_launcher_slurm_preempted_by_signal_requeues_through_submitit(work: Path
         env=env(SLOW_STEP_S="0.1"),
     )
     job = re.search(r"submitted job (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
-    run_dir = Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    return job, Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+
+
+def test_launcher_slurm_preempted_by_signal_requeues_through_submitit(work: Path) -> None:
+    job, run_dir = _submit_slow(work)
     _signal_when_running(
         job, run_dir, lambda: subprocess.run(["scancel", "--signal=USR2", job], check=True)
     )
@@ -287,20 +292,7 @@ def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
 
 
 def test_launcher_slurm_requeues_when_a_task_is_killed(work: Path) -> None:
-    proc = run_cli(
-        "run",
-        "-C",
-        "slow.yml",
-        "train.step=slow",
-        "train.max_epochs=6",
-        "launcher=slurm",
-        "launcher.nodes=2",
-        "launcher.timeout_min=5",
-        cwd=work,
-        env=env(SLOW_STEP_S="0.1"),
-    )
-    job = re.search(r"submitted job (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
-    run_dir = Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    job, run_dir = _submit_slow(work)
     _signal_when_running(job, run_dir, lambda: _kill_task(job, 1, b"submitit.core._submit"))
     assert wait_done(job) == "COMPLETED", sorted((run_dir / "slurm").glob("*"))
     assert result(run_dir)["step"] == 6 * 8
