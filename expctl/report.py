@@ -121,7 +121,8 @@ class Reporter:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, v, step)
         shown = "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
-        where = f"epoch {epoch} step {step}/{self.max_steps}"
+        # `epoch` counts completed epochs; a train line belongs to the one in progress (1-based)
+        where = f"epoch {epoch + 1 if kind == 'train' else epoch} step {step}/{self.max_steps}"
         if kind == "train" and self.tty:
             line = f"\r[{_bar(step, self.max_steps)}] {where}  {shown}"
             sys.stdout.write(line + " " * max(0, self._last_len - len(line)))

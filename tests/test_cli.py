@@ -147,3 +147,11 @@ def test_imports_next_to_the_config_file_work_from_any_directory(tmp_path: Path)
         cwd=elsewhere,
     )
     assert (elsewhere / "r" / "result.json").is_file()
+
+
+def test_log_lines_number_the_first_epoch_1_in_train_and_val_lines(tiny: Path) -> None:
+    run_cli("run", "-C", str(tiny), "train.max_epochs=1", "run.dir=r", cwd=tiny.parent)
+    lines = (tiny.parent / "r" / "train.log").read_text().splitlines()
+    train = [x for x in lines if " train epoch " in x]
+    val = [x for x in lines if " val epoch " in x]
+    assert train and val and all(" epoch 1 step " in x for x in train + val), lines
