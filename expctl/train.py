@@ -5,7 +5,6 @@ It reads the frozen config it is given and never re-enters Hydra.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -13,15 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from expctl import checkpoint, rundir
 from expctl.build import Parts, build, pick_device, resolve_precision
 from expctl.config import Config
 from expctl.control import Control, Preempted, StopFlag
-from expctl.data import val_batches
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import RunError, UserError
+from expctl.metrics import Meter, evaluate
 from expctl.report import (
     METRICS_FILE,
     RESULT_FILE,
@@ -229,64 +226,6 @@ def _save(
     position = (state.step, state.epoch, state.batch, state.val, state.train)
     payload = checkpoint.capture(parts, position, rng, rep.rows)
     return checkpoint.save(Path(str(cfg.run.dir)), payload, cfg.checkpoint.keep)
-
-
-class Meter:
-    """Running sums of the step's metrics on the device; reduced over ranks only at log time."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.count = 0
-
-    def add(self, metrics: dict[str, torch.Tensor]) -> None:
-        for k, v in metrics.items():
-            v = v.detach().float()
-            self.sums[k] = self.sums[k] + v if k in self.sums else v.clone()
-        self.count += 1
-
-    def reduce(self, env: DistEnv, prefix: str) -> dict[str, float]:
-        """Mean over steps and ranks (one host sync); resets the sums."""
-        if not self.sums:
-            return {}
-        keys = sorted(self.sums)
-        vec = torch.stack([self.sums[k] for k in keys]) / self.count
-        if env.distributed:
-            import torch.distributed as dist
-
-            dist.all_reduce(vec)
-            vec /= env.world_size
-        self.sums, self.count = {}, 0
-        return {f"{prefix}{k}": float(v) for k, v in zip(keys, vec.tolist(), strict=True)}
-
-
-def evaluate(cfg: Config, env: DistEnv, parts: Parts, split: str = "val") -> dict[str, float]:
-    """Metrics over a whole split (val or test), reduced exactly (sums and counts) over ranks."""
-    data = parts.splits.val if split == "val" else parts.splits.test
-    if data is None or not hasattr(parts.step, "val_step"):
-        return {}
-    ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives
-    sums: dict[str, list[Any]] = {}
-    for m in parts.models.values():
-        m.eval()
-    with torch.no_grad():
-        bs = cfg.data.val_batch_size or cfg.data.batch_size
-        for batch in val_batches(data, bs, env.rank, env.world_size, ctx.device):
-            for k, (s, n) in parts.step.val_step(ctx, batch).items():
-                acc = sums.setdefault(k, [0.0, 0.0])
-                acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
-    for m in parts.models.values():
-        m.train()
-    keys = sorted(sums)
-    vec = torch.tensor([[float(sums[k][0]), float(sums[k][1])] for k in keys], dtype=torch.float64)
-    if env.distributed:
-        import torch.distributed as dist
-
-        vec = vec.to(ctx.device)
-        dist.all_reduce(vec)
-    return {
-        f"{split}/{k}": float(s / n) if n else math.nan
-        for k, (s, n) in zip(keys, vec.tolist(), strict=True)
-    }
 
 
 def _after_stop(

@@ -155,30 +155,7 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
     assert proc.returncode == 1 and "1 of 1 trial(s) failed" in proc.stderr
 
 
-def test_repeat_runs_each_configuration_with_seeds(tiny: Path) -> None:
-    proc = run_cli(
-        "run",
-        "-C",
-        str(tiny),
-        "-m",
-        "--repeat",
-        "2",
-        "optim.lr=0.05,0.3",
-        "train.max_epochs=1",
-        cwd=tiny.parent,
-    )
-    sweep = sweep_dir_of(proc.stdout)
-    rows = ledger.rows(sweep)
-    assert len(rows) == 4
-    from expctl import config
-
-    seeds = sorted(config.load(r.run_dir).train.seed for r in rows)
-    assert seeds == [0, 0, 1, 1], "each configuration once with seed 0, once with seed 1"
-    table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
-    assert "± std" in table and table.count("optim.lr=") == 2
-
-
-def test_best_with_repeats_is_the_best_configuration_by_its_mean(
+def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proc = run_cli(
@@ -195,6 +172,13 @@ def test_best_with_repeats_is_the_best_configuration_by_its_mean(
     )
     sweep = sweep_dir_of(proc.stdout)
     rows = ledger.rows(sweep)
+    assert len(rows) == 4
+    from expctl import config
+
+    seeds = sorted(config.load(r.run_dir).train.seed for r in rows)
+    assert seeds == [7, 7, 8, 8], "each configuration once with the base seed, once with +1"
+    table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
+    assert "± std" in table and table.count("optim.lr=") == 2
     configs: dict[str, list[ledger.Row]] = {}
     for r in rows:
         configs.setdefault(r.config, []).append(r)

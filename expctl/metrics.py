@@ -1,0 +1,74 @@
+"""Metrics reduced exactly over ranks: `Meter` averages the training step's metrics (on the
+device, one host sync at log time), `evaluate` scores a whole split (sums and counts over
+unpadded shards: every sample counted once)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from expctl.build import Parts
+from expctl.config import Config
+from expctl.data import val_batches
+from expctl.dist import DistEnv
+
+
+class Meter:
+    """Running sums of the step's metrics on the device; reduced over ranks only at log time."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = 0
+
+    def add(self, metrics: dict[str, torch.Tensor]) -> None:
+        for k, v in metrics.items():
+            v = v.detach().float()
+            self.sums[k] = self.sums[k] + v if k in self.sums else v.clone()
+        self.count += 1
+
+    def reduce(self, env: DistEnv, prefix: str) -> dict[str, float]:
+        """Mean over steps and ranks (one host sync); resets the sums."""
+        if not self.sums:
+            return {}
+        keys = sorted(self.sums)
+        vec = torch.stack([self.sums[k] for k in keys]) / self.count
+        if env.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(vec)
+            vec /= env.world_size
+        self.sums, self.count = {}, 0
+        return {f"{prefix}{k}": float(v) for k, v in zip(keys, vec.tolist(), strict=True)}
+
+
+def evaluate(cfg: Config, env: DistEnv, parts: Parts, split: str = "val") -> dict[str, float]:
+    """Metrics over a whole split (val or test), reduced exactly (sums and counts) over ranks."""
+    data = parts.splits.val if split == "val" else parts.splits.test
+    if data is None or not hasattr(parts.step, "val_step"):
+        return {}
+    ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives
+    sums: dict[str, list[Any]] = {}
+    for m in parts.models.values():
+        m.eval()
+    with torch.no_grad():
+        bs = cfg.data.val_batch_size or cfg.data.batch_size
+        for batch in val_batches(data, bs, env.rank, env.world_size, ctx.device):
+            for k, (s, n) in parts.step.val_step(ctx, batch).items():
+                acc = sums.setdefault(k, [0.0, 0.0])
+                acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
+    for m in parts.models.values():
+        m.train()
+    keys = sorted(sums)
+    vec = torch.tensor([[float(sums[k][0]), float(sums[k][1])] for k in keys], dtype=torch.float64)
+    if env.distributed:
+        import torch.distributed as dist
+
+        vec = vec.to(ctx.device)
+        dist.all_reduce(vec)
+    return {
+        f"{split}/{k}": float(s / n) if n else math.nan
+        for k, (s, n) in zip(keys, vec.tolist(), strict=True)
+    }
