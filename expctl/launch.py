@@ -6,7 +6,6 @@ directory here and hands its path to the workers, which read RUN_DIR/config.yaml
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -20,6 +19,7 @@ from expctl import rundir
 from expctl.config import Config
 from expctl.dist import DistEnv, detect
 from expctl.errors import RunError, UserError
+from expctl.report import read_result
 
 log = logging.getLogger("expctl")
 
@@ -140,12 +140,6 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
             f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
         ) from None
     return Result(run_dir, read_result(run_dir))
-
-
-def read_result(run_dir: Path) -> dict[str, Any]:
-    """The metrics of result.json ({} while the run has none)."""
-    path = run_dir / "result.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def worker(run_dir: str) -> None:

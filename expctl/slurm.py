@@ -7,6 +7,7 @@ unquoted: sbatch values are checked against a strict character set and quoted by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -254,17 +255,10 @@ def requeue_after_failure(cfg: Config, env: DistEnv, run_dir: Path, error: Excep
     text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
     if env.is_main:
         record_job(run_dir, {"job_id": env.job_id, "event": "failed", "error": text})
-    job = env.job_id.split(".")[0]
-    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-    if out.returncode == 0:
-        log.warning(
-            "rank %d failed (%s); requeued job %s (requeue %d of at most %d)",
-            env.rank,
-            text,
-            job,
-            env.restart_count + 1,
-            cfg.launcher.max_requeues,
-        )
+    log.warning("rank %d failed (%s)", env.rank, text)
+    # another rank's request may come first: Slurm refuses this one, the job is already leaving
+    with contextlib.suppress(subprocess.CalledProcessError):
+        requeue(env.job_id, env.restart_count, cfg.launcher.max_requeues)
     return True
 
 

@@ -342,7 +342,7 @@ def _outcome(sweep_dir: Path) -> Outcome:
 
 
 def launch_result(run_dir: Path) -> dict[str, Any]:
-    from expctl.launch import read_result
+    from expctl.report import read_result
 
     return read_result(run_dir)
 
