@@ -17,10 +17,14 @@ def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = T
     Raises:
         UserError: a bad config, name, value or environment.
     """
-    from expctl import compose, launch
-    from expctl.config import validate
+    import sys
 
-    cfg = validate(compose.compose(config, overrides))
+    from expctl import compose, launch
+
+    notes: list[str] = []
+    cfg = compose.compose(config, overrides, notes=notes)
+    for note in notes:
+        print(f"expctl: note: {note}", file=sys.stderr, flush=True)
     return launch.launch(cfg, wait=wait)
 
 

@@ -81,6 +81,10 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     data_entry = registry.get("datasets", cfg.data.name)
     splits: Splits = _make("data", cfg.data.name, data_entry.factory, **cfg.data.args)
     models, model_args = _models(cfg, splits)
+    if cfg.train.sync_batchnorm and env.distributed:
+        models = _sync_batchnorm(models, env, device)
+    elif cfg.train.sync_batchnorm:
+        log.info("train.sync_batchnorm: one rank, so BatchNorm is left as it is")
     for m in models.values():
         m.to(device)
     channels_last = _channels_last(cfg, models, device)
@@ -161,9 +165,11 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
         "input_shape": tuple(info.input_shape),
         "num_classes": info.num_classes,
     }
-    for key in entry.inferred:
-        if key not in args and key in params and inferred.get(key) is not None:
+    for key in entry.inferred:  # null (or absent): from the data, else the factory's default
+        if args.get(key) is None and key in params and inferred.get(key) is not None:
             args[key] = inferred[key]
+        elif args.get(key) is None:
+            args.pop(key, None)
     built = _make("model", cfg.model.name, entry.factory, **args)
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
@@ -172,6 +178,36 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
                 f"model factory '{cfg.model.name}' returned {type(m).__name__} for '{name}', not nn.Module"
             )
     return models, args
+
+
+def check_sync_batchnorm(world_size: int, device_type: str) -> None:
+    """Refuse train.sync_batchnorm where torch's SyncBatchNorm cannot run (its forward raises
+    on CPU tensors).
+
+    Raises:
+        UserError: several ranks train on something other than CUDA.
+    """
+    if world_size > 1 and device_type != "cuda":
+        raise UserError(
+            f"train.sync_batchnorm=true, but torch's SyncBatchNorm runs only on GPUs and these "
+            f"{world_size} ranks train on {device_type}",
+            "set train.sync_batchnorm=false for CPU runs, or train on GPUs (train.device=cuda)",
+        )
+
+
+def _sync_batchnorm(
+    models: dict[str, nn.Module], env: DistEnv, device: torch.device
+) -> dict[str, nn.Module]:
+    """train.sync_batchnorm: BatchNorm layers normalise with the statistics of the global batch."""
+    check_sync_batchnorm(env.world_size, device.type)
+    converted = {k: nn.SyncBatchNorm.convert_sync_batchnorm(m) for k, m in models.items()}
+    layers = sum(isinstance(x, nn.SyncBatchNorm) for m in converted.values() for x in m.modules())
+    log.info(
+        "train.sync_batchnorm: %d BatchNorm layer(s) use the statistics of all %d ranks",
+        layers,
+        env.world_size,
+    )
+    return converted
 
 
 def _channels_last(cfg: Config, models: dict[str, nn.Module], device: torch.device) -> bool:
@@ -194,8 +230,8 @@ def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.opt
     if (
         device.type == "cuda"
         and "fused" in accepted
-        and "fused" not in args
-        and "foreach" not in args
+        and args.get("fused") is None
+        and args.get("foreach") is None
     ):
         args["fused"] = True  # one kernel for the whole update
     opt: torch.optim.Optimizer = _make(
@@ -211,7 +247,7 @@ def _schedulers(
         return {}
     entry = registry.get("schedulers", cfg.sched.name)
     args = dict(cfg.sched.args)
-    if "total_steps" in entry.inferred and "total_steps" not in args:
+    if "total_steps" in entry.inferred and args.get("total_steps") is None:
         args["total_steps"] = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
     return {
         k: _make("sched", str(cfg.sched.name), entry.factory, opt, **args)

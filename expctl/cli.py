@@ -26,14 +26,35 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from expctl import __version__
+
+    p.add_argument("--version", action="version", version=f"expctl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="compose the config, freeze it into a run directory, train")
-    show = sub.add_parser("show", help="print the resolved config and environment without training")
+    run = sub.add_parser(
+        "run",
+        help="compose the config, freeze it into a run directory, train",
+        add_help=False,
+        epilog=PRECEDENCE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    show = sub.add_parser(
+        "show",
+        help="print the resolved config and environment without training",
+        add_help=False,
+        epilog=PRECEDENCE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for sp in (run, show):
+        sp.add_argument(
+            "-h", "--help", action=_GroupsHelp, help="this help, with every config group's options"
+        )
         sp.add_argument(
             "-C", "--config", metavar="FILE", help="a .yml/.yaml config (default: built-in)"
         )
-        sp.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
+        over = sp.add_argument(
+            "overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides"
+        )
+        over.complete = {"bash": "_expctl_overrides", "zsh": "_expctl_overrides"}  # type: ignore[attr-defined]
     run.add_argument(
         "-m", "--multirun", action="store_true", help="sweep over comma-separated values"
     )
@@ -58,9 +79,42 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="also import your module (as the config's imports:)",
     )
+    comp = sub.add_parser(
+        "completion", help='print a shell completion script: eval "$(expctl completion bash)"'
+    )
+    comp.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     wk = sub.add_parser("_worker")  # hidden: one rank started by the local launcher
     wk.add_argument("run_dir")
     return p
+
+
+PRECEDENCE = """precedence, lowest first (the command line always wins):
+  schema / signature defaults < conf/config.yaml < experiment picked in the -C file
+  < the -C file < experiment=... on the command line < KEY=VALUE and GROUP=NAME on the command line
+  a section naming a component (optim: {name: sgd, lr: 0.1}) belongs to it: optim=adam on the
+  command line starts from Adam's own defaults, not from sgd's settings
+"""
+
+
+class _GroupsHelp(argparse.Action):
+    """`expctl run --help`: argparse's help, then every config group and its options."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=str(kwargs.get("help"))
+        )
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: object
+    ) -> None:
+        parser.print_help()
+        from expctl import compose
+
+        try:
+            print("\n" + compose.groups_text(getattr(namespace, "config", None)))
+        except UserError as e:
+            print(f"\n(config groups unavailable: {e})")
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,6 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from expctl.status import status
 
             print(status(args.run_dir))
+            return 0
+        if args.command == "completion":
+            from expctl import compose
+
+            print(compose.completion_script(_parser(), args.shell))
             return 0
         if args.command == "_worker":
             from expctl import launch
@@ -159,7 +218,10 @@ def _show(args: argparse.Namespace) -> int:
     from expctl import compose, config
     from expctl.dist import detect
 
-    cfg = config.validate(compose.compose(args.config, args.overrides))
+    notes: list[str] = []
+    cfg = compose.compose(args.config, args.overrides, notes=notes)
+    for note in notes:
+        print(f"expctl: note: {note}", file=sys.stderr)
     print(config.to_yaml(cfg), end="")
     env = detect(os.environ)
     print("# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()))

@@ -1,16 +1,21 @@
-"""The config schema: validate a composed dict into a frozen Config, and save/load it.
+"""The config schema: the one place that states every key, type and default.
 
-Fixed sections (train, checkpoint, run, launcher) are dataclasses checked key by key.
-Component sections (model, data, optim, sched, loss) hold a registered ``name``, a few framework
-keys, and the factory's own arguments, checked against its signature (registry.check_args).
+Fixed sections (train, checkpoint, run, launcher, sweep) are dataclasses; Hydra composes against
+them (they are stored in its ConfigStore by `compose.py`) and OmegaConf checks the types. Component
+sections (model, data, optim, sched, loss) hold a registered ``name``, a few framework keys
+(``data.batch_size``, ``sched.interval``), and the factory's own arguments, whose defaults come
+from its signature (registry). On top of OmegaConf's types: ranges, choices with did-you-mean,
+finite floats, and cross-section checks, all raised as UserError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import os
 import re
-import types
-import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,28 +38,29 @@ def _f(default: Any, *, choices: tuple[Any, ...] = (), min: float | None = None)
 class TrainConfig:
     """How the loop runs."""
 
-    max_epochs: int = _f(1, min=1)
-    max_steps: int | None = _f(None, min=1)
-    precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))
-    grad_accum: int = _f(1, min=1)
-    grad_clip: float | None = _f(None, min=0)
+    max_epochs: int = _f(3, min=1)  # stop after this many epochs ...
+    max_steps: int | None = _f(None, min=1)  # ... or optimizer steps, whichever comes first
+    precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))  # auto: bf16 on capable GPUs
+    grad_accum: int = _f(1, min=1)  # micro-batches per optimizer step
+    grad_clip: float | None = _f(None, min=0)  # max global gradient norm
     seed: int = 0
-    log_every: int = _f(50, min=1)
-    val_every: int = _f(1, min=1)
-    step: str = "supervised"
+    log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
+    val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
+    step: str = "supervised"  # registered training step
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
-    channels_last: str | bool = _f("auto", choices=("auto", True, False))
+    channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
     compile: bool = False
     on_nan: str = _f("stop", choices=("stop", "skip"))
+    sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """When checkpoints are written, how many are kept, and where training resumes from."""
 
-    every: int = _f(0, min=0)
+    every: int = _f(0, min=0)  # optimizer steps between checkpoints; 0 = end of each epoch
     keep: int = _f(2, min=1)
-    resume: str = "auto"
+    resume: str = "auto"  # auto | never | PATH of a checkpoint
 
 
 @dataclass(frozen=True)
@@ -62,26 +68,38 @@ class RunConfig:
     """Where the run directory goes."""
 
     root: str = "runs"
-    name: str = "run"
-    dir: str | None = None
+    name: str = "${model.name}-${data.name}"
+    dir: str | None = None  # an exact run directory (else root/name-ID)
 
 
 @dataclass(frozen=True)
-class LauncherConfig:
-    """How processes are started: inline, local (elastic agent) or slurm (submitit)."""
+class InlineLauncher:
+    """Train in this process (or in each task torchrun / srun started)."""
 
-    name: str = _f("inline", choices=("inline", "local", "slurm"))
-    nproc: int = _f(1, min=1)
-    max_restarts: int = _f(0, min=0)
-    rdzv_timeout: float = _f(120.0, min=1)
+    name: str = "inline"
+    rdzv_timeout: float = _f(120.0, min=1)  # seconds a rank waits for rank 0
     collective_timeout: float = _f(1800.0, min=1)
-    # preemption and time limits (Slurm): the signal that asks for checkpoint + requeue
+    # preemption and time limits: the signal that asks for checkpoint + requeue
     signal: str = _f("USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG"))
-    signal_delay_s: int = _f(90, min=0)
     max_requeues: int = _f(3, min=0)
-    # launcher=slurm (submitit); see conf/launcher/slurm.yaml
+
+
+@dataclass(frozen=True)
+class LocalLauncher(InlineLauncher):
+    """N worker processes on this machine through torch's elastic agent."""
+
+    name: str = "local"
+    nproc: int = _f(2, min=1)
+    max_restarts: int = _f(0, min=0)  # restarts of all workers after one dies
+
+
+@dataclass(frozen=True)
+class SlurmLauncher(InlineLauncher):
+    """Submit to Slurm through submitit."""
+
+    name: str = "slurm"
     nodes: int = _f(1, min=1)
-    tasks_per_node: int | None = _f(None, min=1)
+    tasks_per_node: int | None = _f(None, min=1)  # null: gpus_per_node, or 1 without GPUs
     gpus_per_node: int = _f(0, min=0)
     cpus_per_task: int | None = _f(None, min=1)
     mem_gb: float | None = _f(None, min=0)
@@ -90,17 +108,33 @@ class LauncherConfig:
     qos: str | None = None
     constraint: str | None = None
     timeout_min: int = _f(60, min=1)
-    job_name: str | None = None
-    sbatch: dict[str, Any] = _f({})
-    setup: list[str] = _f([])
+    job_name: str | None = None  # null: run.name
+    sbatch: dict[str, Any] = _f({})  # any other sbatch option: launcher.sbatch.mail-type=END
+    setup: list[str] = _f([])  # shell lines before training (module load ...)
+    signal_delay_s: int = _f(90, min=0)  # the signal comes this long before the time limit
+
+
+@dataclass(frozen=True)
+class LauncherConfig(SlurmLauncher, LocalLauncher):
+    """Every launcher key at runtime; a config holds only those of its launcher."""
+
+    name: str = _f("inline", choices=("inline", "local", "slurm"))
+    nproc: int = _f(1, min=1)
+
+
+LAUNCHERS: dict[str, type] = {
+    "inline": InlineLauncher,
+    "local": LocalLauncher,
+    "slurm": SlurmLauncher,
+}
 
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """How `-m` explores: sampler, objective, early stopping of bad trials (conf/sweep/)."""
+    """How `-m` explores: sampler, objective, early stopping of bad trials."""
 
     sampler: str = _f("grid", choices=("grid", "random", "tpe"))
-    n_trials: int | None = _f(None, min=1)
+    n_trials: int | None = _f(None, min=1)  # null: every grid point; random/tpe: 10
     metric: str = "val/acc"
     mode: str = _f("max", choices=("max", "min"))
     pruner: str = _f("none", choices=("none", "asha", "median"))
@@ -110,9 +144,7 @@ class SweepConfig:
     repeat: int = _f(1, min=1)  # seeds per configuration
     seed: int = 0  # the sampler's seed
     stop_on_failure: bool = False
-    params: dict[str, str] = _f(
-        {}
-    )  # search space in YAML: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
+    params: dict[str, str] = _f({})  # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
     # set by expctl in each trial's frozen config
     storage: str | None = None
     trial: int | None = None
@@ -131,10 +163,10 @@ class DataConfig:
     """A registered dataset, its arguments, and how it is batched."""
 
     name: str
-    batch_size: int = _f(128, min=1)
-    val_batch_size: int | None = _f(None, min=1)
+    batch_size: int = _f(128, min=1)  # per worker; the global batch is batch_size x world size
+    val_batch_size: int | None = _f(None, min=1)  # null: batch_size
     num_workers: int = _f(0, min=0)
-    device_resident: str | bool = _f("auto", choices=("auto", True, False))
+    device_resident: Any = _f("auto", choices=("auto", True, False))  # whole split on the device
     augment: str = _f("none", choices=("none", "flip", "crop_flip"))  # on the device, per batch
     args: dict[str, Any] = _f({})
 
@@ -178,20 +210,33 @@ class Config:
     launcher: LauncherConfig = _f(LauncherConfig())
     run: RunConfig = _f(RunConfig())
     sweep: SweepConfig = _f(SweepConfig())
-    imports: list[str] = _f([])
-    env: dict[str, str] = _f({})
+    imports: list[str] = _f([])  # your modules, imported in every process before building
+    env: dict[str, str] = _f({})  # environment variables set in every worker
+    # dotted key -> its `${oc.env:...}` text: written back instead of the value (secrets)
+    interpolations: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict, component arguments folded back next to ``name``."""
+        """Plain nested dict as written to config.yaml: component arguments next to ``name``,
+        only the chosen launcher's keys, environment interpolations unresolved."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
+            if f.name == "interpolations":
+                continue
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
-                d = {k.name: getattr(value, k.name) for k in dataclasses.fields(value)}
+                keep = _section_fields(f.name, value)
+                d = {k: getattr(value, k) for k in keep}
                 d.update(d.pop("args", {}) or {})
                 out[f.name] = d
             else:
                 out[f.name] = value
+        for dotted, text in self.interpolations.items():
+            *parents, leaf = dotted.split(".")
+            node = out
+            for p in parents:
+                node = node.get(p, {})
+            if leaf in node:
+                node[leaf] = text
         return out
 
     def replace(self, section: str, **changes: Any) -> Config:
@@ -201,44 +246,77 @@ class Config:
         )
 
 
-_COMPONENT_KINDS = {
+def _section_fields(section: str, value: Any) -> list[str]:
+    cls = LAUNCHERS[value.name] if section == "launcher" else type(value)
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "sched": SchedConfig,
+    "loss": LossConfig,
+}
+COMPONENT_KINDS = {
     "model": "models",
     "data": "datasets",
     "optim": "optimizers",
     "sched": "schedulers",
     "loss": "losses",
 }
-IGNORED_TOP = ("hydra",)
+FIXED: dict[str, type] = {
+    "train": TrainConfig,
+    "checkpoint": CheckpointConfig,
+    "run": RunConfig,
+    "sweep": SweepConfig,
+}
 
 
-def validate(raw: dict[str, Any], check_components: bool = True) -> Config:
+def framework_keys(section: str) -> dict[str, dataclasses.Field[Any]]:
+    """The keys a component section holds besides the factory's arguments (name included)."""
+    return {f.name: f for f in dataclasses.fields(SECTIONS[section]) if f.name != "args"}
+
+
+def validate(
+    raw: dict[str, Any],
+    check_components: bool = True,
+    interpolations: dict[str, str] | None = None,
+) -> Config:
     """Check a composed, resolved dict and build the frozen Config.
 
     Args:
-        raw: the output of compose (or a loaded config.yaml).
+        raw: the output of composition (or a loaded config.yaml), interpolations resolved.
         check_components: also check names and arguments against the registries (imports
             `imports:` modules and the built-ins, which imports torch).
+        interpolations: dotted key -> `${oc.env:...}` text, kept unresolved when written.
 
     Raises:
         UserError: unknown keys (with did-you-mean), wrong types, out-of-range values.
     """
     if not isinstance(raw, dict):
         raise UserError("the config must be a mapping of sections")
-    known = {f.name for f in dataclasses.fields(Config)}
+    known = {f.name for f in dataclasses.fields(Config)} - {"interpolations"}
     for key in raw:
-        if key not in known and key not in IGNORED_TOP:
+        if key not in known:
             raise UserError(
                 f"unknown config section '{key}'.{did_you_mean(key, known)} Valid: {choices_text(known)}",
                 "remove it, or fix its spelling",
             )
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(Config):
-        if f.name not in raw:
-            if f.name in ("model", "data", "optim", "loss"):
-                raise UserError(f"the config has no '{f.name}' section", f"add {f.name}.name=...")
-            continue
-        hint = typing.get_type_hints(Config)[f.name]
-        values[f.name] = _coerce(f.name, raw[f.name], hint)
+    for name in ("model", "data", "optim", "loss"):
+        if raw.get(name) is None:
+            raise UserError(f"the config has no '{name}' section", f"add {name}=NAME")
+    values: dict[str, Any] = {"interpolations": dict(interpolations or {})}
+    for name, value in raw.items():
+        if name in SECTIONS:
+            values[name] = _component(name, value)
+        elif name in FIXED:
+            values[name] = _typed(name, FIXED[name], value)
+        elif name == "launcher":
+            values[name] = _launcher(value)
+        else:
+            values[name] = _plain(name, value)
+    _check_finite("", raw)
     cfg = Config(**values)
     _cross_checks(cfg)
     if check_components:
@@ -251,12 +329,161 @@ def check_registered(cfg: Config) -> None:
     from expctl import registry
 
     registry.import_user_modules(cfg.imports)
-    for section, kind in _COMPONENT_KINDS.items():
+    for section, kind in COMPONENT_KINDS.items():
         comp = getattr(cfg, section)
         if comp.name is None:
             continue
         registry.check_args(kind, comp.name, comp.args, section)
     registry.get("steps", cfg.train.step)
+
+
+def _typed(where: str, cls: type, value: Any) -> Any:
+    """`value` checked against the dataclass `cls` by OmegaConf (types, unknown keys), then
+    against the fields' choices and minimums; returns an instance of `cls`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: expected a mapping, got {value!r}", f"e.g. {where}.KEY=VALUE")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in value:
+        if key not in fields:
+            raise unknown_key(where, str(key), list(fields))
+    free = {k: v for k, v in value.items() if fields[k].type == "Any"}
+    typed = {k: v for k, v in value.items() if k not in free}
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cls), typed)
+        obj = OmegaConf.to_object(node)
+    except ValidationError as e:
+        key = str(getattr(e, "full_key", "") or "")
+        bad = typed.get(key.split(".")[0]) if key else None
+        expected = _type_name(fields[key.split(".")[0]].type) if key in fields else "another type"
+        raise UserError(
+            f"{where}.{key}: expected {expected}, got {bad!r}",
+            f"set {where}.{key} to a value of type {expected}",
+        ) from None
+    except (ConfigKeyError, OmegaConfBaseException) as e:
+        raise UserError(f"{where}: {' '.join(str(e).split())[:200]}") from None
+    obj = dataclasses.replace(obj, **free)  # type: ignore[type-var]
+    for key, f in fields.items():
+        _check_field(f"{where}.{key}", getattr(obj, key), f)
+    return obj
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace(" | None", " or null")
+    return {"int": "int", "float": "float", "str": "str", "bool": "bool"}.get(text, text)
+
+
+def _component(section: str, value: Any) -> Any:
+    cls = SECTIONS[section]
+    if isinstance(value, str) or (value is None and section == "sched"):
+        value = {"name": value}  # `model: resnet18` is short for `model: {name: resnet18}`
+    if not isinstance(value, dict):
+        raise UserError(f"{section}: expected a mapping, got {value!r}", f"e.g. {section}.name=...")
+    own = framework_keys(section)
+    if "name" not in value and section != "sched":
+        raise UserError(f"{section}.name is required", f"set {section}=NAME")
+    frame = _typed(section, _without_args(cls), {k: v for k, v in value.items() if k in own})
+    args = {str(k): v for k, v in value.items() if k not in own}
+    return cls(**{k: getattr(frame, k) for k in own}, args=args)
+
+
+_NO_ARGS: dict[type, type] = {}
+
+
+def _without_args(cls: type) -> type:
+    """`cls` without its ``args`` field: the framework keys OmegaConf checks."""
+    if cls not in _NO_ARGS:
+        fields = [
+            (f.name, f.type, field(default=f.default, metadata=f.metadata))
+            if f.default is not dataclasses.MISSING
+            else (f.name, f.type)
+            for f in dataclasses.fields(cls)
+            if f.name != "args"
+        ]
+        made = dataclasses.make_dataclass(cls.__name__, fields, frozen=True)
+        made.__module__ = __name__  # its annotations are evaluated here
+        _NO_ARGS[cls] = made
+    return _NO_ARGS[cls]
+
+
+def _launcher(value: Any) -> LauncherConfig:
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise UserError(f"launcher: expected a mapping, got {value!r}", "e.g. launcher=local")
+    name = value.get("name", "inline")
+    if name not in LAUNCHERS:
+        raise UserError(
+            f"launcher: no '{name}' launcher.{did_you_mean(str(name), LAUNCHERS)} "
+            f"Valid: {choices_text(LAUNCHERS)}",
+            "launcher=inline (this process), local (N workers here) or slurm (submitit)",
+        )
+    cls = LAUNCHERS[name]
+    for key in value:
+        if key not in {f.name for f in dataclasses.fields(cls)}:
+            owners = [
+                n for n, c in LAUNCHERS.items() if key in {f.name for f in dataclasses.fields(c)}
+            ]
+            if owners:
+                raise UserError(
+                    f"'launcher.{key}' is not a key of launcher={name}.",
+                    f"launcher={owners[0]} has it: pick that launcher first",
+                )
+    chosen = _typed("launcher", cls, value)
+    return LauncherConfig(**dataclasses.asdict(chosen))
+
+
+def _plain(name: str, value: Any) -> Any:
+    if name == "imports":
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UserError(
+                f"imports: expected a list of module names, got {value!r}",
+                "e.g. imports=[my_components]",
+            )
+        return list(value)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"env: expected a mapping, got {value!r}", "e.g. env.NCCL_DEBUG=INFO")
+    out = {}
+    for key, v in value.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
+            raise UserError(
+                f"env.{str(key)!r}: not an environment variable name", "use letters, digits and _"
+            )
+        if v is None or isinstance(v, (dict, list)):
+            raise UserError(f"env.{key}: expected a string value", f"e.g. env.{key}=VALUE")
+        out[str(key)] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
+def _check_finite(prefix: str, value: Any) -> None:
+    """Every float of the config is finite: NaN and infinity are never a setting."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(
+            f"{prefix}={value}: not a finite number",
+            f"set {prefix} to a finite value (NaN and infinity are refused everywhere)",
+        )
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(f"{prefix}.{k}" if prefix else str(k), v)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(f"{prefix}[{i}]", v)
+
+
+def unknown_key(where: str, key: str, valid: list[str]) -> UserError:
+    """The error for a key `where.key` that the section lacks."""
+    return UserError(
+        f"unknown key '{where}.{key}'.{did_you_mean(key, valid)} Valid: {choices_text(valid)}",
+        f"remove {where}.{key} or fix its spelling (`expctl show` prints every key)",
+    )
 
 
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9_.+=-]+$")
@@ -275,11 +502,6 @@ def _cross_checks(cfg: Config) -> None:
             f"launcher.nproc={ln.nproc} needs launcher=local (inline runs in this one process)",
             f"use launcher=local launcher.nproc={ln.nproc}",
         )
-    for key in cfg.env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            raise UserError(
-                f"env.{key}: not an environment variable name", "use letters, digits and _"
-            )
     resume = cfg.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
         raise UserError(
@@ -292,85 +514,6 @@ def _cross_checks(cfg: Config) -> None:
             f"(train.step={t.step})",
             "set train.grad_accum=1, or accumulate inside your own step",
         )
-
-
-def _coerce(where: str, value: Any, hint: Any) -> Any:
-    """Check `value` against the type `hint` (dataclasses recursively) and return it."""
-    if dataclasses.is_dataclass(hint):
-        return _section(where, value, hint)
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        opts = typing.get_args(hint)
-        if value is None and type(None) in opts:
-            return None
-        for opt in opts:
-            if opt is not type(None):
-                try:
-                    return _coerce(where, value, opt)
-                except UserError:
-                    continue
-        names = " or ".join(_tname(o) for o in opts)
-        raise UserError(f"{where}: expected {names}, got {value!r}", f"set {where} to a {names}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise UserError(f"{where}: expected a list, got {value!r}", f"e.g. {where}=[a,b]")
-        (item,) = typing.get_args(hint)
-        return [_coerce(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise UserError(f"{where}: expected a mapping, got {value!r}", f"e.g. {where}={{k: v}}")
-        _, vt = typing.get_args(hint)
-        return {str(k): _coerce(f"{where}.{k}", v, vt) for k, v in value.items()}
-    if hint is Any:
-        return value
-    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # precision: 32 and precision: "32" are the same
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
-        return value
-    raise UserError(
-        f"{where}: expected {_tname(hint)}, got {value!r} ({type(value).__name__})",
-        f"set {where} to a value of type {_tname(hint)}",
-    )
-
-
-def _section(where: str, value: Any, cls: Any) -> Any:
-    if isinstance(value, str) and "args" in {f.name for f in dataclasses.fields(cls)}:
-        value = {"name": value}  # `model: resnet18` is short for `model: {name: resnet18}`
-    if value is None and where == "sched":
-        value = {}
-    if not isinstance(value, dict):
-        raise UserError(f"{where}: expected a mapping, got {value!r}", f"e.g. {where}.name=...")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    has_args = "args" in fields
-    kwargs: dict[str, Any] = {}
-    args: dict[str, Any] = {}
-    for key, v in value.items():
-        if key in fields and key != "args":
-            kwargs[key] = _check_field(
-                f"{where}.{key}", _coerce(f"{where}.{key}", v, hints[key]), fields[key]
-            )
-        elif has_args:
-            args[key] = v
-        else:
-            valid = [k for k in fields if k != "args"]
-            raise UserError(
-                f"unknown key '{where}.{key}'.{did_you_mean(key, valid)} Valid: {choices_text(valid)}",
-                f"remove {where}.{key} or fix its spelling",
-            )
-    for name, f in fields.items():
-        if (
-            name not in kwargs
-            and name != "args"
-            and f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING
-        ):
-            raise UserError(f"{where}.{name} is required", f"set {where}.{name}=...")
-    if has_args:
-        kwargs["args"] = args
-    return cls(**kwargs)
 
 
 # what users of other tools write, and the value meant here (suggested, never silently accepted)
@@ -390,7 +533,7 @@ _ALIASES = {
 
 def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
     choices = f.metadata.get("choices")
-    if choices and value not in choices:
+    if choices and not any(value == c and type(value) is type(c) for c in choices):
         shown = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
         alias = _ALIASES.get(str(value).lower())
         suggest = (
@@ -408,10 +551,6 @@ def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
     return value
 
 
-def _tname(t: Any) -> str:
-    return "null" if t is type(None) else getattr(t, "__name__", str(t))
-
-
 # ---------------------------------------------------------------------------------------------
 # saving and loading the frozen config
 # ---------------------------------------------------------------------------------------------
@@ -420,15 +559,19 @@ CONFIG_FILE = "config.yaml"
 
 
 def to_yaml(cfg: Config) -> str:
-    """The frozen config as YAML text."""
+    """The frozen config as YAML text. ``run.dir`` is left out: a run directory is where its
+    config.yaml lies (a moved run resumes there; the file reused with -C starts a new run)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.create(cfg.to_dict()))
+    d = cfg.to_dict()
+    d["run"]["dir"] = None
+    return OmegaConf.to_yaml(OmegaConf.create(d))
 
 
 def load(run_dir: str | Path) -> Config:
-    """Read RUN_DIR/config.yaml back into a Config (no composition, no Hydra)."""
-    import yaml
+    """Read RUN_DIR/config.yaml back into a Config (no composition, no Hydra); environment
+    interpolations resolve in this process's environment."""
+    from omegaconf import OmegaConf
 
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
@@ -436,4 +579,66 @@ def load(run_dir: str | Path) -> Config:
             f"{run_dir}: not a run directory (no {CONFIG_FILE})",
             "pass the folder printed at the start of a run",
         )
-    return validate(yaml.safe_load(path.read_text()), check_components=False)
+    node = OmegaConf.create(path.read_text())
+    raw, interps = resolve(node, f"{path}")
+    with redacted(raw, interps):
+        cfg = validate(raw, check_components=False, interpolations=interps)
+    return cfg.replace("run", dir=str(Path(run_dir).expanduser().absolute()))
+
+
+def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A resolved plain dict of an OmegaConf node, and the dotted keys whose values come from
+    ``${oc.env:...}`` (directly or through another key), with their unresolved text."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    raw = OmegaConf.to_container(node, resolve=False)
+    found: dict[str, str] = {}
+    _interpolations("", raw, found)
+    secret = {k: v for k, v in found.items() if "oc.env" in v}
+    changed = True
+    while changed:  # keys that interpolate a secret key are secret too
+        changed = False
+        for k, v in found.items():
+            if k not in secret and any("${" + s + "}" in v for s in secret):
+                secret[k] = v
+                changed = True
+    try:
+        resolved = OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as e:
+        msg = " ".join(str(e).split("\n")[0].split())
+        for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(secret.values()))):
+            value = os.environ.get(name)
+            if value:  # never print what the environment holds
+                msg = msg.replace(value, f"${{oc.env:{name}}}")
+        raise UserError(
+            f"{where}: {msg}", "check ${...} interpolations; ${oc.env:NAME} needs NAME set"
+        ) from None
+    assert isinstance(resolved, dict)
+    return {str(k): v for k, v in resolved.items()}, secret
+
+
+@contextlib.contextmanager
+def redacted(raw: dict[str, Any], interpolations: dict[str, str]) -> Iterator[None]:
+    """A UserError raised inside never shows a value that came from the environment: each is
+    replaced by its ``${oc.env:...}`` text."""
+    try:
+        yield
+    except UserError as e:
+        message, hint = e.message, e.hint or ""
+        for dotted, text in interpolations.items():
+            value: Any = raw
+            for part in dotted.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if value is not None and str(value):
+                for shown in {str(value), repr(str(value))}:
+                    message, hint = message.replace(shown, text), hint.replace(shown, text)
+        raise UserError(message, hint or None) from None
+
+
+def _interpolations(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _interpolations(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, str) and "${" in value:
+        out[prefix] = value

@@ -110,6 +110,10 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
             f"launcher.nproc={n} but this machine has {gpus} GPU(s): ranks would share a GPU",
             f"use launcher.nproc={gpus} or fewer, or train.device=cpu",
         )
+    if cfg.train.sync_batchnorm:
+        from expctl.build import check_sync_batchnorm
+
+        check_sync_batchnorm(n, "cuda" if gpus else "cpu")  # here, before workers start
     frozen = rundir.create(cfg, env.run_id)
     run_dir = Path(str(frozen.run.dir))
     print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)

@@ -1,6 +1,7 @@
 """Metrics reduced exactly over ranks: `Meter` averages the training step's metrics (on the
 device, one host sync at log time), `evaluate` scores a whole split (sums and counts over
-unpadded shards: every sample counted once)."""
+unpadded shards: every sample counted once), and `sync_buffers` makes the ranks' models
+identical first, so the metric reported is the saved model's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
 from expctl.build import Parts
 from expctl.config import Config
@@ -42,6 +44,26 @@ class Meter:
             vec /= env.world_size
         self.sums, self.count = {}, 0
         return {f"{prefix}{k}": float(v) for k, v in zip(keys, vec.tolist(), strict=True)}
+
+
+def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics), as DDP would at the next
+    forward: DDP broadcasts them before each forward, then each rank updates its own copy, so
+    after a step the ranks would evaluate and save different models. One broadcast per dtype."""
+    if not env.distributed:
+        return
+    import torch.distributed as dist
+
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for m in models.values():
+        for b in m.buffers():
+            groups.setdefault((b.dtype, b.device), []).append(b)
+    for bufs in groups.values():
+        flat = torch.cat([b.detach().reshape(-1) for b in bufs])
+        dist.broadcast(flat, src=0)
+        with torch.no_grad():
+            for b, v in zip(bufs, flat.split([b.numel() for b in bufs]), strict=True):
+                b.copy_(v.view_as(b))
 
 
 def evaluate(cfg: Config, env: DistEnv, parts: Parts, split: str = "val") -> dict[str, float]:

@@ -174,7 +174,9 @@ def _torchvision_factory(name: str):  # type: ignore[no-untyped-def]
     def factory(in_channels: int = 3, num_classes: int = 1000, **kwargs: object) -> nn.Module:
         from torchvision import models as tvm
 
-        model = tvm.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+        # a null argument is the builder's own default (wide_resnet50_2 sets width_per_group)
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        model = tvm.get_model(name, weights=None, num_classes=num_classes, **given)
         if in_channels != 3:
             _adapt_stem(model, in_channels)
         return model

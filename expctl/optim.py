@@ -56,7 +56,12 @@ def _register_schedulers() -> None:
                 )(cls)
 
 
-@register("schedulers", runtime=("optimizer",), inferred=("total_steps",))
+@register(
+    "schedulers",
+    runtime=("optimizer",),
+    inferred=("total_steps",),
+    settings={"interval": "step"},
+)
 def warmup_cosine(
     optimizer: torch.optim.Optimizer,
     total_steps: int = 1,
@@ -74,7 +79,12 @@ def warmup_cosine(
     return lr_scheduler.LambdaLR(optimizer, factor)
 
 
-@register("schedulers", runtime=("optimizer",), inferred=("total_steps",))
+@register(
+    "schedulers",
+    runtime=("optimizer",),
+    inferred=("total_steps",),
+    settings={"interval": "step"},
+)
 def cosine(
     optimizer: torch.optim.Optimizer, total_steps: int = 1, min_lr_ratio: float = 0.0
 ) -> lr_scheduler.LRScheduler:

@@ -48,6 +48,8 @@ class Entry:
         params_of: for factories taking ``**kwargs``, the callable whose signature they accept.
         check: a cheap pre-flight check run with the config's arguments before any worker starts
             (e.g. that data files exist); raises UserError.
+        settings: defaults of the config section's own keys for this component (a scheduler
+            stepped every optimizer step: ``{"interval": "step"}``).
     """
 
     name: str
@@ -57,6 +59,7 @@ class Entry:
     params_of: Callable[..., Any] | None = None
     check: Callable[..., None] | None = None
     description: str = ""
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """User-settable parameters: the factory's (and `params_of`'s) minus runtime ones."""
@@ -72,6 +75,14 @@ class Entry:
                 if p.name != "self":
                     out[p.name] = p
         return out
+
+    def defers(self, key: str) -> bool:
+        """Whether a null `key` means "not set here": inferred from the data, or left to the
+        builder behind `params_of` (torchvision's builders set some class arguments)."""
+        if key in self.inferred:
+            return True
+        own = _signature(self.factory).parameters
+        return self.params_of is not None and key not in own
 
     def accepts_any(self) -> bool:
         """True when extra keyword arguments cannot be checked (a bare ``**kwargs``)."""
@@ -125,6 +136,7 @@ def register(
     params_of: Callable[..., Any] | None = None,
     check: Callable[..., None] | None = None,
     description: str | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a factory under `name` (default: the function's name)."""
 
@@ -139,6 +151,7 @@ def register(
                 params_of=params_of,
                 check=check,
                 description=doc.strip().splitlines()[0] if doc.strip() else "",
+                settings=dict(settings or {}),
             )
         )
         return fn
@@ -235,9 +248,14 @@ def check_args(kind: str, name: str, kwargs: Mapping[str, Any], section: str) ->
                 f"Valid: {choices_text(params) or '(none)'}",
                 f"see `expctl list {canonical_kind(kind)}` for the arguments of '{name}'",
             )
+        if value is None and entry.defers(key):
+            continue
+        if value == "???":
+            continue  # required: reported below
         _check_type(f"{section}.{key}", value, params[key])
     for p in params.values():
-        if p.default is p.empty and p.name not in kwargs and p.name not in entry.inferred:
+        unset = p.name not in kwargs or kwargs[p.name] == "???"
+        if p.default is p.empty and unset and p.name not in entry.inferred:
             raise UserError(
                 f"{section}: '{name}' needs argument '{p.name}', which the config does not set",
                 f"add it, e.g. {section}.{p.name}=VALUE on the command line",
@@ -250,9 +268,9 @@ def describe(entry: Entry) -> str:
     """Render 'arg=default, arg: type' for `expctl list` (only what a YAML value can set)."""
     parts = []
     for p in entry.parameters().values():
-        ann = _annotation_name(p)
-        if re.search(r"\b(Callable|Module|Tensor)\b", ann):
+        if not settable(p):
             continue  # a class or function argument (e.g. torchvision's norm_layer)
+        ann = _annotation_name(p)
         text = p.name + (f": {ann}" if ann else "")
         if p.default is not p.empty:
             text += f" = {p.default!r}"
@@ -260,6 +278,16 @@ def describe(entry: Entry) -> str:
     if entry.accepts_any() and entry.params_of is None:
         parts.append("**kwargs")
     return ", ".join(parts)
+
+
+def settable(p: inspect.Parameter) -> bool:
+    """Whether a YAML value can set the parameter: its annotation admits a plain value, not
+    only a class, function, module or tensor (``lr: float | Tensor`` can be set)."""
+    options = _options(p)
+    if not options:
+        return True
+    unsettable = re.compile(r"\b(Callable|Module|Tensor|Type|type)\b")
+    return any(o != "None" and not unsettable.search(o) for o in options)
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature:

@@ -137,7 +137,8 @@ class Supervised:
 
 @register("steps", "gan")
 class GAN:
-    """DCGAN: a discriminator step on real + generated images, then a generator step."""
+    """DCGAN as PyTorch's example: a discriminator step on a real batch and a generated batch
+    (separate forwards, so BatchNorm never mixes their statistics), then a generator step."""
 
     requires = ("generator", "discriminator")  # the models it trains (model=dcgan gives them)
 
@@ -152,34 +153,62 @@ class GAN:
         real = ctx.inputs(batch[0])
         n = real.shape[0]
         gen, disc = ctx.models["generator"], ctx.models["discriminator"]
-        labels = torch.cat(
-            [torch.ones(n, 1, device=ctx.device), torch.zeros(n, 1, device=ctx.device)]
-        )
+        ones = torch.ones(n, 1, device=ctx.device)
+        zeros = torch.zeros(n, 1, device=ctx.device)
+        # one forward per backward keeps DDP's reducer in step; the two backwards add up
+        with ctx.autocast():
+            out_real = disc(real).float()
+            err_real = ctx.loss_fn(out_real, ones)
+        ctx.backward(err_real)
         with ctx.autocast():
             fake = gen(self._noise(ctx, n))
-            # one forward of the discriminator per backward keeps DDP's reducer in step
-            logits = disc(torch.cat([real, ctx.inputs(fake.detach())]))
-            loss_d = ctx.loss_fn(logits.float(), labels)
-        ctx.zero_grad("discriminator")
-        ctx.backward(loss_d)
+            out_fake = disc(ctx.inputs(fake.detach())).float()
+            err_fake = ctx.loss_fn(out_fake, zeros)
+        ctx.backward(err_fake)
         ctx.step("discriminator")
-        with ctx.autocast():
-            loss_g = ctx.loss_fn(disc(ctx.inputs(fake)).float(), labels[:n])
-        ctx.backward(loss_g)
+        with _grads_set_aside(disc):
+            with ctx.autocast():
+                loss_g = ctx.loss_fn(disc(ctx.inputs(fake)).float(), ones)
+            ctx.backward(loss_g)
         ctx.step("generator")
-        d_real = torch.sigmoid(logits[:n].detach().float()).mean()
-        return {"loss_d": loss_d.detach(), "loss_g": loss_g.detach(), "d_real": d_real}
+        return {
+            "loss_d": (err_real + err_fake).detach(),
+            "loss_g": loss_g.detach(),
+            "d_real": torch.sigmoid(out_real.detach()).mean(),
+            "d_fake": torch.sigmoid(out_fake.detach()).mean(),  # before the discriminator step
+        }
 
     def val_step(
         self, ctx: StepContext, batch: tuple[torch.Tensor, ...]
     ) -> dict[str, tuple[torch.Tensor, Any]]:
         real = ctx.inputs(batch[0])
         n = real.shape[0]
+        disc = ctx.models["discriminator"]
         with ctx.autocast():
             fake = ctx.models["generator"](self._noise(ctx, n))
-            logits = ctx.models["discriminator"](torch.cat([real, ctx.inputs(fake)])).float()
-        d_acc = ((logits[:n] > 0).sum() + (logits[n:] < 0).sum()).float()
-        return {"d_acc": (d_acc, 2 * n), "d_real": (torch.sigmoid(logits[:n]).sum(), n)}
+            out_real = disc(real).float()
+            out_fake = disc(ctx.inputs(fake)).float()
+        d_acc = ((out_real > 0).sum() + (out_fake < 0).sum()).float()
+        return {
+            "d_acc": (d_acc, 2 * n),
+            "d_real": (torch.sigmoid(out_real).sum(), n),
+            "d_fake": (torch.sigmoid(out_fake).sum(), n),
+        }
+
+
+@contextlib.contextmanager
+def _grads_set_aside(model: nn.Module) -> Iterator[None]:
+    """Keep the gradients a backward leaves on `model` out of its own: the generator's loss runs
+    through the discriminator, whose gradients may hold earlier micro-batches (accumulation)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    kept = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, g in zip(params, kept, strict=True):
+            p.grad = g
 
 
 @contextlib.contextmanager

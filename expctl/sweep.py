@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("expctl")
 
 SPEC_FILE = "sweep.json"
+DEFAULT_TRIALS = 10  # random / TPE sweeps without sweep.n_trials
 
 
 @dataclass
@@ -172,11 +173,13 @@ def multirun(
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
     from expctl import compose
-    from expctl.config import validate
 
     plain, dims = parse_space(overrides)
+    notes: list[str] = []
     first = [*plain, *(_override(d.key, d.values[0]) for d in dims if d.values)]
-    base = validate(compose.compose(config_file, first))
+    base = compose.compose(config_file, first, notes=notes)
+    for note in notes:
+        print(f"expctl: note: {note}", file=sys.stderr)
     s = base.sweep
     yaml_plain, yaml_dims = parse_space([f"{k}={v}" for k, v in s.params.items()])
     dims += [d for d in yaml_dims if d.key not in {x.key for x in dims}]
@@ -187,11 +190,7 @@ def multirun(
         if s.n_trials:
             points = points[: s.n_trials]
         for p in points[1:]:  # every point is valid before anything is created
-            validate(
-                compose.compose(config_file, [*plain, *(_override(k, v) for k, v in p.items())])
-            )
-    elif not s.n_trials:
-        raise UserError(f"sweep.sampler={s.sampler} needs sweep.n_trials", "add sweep.n_trials=20")
+            compose.compose(config_file, [*plain, *(_override(k, v) for k, v in p.items())])
     else:
         points = []
     # run.name's built-in default, model-data (conf/config.yaml), would name the first point only
@@ -205,7 +204,7 @@ def multirun(
         "dims": [vars(d) for d in dims],
         "points": points,
         "repeat": repeat,
-        "n_trials": s.n_trials or len(points),
+        "n_trials": len(points) if s.sampler == "grid" else s.n_trials or DEFAULT_TRIALS,
         "created": time.time(),
     }
     (sweep_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
@@ -222,7 +221,6 @@ def _trial_configs(
 ) -> list[Config]:
     """Ask the study for each (params, seed index, trial dir to reuse) and freeze its config."""
     from expctl import compose, rundir
-    from expctl.config import validate
 
     spec = json.loads((sweep_dir / SPEC_FILE).read_text())
     dims = [Dimension(**d) for d in spec["dims"]]
@@ -252,7 +250,7 @@ def _trial_configs(
             attrs["retry_of"] = reuse
         for k, v in attrs.items():
             study._storage.set_trial_user_attr(trial._trial_id, k, v)
-        cfg = validate(compose.compose(spec["config_file"], overrides))
+        cfg = compose.compose(spec["config_file"], overrides)
         cfg = cfg.replace("sweep", storage=str(sweep_dir), trial=trial.number).replace(
             "run", dir=str(trial_dir)
         )
@@ -373,7 +371,6 @@ def resume(sweep_dir: str | Path) -> Outcome:
 
     from expctl import compose
     from expctl import config as config_mod
-    from expctl.config import validate
     from expctl.ledger import rows
 
     path = Path(sweep_dir)
@@ -387,7 +384,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
     base = (
         config_mod.load(frozen[0].parent)
         if frozen
-        else validate(compose.compose(spec["config_file"], spec["plain"]))
+        else compose.compose(spec["config_file"], spec["plain"])
     )
     study = open_study(path, base.sweep)
     todo: list[tuple[dict[str, Any], int, int | None]] = []

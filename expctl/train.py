@@ -18,7 +18,7 @@ from expctl.config import Config
 from expctl.control import Control, Preempted, StopFlag
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import RunError, UserError
-from expctl.metrics import Meter, evaluate
+from expctl.metrics import Meter, evaluate, sync_buffers
 from expctl.report import (
     METRICS_FILE,
     RESULT_FILE,
@@ -220,6 +220,7 @@ def _save(
     cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, rep: Reporter
 ) -> Path | None:
     """Every rank contributes its RNG state; rank 0 writes the checkpoint."""
+    sync_buffers(parts.models, env)  # the saved buffers are those every rank evaluates
     rng = ctl.gather(checkpoint.rng_state())
     if not env.is_main:
         return None
@@ -307,6 +308,7 @@ def fit(
                     s.step()
             last = state.epoch >= t.max_epochs or state.step >= parts.total_steps
             if state.epoch % t.val_every == 0 or last:
+                sync_buffers(parts.models, env)
                 state.val = evaluate(cfg, env, parts)
                 rep.record(state.step, state.epoch, state.val, "val")
                 if _pruned(cfg, env, ctl, pruner, state):
@@ -357,6 +359,7 @@ def _finish(
     status: str,
 ) -> dict[str, Any]:
     """Final reduction, validation and checkpoint; result.json."""
+    sync_buffers(parts.models, env)  # after the last step: validate and test the saved model
     if meter.count:
         state.train = meter.reduce(env, "train/")
         _check_finite(state, cfg)

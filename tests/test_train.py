@@ -14,7 +14,8 @@ from conftest import cli_env, run_dirs
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import checkpoint
+from expctl import checkpoint, config, registry
+from expctl.build import check_sync_batchnorm
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -98,6 +99,57 @@ def test_local_ddp_matches_one_process_with_twice_the_batch(tiny: Path) -> None:
     assert ra["step"] == rb["step"] == 8
     assert ra["val/acc"] == pytest.approx(rb["val/acc"], abs=1e-6)
     assert ra["val/loss"] == pytest.approx(rb["val/loss"], rel=1e-4)
+
+
+BATCHNORM = """\
+model: {name: cnn, width: 8}
+data: {name: synthetic, shape: [1, 4, 4], num_classes: 4, num_samples: 128, val_samples: 4096, batch_size: 4}
+optim: {name: sgd, lr: 0.1, momentum: 0.9}
+sched: {name: null}
+train: {max_epochs: 1, log_every: 4}
+"""
+
+
+def test_two_workers_report_the_saved_models_batchnorm_metrics(tmp_path: Path) -> None:
+    """With BatchNorm, 2 workers: result.json's validation is the saved model's, to the sample
+    (each rank updates its own running statistics after DDP's broadcast; rank 0's are saved)."""
+    (tmp_path / "bn.yml").write_text(BATCHNORM)
+    run_cli("run", "-C", "bn.yml", "launcher=local", "launcher.nproc=2", "run.dir=bn", cwd=tmp_path)
+    run_dir = tmp_path / "bn"
+    cfg = config.load(run_dir)
+    val = registry.get("datasets", cfg.data.name).factory(**cfg.data.args).val
+    x, y = val.tensors
+    with torch.no_grad():
+        out = expctl.load_model(run_dir)(x)
+    correct = int((out.argmax(1) == y).sum())
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (round(result["val/acc"] * len(y)), result["val/acc"]) == (correct, correct / len(y))
+    loss = float(torch.nn.functional.cross_entropy(out, y))
+    assert result["val/loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_sync_batchnorm_on_cpu_is_a_user_error(tmp_path: Path) -> None:
+    """torch's SyncBatchNorm runs only on GPUs: 2 CPU workers are refused before they start
+    (the launcher checks; each rank checks again under torchrun or srun), in two lines, exit 2."""
+    (tmp_path / "bn.yml").write_text(BATCHNORM)
+    proc = run_cli(
+        "run",
+        "-C",
+        "bn.yml",
+        "train.sync_batchnorm=true",
+        "train.device=cpu",
+        "launcher=local",
+        "launcher.nproc=2",
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "train.sync_batchnorm=true" in proc.stderr and "HINT" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+    with pytest.raises(expctl.UserError, match="SyncBatchNorm runs only on GPUs"):
+        check_sync_batchnorm(2, "cpu")
+    check_sync_batchnorm(1, "cpu")  # one rank: plain BatchNorm, nothing to sync
+    check_sync_batchnorm(2, "cuda")
 
 
 def test_kill_and_resume_is_bitwise_exact(tiny: Path) -> None:

@@ -22,7 +22,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "-C", "typo_key.yml"], "Did you mean 'max_epochs'"),
     (["run", "-C", "bad_default.yml"], "Did you mean 'resnet18'"),
     (["run", "model=resnet19"], "Did you mean 'resnet18'"),
-    (["run", "model.name=transformer9000"], "unknown model name 'transformer9000'"),
+    (["run", "model.name=transformer9000"], "no 'transformer9000' in config group 'model'"),
     (["run", "data.name=fashion"], "Did you mean 'fashion_mnist'"),
     (["run", "optim.name=adamm"], "Did you mean 'adam'"),
     (["run", "sched=cosinee"], "Did you mean 'cosine'"),
@@ -44,7 +44,6 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "launcher=nowhere"], "no 'nowhere' in config group 'launcher'"),
     (["run", "checkpoint.resume=/nope.pt"], "no checkpoint at"),
     (["run", "data=synthetic", "data.batch_size=100000"], "larger than the"),
-    (["run", "sched=multistep", "~sched.milestones"], "needs argument 'milestones'"),
     (["run", "optim.lr=[1,2"], "bad override"),
     (["run", "run.dir=a_file"], "exists and is not a directory"),
     # zero, negative and out-of-range sizes
@@ -96,6 +95,32 @@ CORPUS: list[tuple[list[str], str]] = [
     (["show", "-C", "broken.yml"], "not valid YAML"),
     (["sweep", "table", "."], "not a sweep directory"),
     (["status", "."], "not a run directory"),
+    # issue 10: what looks valid but is not
+    (["run", "hydra.run.dir=elsewhere"], "use run.dir=PATH"),
+    (["run", "-m", "hydra.sweep.dir=elsewhere", "optim.lr=0.1,0.2"], "use run.root=PATH"),
+    (["show", "hydra.job.chdir=true"], "hydra.* settings have no effect"),
+    (["run", "-C", "hydra_section.yml"], "a hydra: section has no effect"),
+    (["run", "data.val_batch_size=0"], "data.val_batch_size: 0 is below the minimum 1"),
+    (["run", "data.device_resident=maybe"], "not one of: auto, true, false"),
+    (["run", "optim.lr=nan"], "optim.lr=nan: not a finite number"),
+    (["run", "launcher.rdzv_timeout=inf"], "not a finite number"),
+    (["run", "launcher=slurm", "launcher.mem_gb=nan"], "not a finite number"),
+    (["run", "model=cnn", "model.dropout=-inf"], "not a finite number"),
+    (["run", "trian.max_epochs=1"], "Did you mean 'train.max_epochs'"),
+    (["run", "precision=bf16"], "Did you mean 'train.precision'"),
+    (["run", "model=resnet50", "model.width=3"], "not a key of model=resnet50"),
+    (["run", "-C", "sgd_body.yml", "optim=adamm"], "Did you mean 'adam'"),
+    (["run", "-C", "sgd_body.yml", "optim=adam", "optim.momentum=0.9"], "not a key of optim=adam"),
+    (["run", "-C", "two_names.yml"], "name the component once"),
+    (["run", "launcher.sbatch.exclusive=true"], "launcher=slurm has it"),
+    (["run", "launcher=slurm", "launcher.sbatch.signal=KILL"], "not an sbatch option"),
+    (["run", "env.BAD-NAME=1"], "not an environment variable name"),
+    (["run", "sched=multisteplr"], "needs argument 'milestones'"),
+    (["run", "~model"], "cannot be deleted"),
+    (["run", "experiment=nope"], "no 'nope' in config group 'experiment'"),
+    (["show", "env.T=${oc.env:EXPCTL_UNSET_VARIABLE}"], "EXPCTL_UNSET_VARIABLE"),
+    (["show", "train.max_epochs=${oc.env:EXPCTL_TEST_SECRET}"], "converted to Integer"),
+    (["run", "-C", "secret_name.yml"], "may only hold"),
 ]
 
 
@@ -110,6 +135,10 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "typo_key.yml").write_text("train:\n  max_epoch: 2\n")
     (tmp_path / "bad_default.yml").write_text("defaults:\n  - model: resnet19\n")
     (tmp_path / "a_file").write_text("not a directory")
+    (tmp_path / "hydra_section.yml").write_text("hydra:\n  run:\n    dir: elsewhere\n")
+    (tmp_path / "sgd_body.yml").write_text("optim: {name: sgd, lr: 0.1, momentum: 0.9}\n")
+    (tmp_path / "two_names.yml").write_text("defaults: [{optim: adam}]\noptim: {name: sgd}\n")
+    (tmp_path / "secret_name.yml").write_text("run: {name: '${oc.env:EXPCTL_TEST_SECRET}'}\n")
     bad = tmp_path / "corrupt_data"
     bad.mkdir()
     for name in (
@@ -134,6 +163,7 @@ def test_bad_input_is_a_short_error_with_exit_2_and_nothing_on_disk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(corpus_dir)
+    monkeypatch.setenv("EXPCTL_TEST_SECRET", "hunter2 is my password")
     before = sorted(p.name for p in corpus_dir.iterdir())
     assert cli.main(args) == 2
     err = capsys.readouterr().err
@@ -142,6 +172,7 @@ def test_bad_input_is_a_short_error_with_exit_2_and_nothing_on_disk(
     assert 1 <= len(lines) <= 2 and lines[0].startswith("expctl: error: "), err
     assert len(lines) == 1 or lines[1].startswith("  HINT: "), err
     assert "Traceback" not in err
+    assert "hunter2" not in err, "a value from the environment is never printed"
     assert sorted(p.name for p in corpus_dir.iterdir()) == before, "nothing half-written on disk"
 
 
