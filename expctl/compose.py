@@ -144,7 +144,9 @@ def _layer(doc: dict[str, Any], source: str) -> Layer:
             layer.extra.append(item)
     for key, value in doc.items():
         if key not in GROUPS:
-            layer.body[key] = value
+            old = layer.body.get(key)
+            both = isinstance(old, dict) and isinstance(value, dict)
+            layer.body[key] = _merge(old, value) if both else value  # type: ignore[arg-type]
             continue
         if isinstance(value, str) or value is None:
             value = {"name": value}
@@ -308,7 +310,9 @@ def parse_command_line(overrides: Sequence[str]) -> CommandLine:
         elif key == "sweep" and o.type != OverrideType.DEL:  # `sweep=tpe` picks the sampler
             out.keys.append(f"sweep.sampler={o.value()}")
         elif o.type == OverrideType.CHANGE and key.startswith(tuple(m + "." for m in FREE_MAPS)):
-            out.keys.append("++" + text.lstrip("+"))
+            out.keys.append("++" + text)
+        elif o.type == OverrideType.ADD:  # every key exists already: `+k=v` sets it, as k=v does
+            out.keys.append("+" + text)
         else:
             value = o.value()
             if key == "imports" and isinstance(value, list):
@@ -667,6 +671,12 @@ def _explain(e: Exception, stack: Stack, keys: Sequence[str]) -> UserError:
         return UserError(
             f"{key}: {_type_text(msg)} ({where})",
             f"set {key} to a value of that type (`expctl show` prints every key and value)",
+        )
+    if "Could not delete" in text:
+        return UserError(
+            f"{where}: {key} does not exist, so there is nothing to delete",
+            "a component picked on the command line starts from its own keys only; "
+            "`expctl show` prints them",
         )
     if (
         isinstance(cause, ConfigKeyError)

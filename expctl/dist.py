@@ -19,7 +19,9 @@ from expctl.errors import UserError
 
 log = logging.getLogger("expctl")
 
-PORT_LOW, PORT_SPAN = 20000, 40000  # job-derived ports land in [20000, 60000)
+# job-derived ports land in [20000, 32000): below Linux's ephemeral range (32768-60999), where a
+# client connection of another job on the node may already hold the port
+PORT_LOW, PORT_SPAN = 20000, 12000
 
 
 @dataclass(frozen=True)
@@ -186,17 +188,20 @@ def expand_tasks_per_node(spec: str) -> list[int]:
 
 
 def derive_port(key: str) -> int:
-    """A port in [20000, 60000) from a job key: two jobs on one node rarely alias."""
+    """A port in [20000, 32000) from a job key: two jobs on one node rarely alias."""
     digest = hashlib.sha256(key.encode()).digest()
     return PORT_LOW + int.from_bytes(digest[:4], "big") % PORT_SPAN
 
 
-def apply_env(values: Mapping[str, Any]) -> None:
-    """Set the config's ``env:`` variables in this process, logging each change."""
+def apply_env(values: Mapping[str, Any], hidden: frozenset[str] = frozenset()) -> None:
+    """Set the config's ``env:`` variables in this process, logging each change (the values of
+    `hidden` keys, which came from the environment, are not written to the log)."""
     for key, value in values.items():
         old = os.environ.get(key)
         os.environ[key] = str(value)
-        if old != str(value):
+        if key in hidden:
+            log.info("env: %s set (its value comes from the environment)", key)
+        elif old != str(value):
             log.info("env: %s=%s%s", key, value, "" if old is None else f" (was {old})")
 
 

@@ -45,7 +45,7 @@ class TrainState:
 
 def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
     """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json)."""
-    apply_env(cfg.env)
+    apply_env(cfg.env, frozenset(k[4:] for k in cfg.interpolations if k.startswith("env.")))
     device = pick_device(cfg, env)
     store = init_process_group(
         env,

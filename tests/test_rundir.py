@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import cli_env
+from conftest import cli_env, run_dirs
 from conftest import expctl as run_cli
 
 import expctl
@@ -308,3 +308,21 @@ def test_restarted_workers_of_a_run_started_from_a_path_continue_their_own_check
     assert f"resumed from {own} (step 21," in proc.stdout, proc.stdout
     steps = [r["step"] for r in history(tiny.parent / "cut") if "train/loss" in r]
     assert steps == [20, 24, 28, 32]
+
+
+# --- 4. a run's identity is its directory, not the path written in it ------------------------------
+
+
+def test_a_moved_run_resumes_where_it_is_and_its_config_starts_a_new_run(tiny: Path) -> None:
+    run_cli("run", "-C", str(tiny), "train.max_steps=20", "run.dir=a", cwd=tiny.parent)
+    assert "dir: null" in (tiny.parent / "a" / "config.yaml").read_text()
+    (tiny.parent / "a").rename(tiny.parent / "b")
+    moved = run_cli("run", "-C", str(tiny), "train.max_steps=28", "run.dir=b", cwd=tiny.parent)
+    assert "resumed from" in moved.stdout
+    assert json.loads((tiny.parent / "b" / "result.json").read_text())["step"] == 28
+    files = snapshot(tiny.parent / "b")
+    again = run_cli("run", "-C", str(tiny.parent / "b" / "config.yaml"), cwd=tiny.parent)
+    assert "resumed from" not in again.stdout
+    assert snapshot(tiny.parent / "b") == files, "the run it came from is untouched"
+    (fresh,) = run_dirs(tiny.parent / "runs")
+    assert json.loads((fresh / "result.json").read_text())["step"] == 28

@@ -53,6 +53,26 @@ def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
     assert "dir: null" in shown, "best.yml is a reusable config"
 
 
+def test_a_sweep_over_components_trains_what_its_table_says(tiny: Path) -> None:
+    """The file says `optim: {name: sgd, lr: 0.1, momentum: 0.9}`: each trial trains the
+    optimizer its label names, from that optimizer's own defaults."""
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "optim=adam,adamw", "train.max_steps=4", cwd=tiny.parent
+    )
+    assert "replaces optim 'sgd'" in proc.stderr
+    rows = ledger.rows(sweep_dir_of(proc.stdout))
+    assert sorted(r.overrides for r in rows) == ["optim=adam", "optim=adamw"]
+    for r in rows:
+        frozen = (Path(r.run_dir) / "config.yaml").read_text()
+        name = r.overrides.split("=")[1]
+        assert f"optim:\n  name: {name}\n  lr: 0.001\n" in frozen and "momentum" not in frozen
+    by_name = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.name=rmsprop", "train.max_steps=4", cwd=tiny.parent
+    )
+    (row,) = ledger.rows(sweep_dir_of(by_name.stdout))
+    assert "name: rmsprop" in (Path(row.run_dir) / "config.yaml").read_text()
+
+
 def test_asha_stops_bad_trials_and_keeps_good_ones(tiny: Path) -> None:
     proc = run_cli(
         "run",

@@ -39,12 +39,38 @@ def test_inline_run_writes_the_run_directory(tiny: Path) -> None:
 
 def test_python_api_run_and_load_model(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tiny.parent)
-    result = expctl.run(str(tiny), overrides=["train.max_epochs=1", "model=linear"])
+    # the file says sgd (lr 0.1, momentum 0.9) and mlp: the overrides win, without those keys
+    result = expctl.run(str(tiny), overrides=["train.max_epochs=1", "model=linear", "optim=adam"])
     assert result["step"] == 16 and result.run_dir.is_dir()
+    frozen = config.load(result.run_dir)
+    assert frozen.model.name == "linear" and frozen.optim.name == "adam"
+    assert frozen.optim.args["lr"] == 0.001 and "momentum" not in frozen.optim.args
     model = expctl.load_model(result.run_dir)
     assert not model.training
     x = torch.randn(3, 20)
     assert model(x).shape == (3, 4)
+
+
+def test_any_torchvision_model_by_name_trains(tmp_path: Path) -> None:
+    """model=resnet50 (no YAML file anywhere): its node, 1-channel stem and classes from the data."""
+    run_cli(
+        "run",
+        "model=resnet50",
+        "data=synthetic",
+        "data.shape=[1,32,32]",
+        "data.num_classes=3",
+        "data.num_samples=16",
+        "data.val_samples=8",
+        "data.batch_size=4",
+        "train.max_steps=2",
+        "sched=none",
+        "run.dir=r50",
+        cwd=tmp_path,
+    )
+    frozen = config.load(tmp_path / "r50")
+    assert frozen.model.name == "resnet50" and frozen.model.args["num_classes"] is None
+    model = expctl.load_model(tmp_path / "r50")
+    assert model(torch.randn(2, 1, 32, 32)).shape == (2, 3)
 
 
 def test_user_module_from_imports(tiny: Path) -> None:
@@ -53,8 +79,7 @@ def test_user_module_from_imports(tiny: Path) -> None:
         "-C",
         str(tiny),
         "imports=[faulty]",
-        "model.name=tiny_custom",
-        "~model.hidden",
+        "model.name=tiny_custom",  # a switch: mlp's `hidden` from the file stays behind
         "train.max_epochs=1",
         cwd=tiny.parent,
     )
@@ -256,9 +281,13 @@ def test_example_presets_train(
     preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    small = ["data.num_samples=64", "data.val_samples=32"]
+    if preset != "linear_regression":  # Fashion-MNIST-shaped, without scoring 10,000 images
+        small = ["data=synthetic", "data.shape=[1,28,28]", *small]
     result = expctl.run(
         None,
-        [f"experiment={preset}", "train.max_steps=3", "data.batch_size=16", "train.log_every=1"],
+        [f"experiment={preset}", "train.max_steps=3", "data.batch_size=16", "train.log_every=1"]
+        + small,
     )
     assert result["step"] == 3
     if preset == "dcgan":
