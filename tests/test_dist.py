@@ -118,7 +118,9 @@ def test_tasks_per_node_syntax(spec: str, out: list[int]) -> None:
 
 def test_derived_ports_spread_over_the_range() -> None:
     ports = {derive_port(f"{j}.0") for j in range(2000)}
-    assert len(ports) > 1900 and min(ports) >= PORT_LOW and max(ports) < PORT_LOW + PORT_SPAN
+    # 2000 keys into 12000 ports: about 1842 distinct if the hash spreads evenly
+    assert len(ports) > 1800 and min(ports) >= PORT_LOW and max(ports) < PORT_LOW + PORT_SPAN
+    assert max(ports) < 32768, "below Linux's ephemeral ports, which client sockets take"
 
 
 def test_bad_integer_is_a_user_error() -> None:
