@@ -566,6 +566,8 @@ def _check_hydra_section(section: Any, source: str) -> None:
 
 
 def _check_option(group: str, name: str, dirs: Sequence[Path]) -> None:
+    if _known(group, name, dirs):
+        return  # without listing every name (torchvision's load only when one is asked for)
     options = group_options(group, dirs)
     if name not in options:
         kind = schema.COMPONENT_KINDS.get(group)
@@ -582,6 +584,20 @@ def _check_option(group: str, name: str, dirs: Sequence[Path]) -> None:
             f"Valid: {choices_text(options)}",
             hint,
         )
+
+
+def _known(group: str, name: str, dirs: Sequence[Path]) -> bool:
+    if group == "launcher":
+        return name in schema.LAUNCHERS
+    if name in yaml_options(group, dirs) or (group == "sched" and name == "none"):
+        return True
+    from expctl import registry
+
+    try:
+        registry.get(schema.COMPONENT_KINDS[group], name)
+        return True
+    except UserError:
+        return False
 
 
 @contextlib.contextmanager

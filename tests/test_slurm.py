@@ -18,7 +18,8 @@ import pytest
 from conftest import REPO, TINY, cli_env
 from conftest import expctl as run_cli
 
-pytestmark = pytest.mark.slurm
+# one cluster: its tests run one after another, in one xdist worker, beside the rest
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 EXPCTL = str(Path(sys.executable).parent / "expctl")
 SLOW = TINY + "imports: [faulty]\ncheckpoint: {every: 10}\n"
 

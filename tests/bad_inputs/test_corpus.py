@@ -180,6 +180,7 @@ def test_the_corpus_is_large_enough() -> None:
     assert len(CORPUS) >= 40
 
 
+@pytest.mark.xdist_group("slurm")  # reads the queue: not while other tests submit jobs
 def test_hostile_values_never_reach_sbatch(corpus_dir: Path) -> None:
     """A hostile partition is refused before any job exists (when a cluster is here to receive one)."""
     import shutil
