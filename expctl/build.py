@@ -218,6 +218,12 @@ def _channels_last(cfg: Config, models: dict[str, nn.Module], device: torch.devi
 
 
 def _total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    if steps_per_epoch < cfg.train.grad_accum:
+        raise UserError(
+            f"train.grad_accum={cfg.train.grad_accum} needs {cfg.train.grad_accum} batches per "
+            f"epoch on each worker, but the data gives {steps_per_epoch}",
+            "lower train.grad_accum or data.batch_size, or use more data",
+        )
     per_epoch = max(1, steps_per_epoch // cfg.train.grad_accum)
     total = per_epoch * cfg.train.max_epochs
     return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
@@ -247,8 +253,10 @@ def _schedulers(
         return {}
     entry = registry.get("schedulers", cfg.sched.name)
     args = dict(cfg.sched.args)
-    if "total_steps" in entry.inferred and args.get("total_steps") is None:
-        args["total_steps"] = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
+    length = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
+    for key in ("total_steps", "T_max"):  # the run's length, in the unit of sched.interval
+        if key in entry.inferred and args.get(key) is None:
+            args[key] = length
     return {
         k: _make("sched", str(cfg.sched.name), entry.factory, opt, **args)
         for k, opt in optimizers.items()

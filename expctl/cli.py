@@ -108,10 +108,10 @@ class _GroupsHelp(argparse.Action):
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: object
     ) -> None:
         parser.print_help()
-        from expctl import compose
+        from expctl import explain
 
         try:
-            print("\n" + compose.groups_text(getattr(namespace, "config", None)))
+            print("\n" + explain.groups_text(getattr(namespace, "config", None)))
         except UserError as e:
             print(f"\n(config groups unavailable: {e})")
         parser.exit()
@@ -142,9 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(status(args.run_dir))
             return 0
         if args.command == "completion":
-            from expctl import compose
+            from expctl import explain
 
-            print(compose.completion_script(_parser(), args.shell))
+            print(explain.completion_script(_parser(), args.shell))
             return 0
         if args.command == "_worker":
             from expctl import launch
@@ -222,7 +222,7 @@ def _show(args: argparse.Namespace) -> int:
     cfg = compose.compose(args.config, args.overrides, notes=notes)
     for note in notes:
         print(f"expctl: note: {note}", file=sys.stderr)
-    print(config.to_yaml(cfg), end="")
+    print(config.to_yaml(cfg, frozen=False), end="")
     env = detect(os.environ)
     print("# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()))
     if cfg.launcher.name == "slurm":

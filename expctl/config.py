@@ -11,6 +11,7 @@ finite floats, and cross-section checks, all raised as UserError.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import os
@@ -215,14 +216,15 @@ class Config:
     # dotted key -> its `${oc.env:...}` text: written back instead of the value (secrets)
     interpolations: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, resolved: bool = False) -> dict[str, Any]:
         """Plain nested dict as written to config.yaml: component arguments next to ``name``,
-        only the chosen launcher's keys, environment interpolations unresolved."""
+        only the chosen launcher's keys, environment interpolations unresolved (unless
+        `resolved`: the values this process uses)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if f.name == "interpolations":
                 continue
-            value = getattr(self, f.name)
+            value = copy.deepcopy(getattr(self, f.name))  # what is written never changes self
             if dataclasses.is_dataclass(value):
                 keep = _section_fields(f.name, value)
                 d = {k: getattr(value, k) for k in keep}
@@ -230,13 +232,9 @@ class Config:
                 out[f.name] = d
             else:
                 out[f.name] = value
-        for dotted, text in self.interpolations.items():
-            *parents, leaf = dotted.split(".")
-            node = out
-            for p in parents:
-                node = node.get(p, {})
-            if leaf in node:
-                node[leaf] = text
+        for path, text in () if resolved else self.interpolations.items():
+            *parents, leaf = _path(path)
+            _set(_lookup(out, parents), leaf, text)
         return out
 
     def replace(self, section: str, **changes: Any) -> Config:
@@ -299,9 +297,16 @@ def validate(
     known = {f.name for f in dataclasses.fields(Config)} - {"interpolations"}
     for key in raw:
         if key not in known:
+            owner = next(
+                (s for s, c in FIXED.items() if key in {f.name for f in dataclasses.fields(c)}),
+                None,
+            )
+            guess = f" Did you mean '{owner}.{key}'?" if owner else did_you_mean(key, known)
             raise UserError(
-                f"unknown config section '{key}'.{did_you_mean(key, known)} Valid: {choices_text(known)}",
-                "remove it, or fix its spelling",
+                f"unknown config section '{key}'.{guess} Valid: {choices_text(known)}",
+                f"put it under its section: {owner}: {{{key}: ...}}"
+                if owner
+                else "remove it, or fix its spelling",
             )
     for name in ("model", "data", "optim", "loss"):
         if raw.get(name) is None:
@@ -367,9 +372,10 @@ def _typed(where: str, cls: type, value: Any) -> Any:
     except (ConfigKeyError, OmegaConfBaseException) as e:
         raise UserError(f"{where}: {' '.join(str(e).split())[:200]}") from None
     obj = dataclasses.replace(obj, **free)  # type: ignore[type-var]
-    for key, f in fields.items():
-        _check_field(f"{where}.{key}", getattr(obj, key), f)
-    return obj
+    checked = {
+        key: _check_field(f"{where}.{key}", getattr(obj, key), f) for key, f in fields.items()
+    }
+    return dataclasses.replace(obj, **checked)  # type: ignore[type-var]
 
 
 def _type_name(annotation: Any) -> str:
@@ -533,6 +539,8 @@ _ALIASES = {
 
 def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
     choices = f.metadata.get("choices")
+    if choices and True in choices and isinstance(value, str):
+        value = {"true": True, "false": False}.get(value.lower(), value)  # "true" from a file
     if choices and not any(value == c and type(value) is type(c) for c in choices):
         shown = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
         alias = _ALIASES.get(str(value).lower())
@@ -558,13 +566,15 @@ def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
 CONFIG_FILE = "config.yaml"
 
 
-def to_yaml(cfg: Config) -> str:
-    """The frozen config as YAML text. ``run.dir`` is left out: a run directory is where its
-    config.yaml lies (a moved run resumes there; the file reused with -C starts a new run)."""
+def to_yaml(cfg: Config, frozen: bool = True) -> str:
+    """The config as YAML text. Frozen (config.yaml) leaves ``run.dir`` out: a run directory is
+    where its config.yaml lies (a moved run resumes there; the file reused with -C starts a new
+    run)."""
     from omegaconf import OmegaConf
 
     d = cfg.to_dict()
-    d["run"]["dir"] = None
+    if frozen:
+        d["run"]["dir"] = None
     return OmegaConf.to_yaml(OmegaConf.create(d))
 
 
@@ -627,9 +637,7 @@ def redacted(raw: dict[str, Any], interpolations: dict[str, str]) -> Iterator[No
     except UserError as e:
         message, hint = e.message, e.hint or ""
         for dotted, text in interpolations.items():
-            value: Any = raw
-            for part in dotted.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
+            value = _lookup(raw, _path(dotted))
             if value is not None and str(value):
                 for shown in {str(value), repr(str(value))}:
                     message, hint = message.replace(shown, text), hint.replace(shown, text)
@@ -640,5 +648,36 @@ def _interpolations(prefix: str, value: Any, out: dict[str, str]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _interpolations(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _interpolations(f"{prefix}[{i}]", v, out)
     elif isinstance(value, str) and "${" in value:
         out[prefix] = value
+
+
+def _lookup(tree: Any, path: list[str | int]) -> Any:
+    """The value at a path of keys and list indexes in nested dicts and lists, or None."""
+    for part in path:
+        if isinstance(tree, dict) and isinstance(part, str):
+            tree = tree.get(part)
+        elif isinstance(tree, list) and isinstance(part, int) and part < len(tree):
+            tree = tree[part]
+        else:
+            return None
+    return tree
+
+
+def _set(node: Any, leaf: str | int, value: Any) -> None:
+    in_dict = isinstance(node, dict) and isinstance(leaf, str) and leaf in node
+    in_list = isinstance(node, list) and isinstance(leaf, int) and leaf < len(node)
+    if in_dict or in_list:
+        node[leaf] = value
+
+
+def _path(dotted: str) -> list[str | int]:
+    """'launcher.setup[1]' -> ['launcher', 'setup', 1]."""
+    out: list[str | int] = []
+    for part in dotted.split("."):
+        name, *indexes = part.split("[")
+        out += [name] + [int(i.rstrip("]")) for i in indexes]
+    return out

@@ -25,8 +25,13 @@ class UserError(Exception):
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean 'x'?' for the closest choice, or '' when nothing is close."""
-    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
-    return f" Did you mean '{close[0]}'?" if close else ""
+    options = [str(c) for c in choices]
+    same = [c for c in options if c.lower() == str(value).lower() and c != str(value)]
+    if same:  # `optim=SGD`
+        return f" Did you mean '{same[0]}'?"
+    lowered = {c.lower(): c for c in options}
+    close = difflib.get_close_matches(str(value).lower(), list(lowered), n=1, cutoff=0.6)
+    return f" Did you mean '{lowered[close[0]]}'?" if close else ""
 
 
 def choices_text(choices: Iterable[str], limit: int = 12) -> str:

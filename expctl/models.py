@@ -170,12 +170,17 @@ def dcgan(
     return {"generator": gen, "discriminator": disc}
 
 
+_AUX_HEADS = {"googlenet", "inception_v3"}  # torchvision's default adds auxiliary outputs
+
+
 def _torchvision_factory(name: str):  # type: ignore[no-untyped-def]
     def factory(in_channels: int = 3, num_classes: int = 1000, **kwargs: object) -> nn.Module:
         from torchvision import models as tvm
 
         # a null argument is the builder's own default (wide_resnet50_2 sets width_per_group)
         given = {k: v for k, v in kwargs.items() if v is not None}
+        if name in _AUX_HEADS:  # a plain logits tensor in training too, as every other model
+            given.setdefault("aux_logits", False)
         model = tvm.get_model(name, weights=None, num_classes=num_classes, **given)
         if in_channels != 3:
             _adapt_stem(model, in_channels)

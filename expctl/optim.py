@@ -14,11 +14,29 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler
 
+from expctl.errors import UserError
 from expctl.registry import register
 
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+# optimizers the built-in steps cannot drive, and why (a clear error before anything runs)
+_UNSUPPORTED = {
+    "LBFGS": "needs a closure that re-evaluates the loss several times per step",
+    "SparseAdam": "takes sparse gradients only (nn.Embedding(sparse=True))",
+}
+
+
+def _refuse(name: str, why: str):  # type: ignore[no-untyped-def]
+    def check(**_: object) -> None:
+        raise UserError(
+            f"optim={name.lower()}: torch.optim.{name} {why}, which the built-in steps do not do",
+            "pick another optimizer, or drive it from your own registered step (train.step)",
+        )
+
+    return check
 
 
 def _register_optimizers() -> None:
@@ -29,8 +47,13 @@ def _register_optimizers() -> None:
             and issubclass(cls, torch.optim.Optimizer)
             and cls is not torch.optim.Optimizer
         ):
+            why = _UNSUPPORTED.get(name)
             register(
-                "optimizers", name.lower(), runtime=("params",), description=f"torch.optim.{name}"
+                "optimizers",
+                name.lower(),
+                runtime=("params",),
+                check=_refuse(name, why) if why else None,
+                description=f"torch.optim.{name}",
             )(cls)
 
 
@@ -44,6 +67,9 @@ def _register_schedulers() -> None:
         "LambdaLR",
         "MultiplicativeLR",
     }
+    # the length of the run, filled in (in the unit of sched.interval) when the config leaves it
+    inferred = {"OneCycleLR": ("total_steps",), "CosineAnnealingLR": ("T_max",)}
+    per_step = {"OneCycleLR", "CyclicLR"}  # made to be stepped every optimizer step
     for name in dir(lr_scheduler):
         cls = getattr(lr_scheduler, name)
         if isinstance(cls, type) and issubclass(cls, lr_scheduler.LRScheduler) and name not in skip:
@@ -52,6 +78,8 @@ def _register_schedulers() -> None:
                     "schedulers",
                     alias,
                     runtime=("optimizer",),
+                    inferred=inferred.get(name, ()),
+                    settings={"interval": "step"} if name in per_step else None,
                     description=f"torch.optim.lr_scheduler.{name}",
                 )(cls)
 

@@ -142,12 +142,16 @@ def register(
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         doc = description if description is not None else (inspect.getdoc(fn) or "")
+        implied = inferred
+        if not inferred and canonical_kind(kind) == "models":  # filled from the data by name
+            own = _signature(fn).parameters
+            implied = [n for n in ("in_channels", "num_classes", "input_shape") if n in own]
         _REGISTRIES[canonical_kind(kind)].add(
             Entry(
                 name=name or fn.__name__,
                 factory=fn,
                 runtime=frozenset(runtime),
-                inferred=frozenset(inferred),
+                inferred=frozenset(implied),
                 params_of=params_of,
                 check=check,
                 description=doc.strip().splitlines()[0] if doc.strip() else "",

@@ -178,8 +178,6 @@ def multirun(
     notes: list[str] = []
     first = [*plain, *(_override(d.key, d.values[0]) for d in dims if d.values)]
     base = compose.compose(config_file, first, notes=notes)
-    for note in notes:
-        print(f"expctl: note: {note}", file=sys.stderr)
     s = base.sweep
     yaml_plain, yaml_dims = parse_space([f"{k}={v}" for k, v in s.params.items()])
     dims += [d for d in yaml_dims if d.key not in {x.key for x in dims}]
@@ -190,9 +188,12 @@ def multirun(
         if s.n_trials:
             points = points[: s.n_trials]
         for p in points[1:]:  # every point is valid before anything is created
-            compose.compose(config_file, [*plain, *(_override(k, v) for k, v in p.items())])
+            over = [*plain, *(_override(k, v) for k, v in p.items())]
+            compose.compose(config_file, over, notes=notes)
     else:
         points = []
+    for note in dict.fromkeys(notes):
+        print(f"expctl: note: {note}", file=sys.stderr)
     # run.name's built-in default, model-data (conf/config.yaml), would name the first point only
     named = base.run.name != f"{base.model.name}-{base.data.name}"
     sweep_dir = new_sweep_dir(
@@ -200,6 +201,7 @@ def multirun(
     )
     spec = {
         "config_file": str(Path(config_file).absolute()) if config_file else None,
+        "config_sha256": _digest(config_file),
         "plain": plain,
         "dims": [vars(d) for d in dims],
         "points": points,
@@ -216,6 +218,28 @@ def multirun(
     return run_trials(sweep_dir, base)
 
 
+def _digest(config_file: str | None) -> str | None:
+    """The SHA-256 of the -C file's text (None without one, or when it is gone)."""
+    import hashlib
+
+    if config_file is None:
+        return None
+    try:
+        return hashlib.sha256(Path(config_file).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _check_unchanged(spec: dict[str, Any]) -> None:
+    """A sweep's trials all come from the -C file as it was when the sweep started."""
+    if _digest(spec["config_file"]) != spec.get("config_sha256", _digest(spec["config_file"])):
+        raise UserError(
+            f"-C {spec['config_file']} changed since the sweep started: its trials would mix "
+            "two configurations",
+            "restore the file as it was, or start a new sweep (`expctl run -m ...`)",
+        )
+
+
 def _trial_configs(
     sweep_dir: Path, base: Config, todo: list[tuple[dict[str, Any], int, int | None]]
 ) -> list[Config]:
@@ -223,6 +247,7 @@ def _trial_configs(
     from expctl import compose, rundir
 
     spec = json.loads((sweep_dir / SPEC_FILE).read_text())
+    _check_unchanged(spec)
     dims = [Dimension(**d) for d in spec["dims"]]
     study = open_study(sweep_dir, base.sweep)
     out = []
@@ -380,6 +405,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
             "pass the folder `expctl run -m` printed",
         )
     spec = json.loads((path / SPEC_FILE).read_text())
+    _check_unchanged(spec)
     frozen = sorted(path.glob("trial_*/config.yaml"))
     base = (
         config_mod.load(frozen[0].parent)

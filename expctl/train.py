@@ -14,7 +14,7 @@ from typing import Any
 
 from expctl import checkpoint, rundir
 from expctl.build import Parts, build, pick_device, resolve_precision
-from expctl.config import Config
+from expctl.config import Config, redacted
 from expctl.control import Control, Preempted, StopFlag
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import RunError, UserError
@@ -60,7 +60,8 @@ def main(cfg: Config, env: DistEnv) -> tuple[Path, dict[str, Any]]:
         setup_logging(run_dir, env.is_main, env.rank)
         state = TrainState()
         try:
-            parts = build(cfg, env, device)
+            with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
+                parts = build(cfg, env, device)
             rows = _restore(cfg, env, parts, state, run_dir)
         except UserError:
             if env.is_main:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from expctl import compose, config, registry
+from expctl import compose, config, confstore, registry
 from expctl.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,13 +75,49 @@ def test_command_line_choice_beats_the_file(
     chosen = cfg.to_dict()[group]
     assert chosen["name"] == new  # ... the command line wins ...
     assert key not in chosen or chosen[key] != OmegaConf.create({"v": value})["v"]  # ... alone
-    assert any(f"{group}={new}" in n and old in n for n in notes), notes
+    assert any(f"{group}={new} sets aside {group} '{old}'" in n for n in notes), notes
 
 
 def test_same_choice_on_the_command_line_keeps_the_files_settings(tmp_path: Path) -> None:
     f = write(tmp_path, "optim: {name: sgd, lr: 0.3}\n")
     assert cfg_of(f, "optim=sgd").optim.args["lr"] == 0.3
     assert cfg_of(f, "optim.name=sgd", "optim.lr=0.2").optim.args["lr"] == 0.2
+
+
+def test_settings_follow_their_component(tmp_path: Path) -> None:
+    """The last choice wins and means the same whatever was picked before it."""
+    alone = cfg_of(None, "optim=sgd").optim.args
+    assert alone["lr"] == 0.05 and alone["momentum"] == 0.9  # conf/config.yaml's sgd
+    assert cfg_of(None, "optim=adam", "optim=sgd").optim.args == alone
+    f = write(tmp_path, "optim: {name: adam, lr: 0.01}\n")
+    assert cfg_of(f, "optim=sgd").optim.args == alone  # the file's adam settings stay with adam
+    assert cfg_of(f, "optim=sgd", "optim=adam").optim.args["lr"] == 0.01
+
+
+def test_a_group_file_next_to_the_config_beats_the_builtin_settings(tmp_path: Path) -> None:
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "sgd.yaml").write_text("name: sgd\nlr: 0.3\nmomentum: 0.5\n")
+    (tmp_path / "optim" / "fast.yaml").write_text("name: sgd\nlr: 0.7\n")
+    args = cfg_of(write(tmp_path, "defaults: [{optim: sgd}]\n")).optim.args
+    assert (args["lr"], args["momentum"]) == (0.3, 0.5)
+    args = cfg_of(write(tmp_path, "optim: {name: fast, momentum: 0.1}\n")).optim.args
+    assert (args["lr"], args["momentum"]) == (0.7, 0.1)
+    assert cfg_of(write(tmp_path, "{}\n"), "optim=fast").optim.args["lr"] == 0.7
+
+
+def test_writing_the_config_never_changes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXPCTL_TEST_TOKEN", "tok123")
+    cfg = cfg_of(
+        None,
+        "launcher=slurm",
+        "env.KEY=${oc.env:EXPCTL_TEST_TOKEN}",
+        "launcher.sbatch.comment=${oc.env:EXPCTL_TEST_TOKEN}",
+        "launcher.setup=[echo,${oc.env:EXPCTL_TEST_TOKEN}]",
+    )
+    text = config.to_yaml(cfg)
+    assert "tok123" not in text and text.count("${oc.env:EXPCTL_TEST_TOKEN}") == 3
+    assert cfg.env["KEY"] == "tok123" and cfg.launcher.sbatch["comment"] == "tok123"
+    assert cfg.launcher.setup == ["echo", "tok123"]
 
 
 def test_command_line_keys_beat_the_file_and_presets(tmp_path: Path) -> None:
@@ -141,16 +177,15 @@ def test_every_registered_name_is_a_group_option(group: str, name: str) -> None:
     if name == "none":
         return
     entry = registry.get(config.COMPONENT_KINDS[group], name)
-    node = OmegaConf.to_container(OmegaConf.structured(compose.component_node(group, entry)))
-    assert isinstance(node, dict)
-    builtin = compose._layer(compose._read_yaml(REPO / "conf" / "config.yaml", ""), "")
+    node = confstore.node_defaults(group, entry)
+    builtin = compose.read_layer(compose.read_yaml(REPO / "conf" / "config.yaml", ""), "", [])
     tuned = builtin.sections.get(group, {}) if builtin.choices[group] == name else {}
     for p in entry.parameters().values():
         if p.name in tuned:
             assert got[p.name] == tuned[p.name]  # the embedded default's own setting
             continue
         if p.name not in node:
-            assert not compose._settable(p), f"{group}.{p.name} missing"
+            assert not confstore.settable(p), f"{group}.{p.name} missing"
             continue
         if entry.defers(p.name):
             assert got[p.name] is None
@@ -185,9 +220,7 @@ def _default_of(group: str, choice: str, key: str) -> Any:
         f = {f.name: f for f in dataclasses.fields(config.LAUNCHERS[choice])}.get(key)
         return f.default if f else MISSING
     entry = registry.get(config.COMPONENT_KINDS[group], choice)
-    node = OmegaConf.to_container(OmegaConf.structured(compose.component_node(group, entry)))
-    assert isinstance(node, dict)
-    return node.get(key, MISSING)
+    return confstore.node_defaults(group, entry).get(key, MISSING)
 
 
 def _conf_files() -> list[Path]:
@@ -199,8 +232,8 @@ def _conf_files() -> list[Path]:
 def test_conf_states_no_default(path: Path) -> None:
     """conf/ holds choices and what differs: no value equal to the schema's or the chosen
     component's default (the two cannot drift apart)."""
-    layer = compose._layer(compose._read_yaml(path, path.name), path.name)
-    base = compose._layer(compose._read_yaml(_conf_files()[0], "config.yaml"), "config.yaml")
+    layer = compose.read_layer(compose.read_yaml(path, path.name), path.name, [])
+    base = compose.read_layer(compose.read_yaml(_conf_files()[0], "config.yaml"), "", [])
     restated = []
     for group, section in layer.sections.items():
         choice = layer.choices.get(group, base.choices[group])
@@ -302,10 +335,15 @@ BAD = [
     (["hydra.run.dir=/tmp/x"], "use run.dir=PATH"),
     (["hydra.sweep.dir=/tmp/x"], "use run.root=PATH"),
     (["hydra/launcher=joblib"], "hydra.* settings have no effect"),
-    (["~optim"], "cannot be deleted"),
+    (["~optim"], "deleting is not supported"),
     (["experiment=nope"], "no 'nope' in config group 'experiment'"),
     (["launcher=nowhere"], "no 'nowhere' in config group 'launcher'"),
     (["sched=cosinee"], "Did you mean 'cosine'"),
+    (["optim=SGD"], "Did you mean 'sgd'"),
+    (["~optim.lr"], "deleting is not supported"),
+    (["sweep.trial=3"], "set by expctl"),
+    (["optim=lbfgs"], "needs a closure"),
+    (["train.channels_last=maybe"], "not one of: auto, true, false"),
 ]
 
 
@@ -323,8 +361,11 @@ BAD_FILES = [
     ("trian: {max_epochs: 3}\n", "Did you mean 'train'"),
     ("optim: {name: sgd, momentm: 0.9}\n", "Did you mean 'momentum'"),
     ("defaults: [{model: resnt18}]\n", "Did you mean 'resnet18'"),
-    ("defaults: [{optim: adam}]\noptim: {name: sgd}\n", "name the component once"),
+    ("defaults: [{optim: adam}]\noptim: {name: sgd}\n", "name the optim once"),
     ("hydra: {run: {dir: /tmp/x}}\n", "a hydra: section has no effect"),
+    ("hydra: {searchpath: [file:///tmp]}\n", "a hydra: section has no effect"),
+    ("precision: bf16\n", "Did you mean 'train.precision'"),
+    ("defaults: [base]\n", "not one of expctl's groups"),
     ("train: {max_epochs: three}\n", "train.max_epochs: expected int"),
     ("model: 3\n", "model must be a mapping or a name"),
 ]

@@ -59,7 +59,7 @@ def test_a_sweep_over_components_trains_what_its_table_says(tiny: Path) -> None:
     proc = run_cli(
         "run", "-C", str(tiny), "-m", "optim=adam,adamw", "train.max_steps=4", cwd=tiny.parent
     )
-    assert "replaces optim 'sgd'" in proc.stderr
+    assert "optim=adamw sets aside optim 'sgd'" in proc.stderr
     rows = ledger.rows(sweep_dir_of(proc.stdout))
     assert sorted(r.overrides for r in rows) == ["optim=adam", "optim=adamw"]
     for r in rows:
@@ -312,6 +312,11 @@ def test_resume_reruns_a_lost_trial_and_the_rest(tiny: Path) -> None:
     sweep = sweep_dir_of(killed.stdout)
     statuses = [r.status for r in ledger.rows(sweep)]
     assert statuses == ["completed", "lost"], statuses  # trial 1 died with the driver at step 8
+    original = tiny.read_text()
+    tiny.write_text(original.replace("momentum: 0.9", "momentum: 0.5"))
+    edited = run_cli("sweep", "resume", str(sweep), cwd=tiny.parent, check=False)
+    assert edited.returncode == 2 and "changed since the sweep started" in edited.stderr
+    tiny.write_text(original)
     run_cli("sweep", "resume", str(sweep), cwd=tiny.parent)
     rows = ledger.rows(sweep)
     assert [r.status for r in rows] == ["completed"] * 3 and len({r.run_dir for r in rows}) == 3

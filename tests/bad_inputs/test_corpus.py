@@ -111,16 +111,31 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "model=resnet50", "model.width=3"], "not a key of model=resnet50"),
     (["run", "-C", "sgd_body.yml", "optim=adamm"], "Did you mean 'adam'"),
     (["run", "-C", "sgd_body.yml", "optim=adam", "optim.momentum=0.9"], "not a key of optim=adam"),
-    (["run", "-C", "two_names.yml"], "name the component once"),
+    (["run", "-C", "two_names.yml"], "optim is both 'adam' and 'sgd'"),
     (["run", "launcher.sbatch.exclusive=true"], "launcher=slurm has it"),
     (["run", "launcher=slurm", "launcher.sbatch.signal=KILL"], "not an sbatch option"),
     (["run", "env.BAD-NAME=1"], "not an environment variable name"),
     (["run", "sched=multisteplr"], "needs argument 'milestones'"),
-    (["run", "~model"], "cannot be deleted"),
+    (["run", "~model"], "deleting is not supported"),
     (["run", "experiment=nope"], "no 'nope' in config group 'experiment'"),
     (["show", "env.T=${oc.env:EXPCTL_UNSET_VARIABLE}"], "EXPCTL_UNSET_VARIABLE"),
     (["show", "train.max_epochs=${oc.env:EXPCTL_TEST_SECRET}"], "converted to Integer"),
     (["run", "-C", "secret_name.yml"], "may only hold"),
+    (
+        ["run", "data=synthetic", "model=mlp", "model.hidden=[${oc.env:EXPCTL_TEST_SECRET}]"],
+        "rejected its arguments",
+    ),
+    (
+        [
+            "run",
+            "data=synthetic",
+            "data.num_samples=64",
+            "data.batch_size=32",
+            "train.grad_accum=3",
+        ],
+        "needs 3 batches per epoch",
+    ),
+    (["run", "optim=sparseadam"], "sparse gradients only"),
 ]
 
 

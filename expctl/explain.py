@@ -1,0 +1,221 @@
+"""Words for the config: composition errors made one-or-two-line UserErrors with a did-you-mean,
+the config groups for ``expctl run --help``, and shell completion."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from expctl import config as schema
+from expctl.errors import UserError, choices_text, did_you_mean
+
+
+def explain(e: Exception, choices: Mapping[str, str], keys: Sequence[str]) -> UserError:
+    """A Hydra / OmegaConf composition error as a UserError naming the key at fault."""
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    cause: Any = e
+    while not isinstance(cause, (ConfigKeyError, ValidationError)):
+        nxt = cause.__cause__ or cause.__context__
+        if nxt is None:
+            break
+        cause = nxt
+    text = " ".join(str(e).split())
+    full_key = str(getattr(cause, "full_key", "") or "")
+    override = next(
+        (k for k in keys if f"'{_key_of(k)}'" in text or f"override {k}" in text), None
+    ) or next((k for k in keys if full_key and _key_of(k) == full_key), None)
+    where = f"override {override.lstrip('+')!r}" if override else "the config"
+    key = _key_of(override) if override else full_key
+    if isinstance(cause, ValidationError):
+        return UserError(
+            f"{key}: {_type_text(str(cause).splitlines()[0])} ({where})",
+            f"set {key} to a value of that type (`expctl show` prints every key and value)",
+        )
+    if (
+        isinstance(cause, ConfigKeyError)
+        or "Could not override" in text
+        or "Could not append" in text
+    ):
+        return unknown_key(key, choices)
+    return UserError(
+        f"{where}: {text[:200]}",
+        "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",
+    )
+
+
+def _key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _type_text(msg: str) -> str:
+    """OmegaConf's "Value 'x' of type 'str' could not be converted to Integer" -> expected int."""
+    m = re.search(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", msg)
+    if not m:
+        return msg
+    want = {"Integer": "int", "Float": "float", "Boolean": "bool", "String": "str"}.get(
+        m.group(3), m.group(3)
+    )
+    return f"expected {want}, got {m.group(1)!r}"
+
+
+def unknown_key(key: str, choices: Mapping[str, str]) -> UserError:
+    """A key the config lacks: did-you-mean across sections, and the component that has it."""
+    parts = key.split(".")
+    section, leaf = parts[0], parts[-1]
+    everything = all_keys(choices)
+    sections = [k for k in everything if "." not in k]
+    if len(parts) == 1 or section not in everything:
+        same_leaf = [k for k in everything if k.rsplit(".", 1)[-1] == leaf and k != key]
+        close = same_leaf[0] if same_leaf else None
+        if close is None:
+            fixed = _closest(section, sections)
+            close = f"{fixed}.{'.'.join(parts[1:])}" if fixed and len(parts) > 1 else fixed
+        return UserError(
+            f"unknown config key '{key}'."
+            + (f" Did you mean '{close}'?" if close else "")
+            + f" Sections: {choices_text(sections)}",
+            f"keys are SECTION.KEY, e.g. {close or 'train.max_epochs'}=VALUE "
+            "(`expctl show` prints them all)",
+        )
+    valid = [k.split(".", 1)[1] for k in everything if k.startswith(f"{section}.")]
+    rest = ".".join(parts[1:])
+    name = choices.get(section)
+    if section in choices:
+        owners = _owners(section, parts[1])
+        if owners:
+            return UserError(
+                f"'{key}' is not a key of {section}={name}.{did_you_mean(rest, valid)}",
+                f"{section}={', '.join(owners[:3])}{' ...' if len(owners) > 3 else ''} "
+                f"{'has' if len(owners) == 1 else 'have'} it: pick one first; "
+                f"`expctl show {section}={name}` lists what {name} takes",
+            )
+        return UserError(
+            f"{section}.{rest}: '{name}' has no argument '{rest}'.{did_you_mean(rest, valid)} "
+            f"Valid: {choices_text(valid) or '(none)'}",
+            f"`expctl show {section}={name}` lists its keys",
+        )
+    return UserError(
+        f"unknown config key '{key}'.{did_you_mean(rest, valid)} Valid under '{section}': "
+        f"{choices_text(valid)}",
+        "check the spelling (`expctl show` prints every key)",
+    )
+
+
+def _closest(word: str, choices: Sequence[str]) -> str | None:
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def all_keys(choices: Mapping[str, str]) -> list[str]:
+    """Every SECTION and SECTION.KEY of the schema and the chosen components."""
+    out: list[str] = []
+    for f in dataclasses.fields(schema.Config):
+        if f.name == "interpolations":
+            continue
+        out.append(f.name)
+        if f.name in schema.FIXED:
+            out += [f"{f.name}.{k.name}" for k in dataclasses.fields(schema.FIXED[f.name])]
+        elif f.name == "launcher":
+            cls = schema.LAUNCHERS.get(choices.get("launcher", ""), schema.InlineLauncher)
+            out += [f"launcher.{k.name}" for k in dataclasses.fields(cls)]
+        elif f.name in schema.COMPONENT_KINDS:
+            out += [f"{f.name}.{k}" for k in _component_keys(f.name, choices.get(f.name))]
+    return out
+
+
+def _component_keys(section: str, name: str | None) -> list[str]:
+    from expctl import registry
+
+    keys = list(schema.framework_keys(section))
+    if name and name != "none":
+        try:
+            entry = registry.get(schema.COMPONENT_KINDS[section], name)
+        except UserError:
+            return keys
+        keys += [k for k in entry.parameters() if k not in keys]
+    return keys
+
+
+def _owners(section: str, key: str) -> list[str]:
+    """Choices of a group that have `key` (a launcher's keys, a component's argument)."""
+    if section == "launcher":
+        return [
+            n for n, c in schema.LAUNCHERS.items() if key in {f.name for f in dataclasses.fields(c)}
+        ]
+    from expctl import registry
+
+    kind = schema.COMPONENT_KINDS[section]
+    out = []
+    for name in registry.names(kind):
+        entry = registry.get(kind, name)
+        if entry.params_of is None and key in entry.parameters():
+            out.append(name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# help and shell completion
+# ---------------------------------------------------------------------------------------------
+
+
+def groups_text(config_file: str | None = None) -> str:
+    """Every config group and its options, as a Hydra app's --help lists them."""
+    import textwrap
+
+    from expctl.compose import GROUPS, PRESETS, group_options
+
+    dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
+    lines = ["config groups (GROUP=NAME picks one; GROUP.KEY=VALUE sets its keys):"]
+    for group in (*GROUPS, PRESETS):
+        options = group_options(group, dirs)
+        text = f"{group} ({len(options)}): {', '.join(options)}"
+        lines += textwrap.wrap(text, 100, initial_indent="  ", subsequent_indent="      ")
+    sections = ", ".join(schema.FIXED) + ", imports, env"
+    lines.append(f"sections with fixed keys: {sections} (`expctl show` prints every key)")
+    return "\n".join(lines)
+
+
+def completion_words() -> list[str]:
+    """What the shell completes on the command line: GROUP=NAME and SECTION.KEY= words."""
+    from expctl.compose import GROUPS, PRESETS, group_options
+
+    words = [f"{group}={name}" for group in (*GROUPS, PRESETS) for name in group_options(group)]
+    for section, cls in (*schema.FIXED.items(), ("launcher", schema.LauncherConfig)):
+        words += [f"{section}.{f.name}=" for f in dataclasses.fields(cls)]
+    for section in schema.COMPONENT_KINDS:
+        for name in group_options(section):
+            words += [f"{section}.{k}=" for k in _component_keys(section, name)]
+    return sorted(set(words))
+
+
+# bash splits words at '=': complete the whole KEY=VALUE word from the line, then hand back
+# only the part after the last '=' when '=' is a word break (it is by default)
+_BASH = """_expctl_overrides() {
+  local line="${COMP_LINE:0:$COMP_POINT}" cur w
+  cur="${line##*[[:space:]]}"
+  for w in $(compgen -W "WORDS" -- "$cur"); do
+    if [[ "$COMP_WORDBREAKS" == *=* && "$cur" == *=* ]]; then echo "${w#"${cur%=*}="}"
+    else echo "$w"; fi
+  done
+}"""
+
+
+def completion_script(parser: Any, shell: str) -> str:
+    """A completion script for `shell`, generated by shtab from the argument parser, with the
+    config groups, their options and every key for KEY=VALUE arguments."""
+    try:
+        import shtab
+    except ImportError:
+        raise UserError("shell completion needs shtab", "pip install shtab") from None
+    words = " ".join(completion_words())
+    preamble = {
+        "bash": _BASH.replace("WORDS", words),
+        "zsh": f"_expctl_overrides() {{ compadd -S '' -- {words}; }}",
+    }
+    return str(shtab.complete(parser, shell=shell, preamble=preamble))  # type: ignore[arg-type]
