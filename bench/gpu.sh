@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What ran on the GPU machine (device tool, nvidia-h100-x2), from the repository root:
-#   carry: .whl (hydra-core, omegaconf, antlr4, submitit, cloudpickle wheels), .data (Fashion-MNIST .gz)
+#   carry: .whl (hydra-core, omegaconf, antlr4, submitit, shtab wheels), .data (Fashion-MNIST .gz)
+#   bash bench/gpu.sh bn     reported vs saved-model accuracy (bench/bn_parity.py)
 # Prints the harness table (1 and 2 GPUs), the speedrun (expctl and raw) and a profile summary.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -10,6 +11,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L
 python3 -c "import torch, sys; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0])"
 part=${1:-all}
+if [ "$part" = bn ]; then
+  echo "== reported accuracy vs the saved model's, Fashion-MNIST ResNet-18, 240 steps"
+  python3 bench/bn_parity.py --workers 1 2 --extra data.root=.data/fashion-mnist
+  python3 bench/bn_parity.py --workers 2 --extra data.root=.data/fashion-mnist train.sync_batchnorm=true
+  exit
+fi
 if [ "$part" = all ] || [ "$part" = speedrun ]; then
   echo "== speedrun: expctl (x2) then raw (x2), one GPU"
   for i in 1 2; do

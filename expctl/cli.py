@@ -30,19 +30,18 @@ def _parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"expctl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser(
-        "run",
-        help="compose the config, freeze it into a run directory, train",
-        add_help=False,
-        epilog=PRECEDENCE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    show = sub.add_parser(
-        "show",
-        help="print the resolved config and environment without training",
-        add_help=False,
-        epilog=PRECEDENCE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    run, show = (
+        sub.add_parser(
+            name,
+            help=text,
+            add_help=False,
+            epilog=PRECEDENCE,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for name, text in (
+            ("run", "compose the config, freeze it into a run directory, train"),
+            ("show", "print the resolved config and environment without training"),
+        )
     )
     for sp in (run, show):
         sp.add_argument(

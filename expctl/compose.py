@@ -312,22 +312,28 @@ _HYDRA_HINTS = {
 }
 
 
-def parse_command_line(overrides: Sequence[str]) -> CommandLine:
-    """Sort `overrides` (Hydra's grammar, parsed by Hydra's parser)."""
+def parse_override(text: str) -> Any:
+    """One override parsed by Hydra's own parser (an ``Override``), or a UserError."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
     from hydra.errors import HydraException
 
-    parser = OverridesParser.create()
+    try:
+        (o,) = OverridesParser.create().parse_overrides([text])
+    except HydraException as e:
+        raise UserError(
+            f"bad override {text!r}: {' '.join(str(e).split())[:160]}",
+            "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",
+        ) from None
+    return o
+
+
+def parse_command_line(overrides: Sequence[str]) -> CommandLine:
+    """Sort `overrides` (Hydra's grammar, parsed by Hydra's parser)."""
+    from hydra.core.override_parser.types import OverrideType
+
     out = CommandLine()
     for text in overrides:
-        try:
-            (o,) = parser.parse_overrides([text])
-        except HydraException as e:
-            raise UserError(
-                f"bad override {text!r}: {' '.join(str(e).split())[:160]}",
-                "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",
-            ) from None
+        o = parse_override(text)
         key = o.key_or_group
         group = key.removesuffix(".name")
         deleting = o.type == OverrideType.DEL

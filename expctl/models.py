@@ -213,6 +213,33 @@ def _adapt_stem(model: nn.Module, in_channels: int) -> None:
                 return
 
 
+def _builder_sets(builder: object, cls: type) -> list[str] | None:
+    """The class arguments a torchvision builder sets itself, by keyword or through the helper it
+    calls (wide_resnet50_2's width_per_group, densenet121's growth_rate): they stay null unless
+    the user sets them, while the others show the class's defaults. None when the builder's
+    source cannot be read (then all are null)."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(builder)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return None
+    scope = getattr(inspect.unwrap(builder), "__globals__", {})  # type: ignore[arg-type]
+    helped: set[str] = set()
+    for callee in re.findall(r"\b(_\w+)\(", source):  # _densenet(32, (6, 12, 24, 16), ...)
+        fn = scope.get(callee)
+        if inspect.isfunction(fn):
+            helped |= {
+                p.name
+                for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            }
+    names = inspect.signature(cls).parameters
+    said = [n for n in names if re.search(rf"[\"']{n}[\"']|\b{n}\s*=", source)]
+    return sorted(set(said) | (helped & set(names)))
+
+
 def _register_torchvision() -> None:
     from torchvision import models as tvm
 
@@ -227,6 +254,7 @@ def _register_torchvision() -> None:
             name,
             inferred=("in_channels", "num_classes"),
             params_of=cls if isinstance(cls, type) else None,
+            deferred=_builder_sets(builder, cls) if isinstance(cls, type) else None,
         )(_torchvision_factory(name))
 
 

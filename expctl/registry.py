@@ -50,6 +50,8 @@ class Entry:
             (e.g. that data files exist); raises UserError.
         settings: defaults of the config section's own keys for this component (a scheduler
             stepped every optimizer step: ``{"interval": "step"}``).
+        deferred: arguments of `params_of` that the factory's builder sets itself (null in the
+            config unless the user sets them); None: all of them.
     """
 
     name: str
@@ -60,6 +62,7 @@ class Entry:
     check: Callable[..., None] | None = None
     description: str = ""
     settings: Mapping[str, Any] = field(default_factory=dict)
+    deferred: frozenset[str] | None = None  # params_of arguments the builder sets itself
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """User-settable parameters: the factory's (and `params_of`'s) minus runtime ones."""
@@ -81,6 +84,8 @@ class Entry:
         builder behind `params_of` (torchvision's builders set some class arguments)."""
         if key in self.inferred:
             return True
+        if self.deferred is not None:
+            return key in self.deferred
         own = _signature(self.factory).parameters
         return self.params_of is not None and key not in own
 
@@ -137,6 +142,7 @@ def register(
     check: Callable[..., None] | None = None,
     description: str | None = None,
     settings: Mapping[str, Any] | None = None,
+    deferred: Iterable[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a factory under `name` (default: the function's name)."""
 
@@ -156,6 +162,7 @@ def register(
                 check=check,
                 description=doc.strip().splitlines()[0] if doc.strip() else "",
                 settings=dict(settings or {}),
+                deferred=None if deferred is None else frozenset(deferred),
             )
         )
         return fn

@@ -62,21 +62,14 @@ class Dimension:
 
 def parse_space(overrides: Sequence[str]) -> tuple[list[str], list[Dimension]]:
     """Split overrides into plain ones and swept dimensions (Hydra's override grammar)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-    from hydra.errors import HydraException
 
-    parser = OverridesParser.create()
+    from expctl.compose import parse_override
+
     plain: list[str] = []
     dims: list[Dimension] = []
     for text in overrides:
-        try:
-            (o,) = parser.parse_overrides([text])
-        except HydraException as e:
-            raise UserError(
-                f"bad override {text!r}: {' '.join(str(e).split())[:160]}",
-                "see `expctl run --help`",
-            ) from None
+        o = parse_override(text)
         if not o.is_sweep_override():
             plain.append(text)
             continue
