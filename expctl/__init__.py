@@ -13,7 +13,7 @@ from typing import Any
 
 from expctl.errors import UserError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 __all__ = ["run", "load_model", "register", "UserError", "__version__"]
 
 

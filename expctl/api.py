@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from expctl import compose, launch, registry
+from expctl import config as config_mod
+from expctl.errors import UserError
 from expctl.launch import Result
 
 
@@ -18,8 +21,6 @@ def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = T
         UserError: a bad config, name, value or environment.
     """
     import sys
-
-    from expctl import compose, launch
 
     notes: list[str] = []
     cfg = compose.compose(config, overrides, notes=notes)
@@ -41,10 +42,7 @@ def load_model(
     Raises:
         UserError: no run directory or no loadable checkpoint.
     """
-    from expctl import checkpoint as ckpt
-    from expctl import config as config_mod
-    from expctl import registry
-    from expctl.errors import UserError
+    from expctl import checkpoint as ckpt  # lazy: torch loads only when a model does
 
     run_dir = Path(run_dir)
     cfg = config_mod.load(run_dir)

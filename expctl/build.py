@@ -33,6 +33,9 @@ class Parts:
     batches: TrainBatches
     total_steps: int  # optimizer steps of the whole run
     model_args: dict[str, Any]  # what the model factory got, data-inferred values included
+    sched_interval: str = "epoch"  # when the schedulers step: each "epoch" or each "step"
+    val_batch_size: int = 256  # batch size of validation and test
+    limit_val_batches: int | None = None  # score only this many batches per rank (debug runs)
 
 
 def pick_device(cfg: Config, env: DistEnv) -> torch.device:
@@ -90,7 +93,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     channels_last = _channels_last(cfg, models, device)
     if channels_last:
         for m in models.values():
-            m.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+            m.to(memory_format=torch.channels_last)
     resident = cfg.data.device_resident is True or (
         cfg.data.device_resident == "auto" and device.type == "cuda"
     )
@@ -137,7 +140,19 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
             f"'{cfg.model.name}' gives {', '.join(models)}",
             "pick a model that gives them (e.g. model=dcgan for train.step=gan)",
         )
-    return Parts(models, ctx, schedulers, step, splits, batches, total_steps, model_args)
+    return Parts(
+        models,
+        ctx,
+        schedulers,
+        step,
+        splits,
+        batches,
+        total_steps,
+        model_args,
+        sched_interval=cfg.sched.interval,
+        val_batch_size=cfg.data.val_batch_size or cfg.data.batch_size,
+        limit_val_batches=cfg.train.limit_val_batches,
+    )
 
 
 def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:

@@ -22,33 +22,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expctl.errors import RunError
+from expctl.errors import CheckpointError
+from expctl.layout import RunDir
 
 if TYPE_CHECKING:
     from expctl.build import Parts
 
-# step, epoch, batch in the epoch, last validation and last train metrics
-Position = tuple[int, int, int, dict[str, float], dict[str, float]]
-
 FORMAT = 1
-DIR = "checkpoints"
 log = logging.getLogger("expctl")
 
 
-class CheckpointError(RunError):
-    """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
-
-
 def capture(
-    parts: Parts, position: Position, rng: list[dict[str, Any]], metrics_rows: int
+    parts: Parts, state: dict[str, Any], rng: list[dict[str, Any]], metrics_rows: int
 ) -> dict[str, Any]:
-    """The checkpoint payload of a run at `position`, with every rank's RNG state and the number
-    of metrics.jsonl rows logged so far."""
-    step, epoch, batch, val, train = position
+    """The checkpoint payload of a run at `state` (`TrainState.state_dict()`: step, epoch, batch,
+    val, train), with every rank's RNG state and the number of metrics.jsonl rows logged so far."""
     return {
-        "step": step,
-        "epoch": epoch,
-        "batch": batch,
+        **state,
         "world_size": len(rng),
         "model_args": parts.model_args,
         "models": {k: m.state_dict() for k, m in parts.models.items()},
@@ -56,14 +46,13 @@ def capture(
         "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
         "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
         "rng": rng,
-        "val": val,
-        "train": train,
         "metrics_rows": metrics_rows,
     }
 
 
-def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> Position:
-    """Load a payload into the built parts and this rank's RNG; return where training stood."""
+def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> dict[str, Any]:
+    """Load a payload into the built parts and this rank's RNG; return where training stood
+    (for `TrainState.load_state_dict`)."""
     for name, sd in payload["models"].items():
         parts.models[name].load_state_dict(sd)
     for name, sd in payload["optimizers"].items():
@@ -82,18 +71,12 @@ def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> 
             len(rng),
             world_size,
         )
-    return (
-        int(payload["step"]),
-        int(payload["epoch"]),
-        int(payload["batch"]),
-        dict(payload.get("val") or {}),
-        dict(payload.get("train") or {}),
-    )
+    return {k: payload.get(k) for k in ("step", "epoch", "batch", "val", "train")}
 
 
 def path_for(run_dir: Path, step: int) -> Path:
     """Where the checkpoint of `step` goes."""
-    return run_dir / DIR / f"step_{step:09d}.pt"
+    return RunDir(run_dir).checkpoints / f"step_{step:09d}.pt"
 
 
 def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
@@ -169,10 +152,7 @@ def _prune(folder: Path, keep: int) -> None:
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoints of a run, newest first."""
-    folder = run_dir / DIR
-    if not folder.is_dir():
-        return []
-    return sorted(folder.glob("step_*.pt"), reverse=True)
+    return RunDir(run_dir).checkpoint_files()
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -220,7 +200,7 @@ def rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
         state["numpy"] = (
             kind,
             torch.from_numpy(np.asarray(keys, dtype=np.int64)),
@@ -244,4 +224,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))  # type: ignore[attr-defined]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))

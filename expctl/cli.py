@@ -1,4 +1,5 @@
-"""The ``expctl`` command. Parsing imports nothing heavy: torch and Hydra load only when needed."""
+"""The ``expctl`` command. Parsing imports nothing heavy: each command imports its modules inside
+its branch (lazy, for speed: `expctl --help` loads neither torch nor Hydra)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from expctl.errors import RunError, UserError
+from expctl.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_USER,
+    Preempted,
+    RunError,
+    UserError,
+)
 
 EPILOG = """examples:
   expctl run                                    train the built-in default (Fashion-MNIST, small CNN)
@@ -107,10 +116,10 @@ class _GroupsHelp(argparse.Action):
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: object
     ) -> None:
         parser.print_help()
-        from expctl import explain
+        from expctl import completion
 
         try:
-            print("\n" + explain.groups_text(getattr(namespace, "config", None)))
+            print("\n" + completion.groups_text(getattr(namespace, "config", None)))
         except UserError as e:
             print(f"\n(config groups unavailable: {e})")
         parser.exit()
@@ -141,9 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(status(args.run_dir))
             return 0
         if args.command == "completion":
-            from expctl import explain
+            from expctl import completion
 
-            print(explain.completion_script(_parser(), args.shell))
+            print(completion.completion_script(_parser(), args.shell))
             return 0
         if args.command == "_worker":
             from expctl import launch
@@ -154,25 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except UserError as e:
         print(f"expctl: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER
     except BrokenPipeError:  # `expctl list | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as e:
-        if isinstance(e, RunError):  # disk full, a hung peer: one line, no traceback
-            print(f"expctl: error: {e}", file=sys.stderr)
-            return 1
-        if type(e).__name__ != "Preempted":
-            raise
+    except RunError as e:  # disk full, a hung peer: one line, no traceback
+        print(f"expctl: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except Preempted as e:
         print(f"expctl: {e}; checkpoint saved: run the same command to resume", file=sys.stderr)
-        return 3
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         if args.command != "_worker":  # the launching process speaks for its workers
             print(
                 "expctl: interrupted; run the same command to resume from the last checkpoint",
                 file=sys.stderr,
             )
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -180,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
         from expctl import sweep
 
         outcome = sweep.multirun(args.config, args.overrides, repeat=args.repeat)
-        return 1 if outcome.failed else 0  # it printed "N of M trial(s) failed: ..."
+        return EXIT_FAILED if outcome.failed else 0  # it printed "N of M trial(s) failed: ..."
     if args.repeat:
         raise UserError(
             "--repeat needs -m (a sweep)", "add -m, e.g. expctl run -m --repeat 3 optim.lr=0.01,0.1"
@@ -209,7 +216,7 @@ def _sweep(args: argparse.Namespace) -> int:
     elif args.action == "plot":
         print(f"expctl: wrote {ledger.plot(args.sweep_dir)}")
     else:
-        return 1 if sweep.resume(args.sweep_dir).failed else 0
+        return EXIT_FAILED if sweep.resume(args.sweep_dir).failed else 0
     return 0
 
 

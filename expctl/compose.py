@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as schema
-from expctl import confstore
+from expctl import confstore, registry
 from expctl.errors import UserError, choices_text, did_you_mean
+from expctl.explain import explain
 
 GROUPS = ("model", "data", "optim", "sched", "loss", "launcher")
 PRESETS = "experiment"  # conf/experiment/*.yaml (or experiment/ next to the -C file)
 FREE_MAPS = ("launcher.sbatch", "env", "sweep.params")  # keys the user adds without `+`
-RUNTIME_KEYS = ("sweep.storage", "sweep.trial")  # set by expctl in a sweep's trials
 PRIMARY = "__expctl_main__"
 GENERATED = "__expctl__"
 BUILTIN = "conf/config.yaml"
@@ -60,8 +60,6 @@ def group_options(group: str, dirs: Sequence[Path] = ()) -> list[str]:
         return sorted(schema.LAUNCHERS)
     if group == PRESETS:
         return yaml_options(group, dirs)
-    from expctl import registry
-
     names = set(registry.names(schema.COMPONENT_KINDS[group])) | set(yaml_options(group, dirs))
     return sorted(names | ({"none"} if group == "sched" else set()))
 
@@ -124,6 +122,7 @@ class Layer:
 def read_layer(doc: dict[str, Any], source: str, dirs: Sequence[Path]) -> Layer:
     """Sort a config file's defaults list and body into a Layer."""
     doc = dict(doc)
+    schema.drop_legacy(doc)  # a 0.1 trial's config.yaml used with -C
     layer = Layer(source)
     raw = doc.pop("defaults", None) or []
     if not isinstance(raw, list):
@@ -353,8 +352,6 @@ def parse_command_line(overrides: Sequence[str]) -> CommandLine:
                 if group == "sched"
                 else f"set it instead ({key}=VALUE); `expctl show` prints every key and default",
             )
-        if key in RUNTIME_KEYS:
-            raise UserError(f"{text}: {key} is set by expctl in a sweep's trials", "leave it out")
         if group in GROUPS:
             out.choices[group] = _choice(group, o.value(), f"{text}:")
         elif key == PRESETS:
@@ -393,8 +390,6 @@ def compose(
     Raises:
         UserError: a bad file, an unknown group option or key, a malformed override.
     """
-    from expctl import registry
-
     cli = parse_command_line(overrides)
     user = read_user_file(config_file) if config_file else None
     dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
@@ -428,7 +423,6 @@ def compose(
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             node = hydra_compose(config_name=PRIMARY, overrides=cli.keys)
     raw, interps = schema.resolve(node, "config")
-    raw.get("sweep", {}).update(storage=None, trial=None)  # a trial's, reused with -C: a new run
     confstore.complete(raw)
     with schema.redacted(raw, interps):
         return schema.validate(raw, check_components=check_components, interpolations=interps)
@@ -457,8 +451,6 @@ def _known(group: str, name: str) -> bool:
         return name in schema.LAUNCHERS
     if group == "sched" and name == "none":
         return True
-    from expctl import registry
-
     try:
         registry.get(schema.COMPONENT_KINDS[group], name)
         return True
@@ -499,8 +491,6 @@ def _hydra_errors(stack: Stack, keys: Sequence[str]) -> Iterator[None]:
     """Turn Hydra's composition errors into one-or-two-line UserErrors."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from expctl.explain import explain
 
     try:
         yield

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from expctl import registry
 from expctl.errors import UserError, choices_text, did_you_mean
+from expctl.layout import RunDir
 
 
 def _f(default: Any, *, choices: tuple[Any, ...] = (), min: float | None = None) -> Any:
@@ -47,6 +49,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
     val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
+    limit_val_batches: int | None = _f(None, min=1)  # val/test: only N batches per rank (debug)
     step: str = "supervised"  # registered training step
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
     channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
@@ -146,9 +149,6 @@ class SweepConfig:
     seed: int = 0  # the sampler's seed
     stop_on_failure: bool = False
     params: dict[str, str] = _f({})  # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
-    # set by expctl in each trial's frozen config
-    storage: str | None = None
-    trial: int | None = None
 
 
 @dataclass(frozen=True)
@@ -331,8 +331,6 @@ def validate(
 
 def check_registered(cfg: Config) -> None:
     """Check every component name and argument against the registries."""
-    from expctl import registry
-
     registry.import_user_modules(cfg.imports)
     for section, kind in COMPONENT_KINDS.items():
         comp = getattr(cfg, section)
@@ -563,8 +561,6 @@ def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
 # saving and loading the frozen config
 # ---------------------------------------------------------------------------------------------
 
-CONFIG_FILE = "config.yaml"
-
 
 def to_yaml(cfg: Config, frozen: bool = True) -> str:
     """The config as YAML text. Frozen (config.yaml) leaves ``run.dir`` out: a run directory is
@@ -583,17 +579,30 @@ def load(run_dir: str | Path) -> Config:
     interpolations resolve in this process's environment."""
     from omegaconf import OmegaConf
 
-    path = Path(run_dir) / CONFIG_FILE
+    path = RunDir(run_dir).config
     if not path.is_file():
         raise UserError(
-            f"{run_dir}: not a run directory (no {CONFIG_FILE})",
+            f"{run_dir}: not a run directory (no {RunDir.CONFIG})",
             "pass the folder printed at the start of a run",
         )
     node = OmegaConf.create(path.read_text())
     raw, interps = resolve(node, f"{path}")
+    drop_legacy(raw)
     with redacted(raw, interps):
         cfg = validate(raw, check_components=False, interpolations=interps)
     return cfg.replace("run", dir=str(Path(run_dir).expanduser().absolute()))
+
+
+LEGACY_KEYS = ("storage", "trial")  # sweep.*, written into trials' configs before 0.2
+
+
+def drop_legacy(raw: dict[str, Any]) -> None:
+    """Forget the runtime keys that configs frozen by expctl 0.1 hold (a trial's identity now
+    lives in RUN_DIR/trial.json)."""
+    sweep = raw.get("sweep")
+    if isinstance(sweep, dict):
+        for key in LEGACY_KEYS:
+            sweep.pop(key, None)
 
 
 def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from expctl import config as schema
+from expctl import registry
+from expctl.errors import UserError
 
 REGISTRY_GROUP = "expctl_registry"
 SCHEMA = "expctl_schema"
@@ -50,8 +52,6 @@ def store_schema(groups: tuple[str, ...]) -> None:
 def store_components(choices: Mapping[str, str]) -> None:
     """Store the nodes of the chosen registered components (each once per process)."""
     from hydra.core.config_store import ConfigStore
-
-    from expctl import registry
 
     cs = ConfigStore.instance()
     for section, kind in schema.COMPONENT_KINDS.items():
@@ -125,9 +125,6 @@ def complete(raw: dict[str, Any]) -> None:
     that reached the config without its node, e.g. from a frozen config of an older version)."""
     from omegaconf import MISSING
 
-    from expctl import registry
-    from expctl.errors import UserError
-
     for section, kind in schema.COMPONENT_KINDS.items():
         value = raw.get(section)
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -159,9 +156,7 @@ def _annotation(text: Any) -> Any:
 def settable(p: inspect.Parameter) -> bool:
     """Whether YAML can set the parameter: its annotation allows a plain value (not only a
     class, function, module or tensor) and its default is one."""
-    from expctl.registry import settable as annotation_settable
-
-    return annotation_settable(p) and (p.default is p.empty or _yaml_value(p.default))
+    return registry.settable(p) and (p.default is p.empty or _yaml_value(p.default))
 
 
 def _yaml_value(value: Any) -> bool:
@@ -180,9 +175,7 @@ _SIMPLE = {"int": int, "float": float, "bool": bool, "str": str}
 def _param_type(p: inspect.Parameter) -> Any:
     """int, float, bool or str (optional where None is allowed) when the annotation says one
     of them and the default fits it, else Any."""
-    from expctl.registry import _NEVER_FROM_YAML, _options
-
-    opts = [o for o in _options(p) if o not in _NEVER_FROM_YAML]
+    opts = [o for o in registry.annotation_options(p) if o not in registry.NEVER_FROM_YAML]
     simple = [o for o in opts if o != "None"]
     if len(simple) != 1 or simple[0] not in _SIMPLE:
         return Any

@@ -56,10 +56,6 @@ class Control:
         return out
 
 
-class Preempted(Exception):
-    """Training stopped at a checkpoint because the stop signal arrived (resumable)."""
-
-
 class StopFlag:
     """The preemption signal only sets a flag; ranks agree on it at step boundaries.
 
@@ -74,7 +70,7 @@ class StopFlag:
         import signal
         import threading
 
-        self.ctl, self.requested, self._calls = ctl, 0, 0
+        self.ctl, self.requested, self._calls, self.signame = ctl, 0, 0, signame
         self.signum = int(getattr(signal, f"SIG{signame}"))
         self.previous: Any = None
         self._buf = torch.zeros(1, dtype=torch.int32)

@@ -91,7 +91,7 @@ def _read_idx(path: Path) -> torch.Tensor:
     """Read an IDX file (optionally gzipped) into a uint8 tensor, checking its header."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:  # type: ignore[operator]
+        with opener(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError) as e:
         raise UserError(

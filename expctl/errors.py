@@ -1,9 +1,19 @@
-"""The one error type for user mistakes, and did-you-mean helpers."""
+"""The exceptions of expctl and the exit codes they end in (importable without torch), and
+did-you-mean helpers.
+
+Exit codes, shared with the sbatch templates in slurm/ (`EXIT_USER=2 EXIT_PREEMPTED=3` there):
+"""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # RunError: one line, no traceback; what was checkpointed is kept
+EXIT_USER = 2  # UserError: a mistake the user fixes; nothing half-written on disk
+EXIT_PREEMPTED = 3  # Preempted: stopped by the signal at a checkpoint; the same command resumes
+EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 class UserError(Exception):
@@ -56,3 +66,11 @@ class RunError(RuntimeError):
 
     The CLI prints it in one line without a traceback and exits 1; what was checkpointed is kept.
     """
+
+
+class CheckpointError(RunError):
+    """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
+
+
+class Preempted(Exception):
+    """Training stopped at a checkpoint because the stop signal arrived (resumable)."""

@@ -1,7 +1,9 @@
-"""Start the ranks of a run: inline (this process), local (torch's elastic agent), or Slurm.
+"""Start the ranks of a run: inline (this process), local (torch's elastic agent), or Slurm, and
+hand each rank the hooks of its job (`hooks_for`): job records and requeues (`JobHooks`), and a
+sweep trial's pruning and bookkeeping (`study.TrialHooks`).
 
-The launching process has already composed and validated the config; `local` creates the run
-directory here and hands its path to the workers, which read RUN_DIR/config.yaml.
+The launching process has already composed and validated the config; `local` and `slurm` create
+the run directory here and hand its path to the workers, which read RUN_DIR/config.yaml.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl import rundir
+from expctl import config as config_mod
+from expctl import rank, rundir, slurm, study
+from expctl.build import check_sync_batchnorm
 from expctl.config import Config
 from expctl.dist import DistEnv, detect
-from expctl.errors import RunError, UserError
-from expctl.report import read_result
+from expctl.errors import EXIT_USER, RunError, UserError
+from expctl.hooks import Chain, Hooks
+from expctl.layout import RunDir
 
 log = logging.getLogger("expctl")
 
@@ -62,14 +67,12 @@ def launch(cfg: Config, wait: bool = True) -> Result:
 
 
 def _slurm(cfg: Config, wait: bool) -> Result:
-    from expctl import slurm
-
     slurm.parameters(cfg)  # reject bad values before anything else
     slurm.check_cluster(cfg)
     frozen = rundir.create(cfg, None)
     run_dir = Path(str(frozen.run.dir))
     try:
-        job_id = slurm.submit(frozen)
+        job_id = slurm.submit(frozen, SlurmTask(str(run_dir)))
     except UserError:
         rundir.discard_if_unstarted(run_dir)
         raise
@@ -78,7 +81,7 @@ def _slurm(cfg: Config, wait: bool) -> Result:
     if not wait:
         return Result(run_dir, {}, job_id)
     state = slurm.wait(job_id)
-    metrics = read_result(run_dir)
+    metrics = RunDir(run_dir).read_result()
     if not metrics:
         raise RuntimeError(
             f"job {job_id} ended {state} without a result; see {run_dir}/slurm/ and train.log"
@@ -88,14 +91,12 @@ def _slurm(cfg: Config, wait: bool) -> Result:
 
 def inline(cfg: Config, env: DistEnv, gpus: int) -> Result:
     """Train in this process, as one rank of whatever job `env` describes."""
-    from expctl import train
-
     if gpus and env.local_world_size > gpus:
         raise UserError(
             f"{env.local_world_size} ranks on this node but {gpus} GPU(s)",
             f"start at most {gpus} ranks per node",
         )
-    run_dir, metrics = train.main(cfg, env)
+    run_dir, metrics = train_rank(cfg, env)
     return Result(run_dir, metrics)
 
 
@@ -111,8 +112,6 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
             f"use launcher.nproc={gpus} or fewer, or train.device=cpu",
         )
     if cfg.train.sync_batchnorm:
-        from expctl.build import check_sync_batchnorm
-
         check_sync_batchnorm(n, "cuda" if gpus else "cpu")  # here, before workers start
     frozen = rundir.create(cfg, env.run_id)
     run_dir = Path(str(frozen.run.dir))
@@ -137,19 +136,95 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode
-        if code == 2:  # the worker printed a user error itself
-            raise SystemExit(2) from None
+        if code == EXIT_USER:  # the worker printed a user error itself
+            raise SystemExit(EXIT_USER) from None
         raise RunError(
             f"local worker rank {rank} failed with exit code {code} after "
             f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
         ) from None
-    return Result(run_dir, read_result(run_dir))
+    return Result(run_dir, RunDir(run_dir).read_result())
 
 
 def worker(run_dir: str) -> None:
     """Entry point of one local worker: read the frozen config, detect the rank, train."""
-    from expctl import config as config_mod
-    from expctl import train
-
     cfg = config_mod.load(run_dir)
-    train.main(cfg, detect(os.environ))
+    train_rank(cfg, detect(os.environ), under_agent=True)
+
+
+def train_rank(cfg: Config, env: DistEnv, under_agent: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Train this rank of `cfg` with the hooks of its job."""
+    return rank.main(cfg, env, hooks_for(cfg, env, under_agent))
+
+
+def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
+    """The hooks of a rank: Slurm job records and requeues, and a sweep trial's bookkeeping.
+
+    Args:
+        under_agent: a worker of a local launch, which torch's agent may restart: the sweep
+            driver, not the worker, records the trial's failure.
+    """
+    hooks: list[Hooks] = []
+    run_dir = rundir.deterministic_dir(cfg, env.run_id)
+    if env.job_id and run_dir is not None:
+        hooks.append(JobHooks(env, run_dir, cfg.launcher.max_requeues))
+    ref = study.TrialRef.read(cfg.run.dir)
+    if ref is not None:
+        hooks.append(study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent))
+    return Chain(*hooks)
+
+
+class JobHooks(Hooks):
+    """A rank of a Slurm job: rank 0 records the job's start and stop in RUN_DIR/jobs.jsonl and,
+    after the stop checkpoint, requeues the job (`scontrol requeue`); it resumes from that
+    checkpoint. Under submitit (launcher=slurm) a failed rank requeues the job too (every
+    surviving rank asks, Slurm takes the first request); sbatch templates do that in the script."""
+
+    def __init__(self, env: DistEnv, run_dir: Path, max_requeues: int) -> None:
+        self.env, self.run_dir, self.max_requeues = env, run_dir, max_requeues
+
+    def on_start(self, run_dir: Path) -> None:
+        if self.env.is_main and self.env.job_id:
+            slurm.record_job(
+                run_dir,
+                {
+                    "job_id": self.env.job_id,
+                    "event": "started",
+                    "restart": self.env.restart_count,
+                    "world_size": self.env.world_size,
+                    "source": self.env.source,
+                },
+            )
+
+    def on_stop(self, step: int, signame: str) -> None:
+        if not self.env.is_main or not self.env.job_id:
+            return
+        slurm.record_job(
+            self.run_dir, {"job_id": self.env.job_id, "event": "stopped", "step": step}
+        )
+        slurm.requeue(self.env.job_id, self.env.restart_count, self.max_requeues)
+
+    def on_failure(self, error: BaseException, returning: bool) -> bool:
+        if self.env.source != "submitit" or not self.run_dir.is_dir():
+            return returning
+        return slurm.requeue_after_failure(self.env, self.run_dir, error, self.max_requeues)
+
+
+class SlurmTask:
+    """What each task of a launcher=slurm job runs: train the frozen config of `run_dir`.
+
+    submitit calls `checkpoint` when it catches the stop signal itself (outside training): the
+    same task runs again after the requeue and resumes from the newest checkpoint.
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> dict[str, Any]:
+        cfg = config_mod.load(self.run_dir)
+        _, metrics = train_rank(cfg, detect(os.environ))
+        return metrics
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(SlurmTask(self.run_dir))

@@ -7,7 +7,6 @@ line of the error. It can be read while trials still run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -18,7 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expctl import config as config_mod
+from expctl.config import SweepConfig
 from expctl.errors import UserError
+from expctl.layout import RunDir, SweepDir
+from expctl.slurm import FINAL_STATES, job_states
+from expctl.study import open_study
 
 STATES = {
     "RUNNING": "running",
@@ -49,25 +53,20 @@ class Row:
 
 
 def _settings(sweep_dir: Path) -> Any:
-    from expctl import config as config_mod
-
-    trials = sorted(sweep_dir.glob("trial_*/config.yaml"))
-    if not (sweep_dir / "journal.log").is_file():
+    sweep = SweepDir(sweep_dir)
+    if not sweep.journal.is_file():
         raise UserError(
-            f"{sweep_dir}: not a sweep directory (no journal.log)",
+            f"{sweep_dir}: not a sweep directory (no {SweepDir.JOURNAL})",
             "pass the folder `expctl run -m` printed",
         )
+    trials = sweep.trials()
     if trials:
-        return config_mod.load(trials[0].parent).sweep
-    from expctl.config import SweepConfig
-
+        return config_mod.load(trials[0].path).sweep
     return SweepConfig()
 
 
 def rows(sweep_dir: str | Path) -> list[Row]:
     """Every live trial (retried ones replaced by their retry), in trial order."""
-    from expctl.study import open_study
-
     path = Path(sweep_dir)
     s = _settings(path)
     study = open_study(path, s)
@@ -79,8 +78,6 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     jobs = [j for j in map(_job_of, open_attrs) if j is not None]
     states = {}
     if jobs and shutil.which("squeue"):
-        from expctl.slurm import job_states
-
         states = job_states(jobs)
     out = []
     for t in trials:
@@ -90,7 +87,8 @@ def rows(sweep_dir: str | Path) -> list[Row]:
         status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
         if status in ("running", "pending") and not _alive(a, states):
             status = "lost"
-        history = _history(Path(a.get("run_dir", "")), s.metric)
+        run = RunDir(a["run_dir"]) if a.get("run_dir") else None
+        history = run.metric_series(s.metric)[1] if run else []
         best = (max(history) if s.mode == "max" else min(history)) if history else None
         wall = a["ended"] - a["started"] if "ended" in a and "started" in a else None
         value = t.value if t.value is not None else (history[-1] if history else None)
@@ -115,16 +113,13 @@ def rows(sweep_dir: str | Path) -> list[Row]:
 
 
 def _job_of(attrs: dict[str, Any]) -> str | None:
-    jobs = Path(attrs.get("run_dir", "")) / "jobs.jsonl"
-    lines = jobs.read_text().splitlines() if jobs.is_file() else []
-    return str(json.loads(lines[-1])["job_id"]) if lines else None
+    events = RunDir(attrs["run_dir"]).job_events() if attrs.get("run_dir") else []
+    return str(events[-1]["job_id"]) if events else None
 
 
 def _alive(attrs: dict[str, Any], states: dict[str, dict[str, str]]) -> bool:
     """Whether a trial still marked pending/running has a live process or Slurm job (a job
     Slurm cannot tell us about counts as alive: only a final state makes a trial lost)."""
-    from expctl.slurm import FINAL_STATES
-
     job = _job_of(attrs)
     if job is not None:
         return states.get(job, {}).get("state", "UNKNOWN") not in FINAL_STATES
@@ -138,21 +133,6 @@ def _alive(attrs: dict[str, Any], states: dict[str, dict[str, str]]) -> bool:
         return True
     except OSError:
         return False
-
-
-def _history(run_dir: Path, metric: str) -> list[float]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event.get(metric), (int, float)):
-            out.append(float(event[metric]))
-    return out
 
 
 def table(sweep_dir: str | Path) -> str:
@@ -297,9 +277,7 @@ def _best(rs: list[Row], mode: str) -> tuple[list[Row], float, float | None, int
 def best(sweep_dir: str | Path) -> Best:
     """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
     seed, not one repeat's), usable with -C."""
-    from omegaconf import OmegaConf
-
-    from expctl import config as config_mod
+    from omegaconf import OmegaConf  # lazy: keeps `sweep table` light
 
     path = Path(sweep_dir)
     s = _settings(path)
@@ -307,7 +285,7 @@ def best(sweep_dir: str | Path) -> Best:
     if found is None:
         raise UserError(f"{path}: no completed trial yet", f"see `expctl sweep table {path}`")
     done, value, std, runs = found
-    top = Best(done, value, std, runs, s.metric, path / "best.yml")
+    top = Best(done, value, std, runs, s.metric, SweepDir(path).best)
     cfg = config_mod.load(done[0].run_dir).to_dict()
     cfg["run"]["dir"] = None
     cfg["train"]["seed"] -= done[0].seed_idx
@@ -342,7 +320,7 @@ def plot(sweep_dir: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
     budget: list[float] = []
     for r in rs:
-        xs, ys = _series(Path(r.run_dir), s.metric, s.budget)
+        xs, ys = RunDir(r.run_dir).metric_series(s.metric, x=s.budget)
         if not xs:
             continue
         budget += xs
@@ -377,25 +355,8 @@ def plot(sweep_dir: str | Path) -> Path:
     ax.set_title(f"{path.name}: x = stopped early, bold = best{best_text}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    out = path / "sweep.png"
+    out = SweepDir(path).plot
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
-
-
-def _series(run_dir: Path, metric: str, budget: str) -> tuple[list[float], list[float]]:
-    xs: list[float] = []
-    ys: list[float] = []
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return xs, ys
-    for line in path.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(e.get(metric), (int, float)):
-            xs.append(e[budget])
-            ys.append(e[metric])
-    return xs, ys

@@ -6,6 +6,7 @@ identical first, so the metric reported is the saved model's."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -13,7 +14,6 @@ import torch
 from torch import nn
 
 from expctl.build import Parts
-from expctl.config import Config
 from expctl.data import val_batches
 from expctl.dist import DistEnv
 
@@ -66,8 +66,9 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
                 b.copy_(v.view_as(b))
 
 
-def evaluate(cfg: Config, env: DistEnv, parts: Parts, split: str = "val") -> dict[str, float]:
-    """Metrics over a whole split (val or test), reduced exactly (sums and counts) over ranks."""
+def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]:
+    """Metrics over a whole split (val or test), reduced exactly (sums and counts) over ranks;
+    with `parts.limit_val_batches`, over that many batches of each rank's shard."""
     data = parts.splits.val if split == "val" else parts.splits.test
     if data is None or not hasattr(parts.step, "val_step"):
         return {}
@@ -76,8 +77,8 @@ def evaluate(cfg: Config, env: DistEnv, parts: Parts, split: str = "val") -> dic
     for m in parts.models.values():
         m.eval()
     with torch.no_grad():
-        bs = cfg.data.val_batch_size or cfg.data.batch_size
-        for batch in val_batches(data, bs, env.rank, env.world_size, ctx.device):
+        batches = val_batches(data, parts.val_batch_size, env.rank, env.world_size, ctx.device)
+        for batch in itertools.islice(batches, parts.limit_val_batches):
             for k, (s, n) in parts.step.val_step(ctx, batch).items():
                 acc = sums.setdefault(k, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + s.double(), acc[1] + n

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -173,7 +173,7 @@ def dcgan(
 _AUX_HEADS = {"googlenet", "inception_v3"}  # torchvision's default adds auxiliary outputs
 
 
-def _torchvision_factory(name: str):  # type: ignore[no-untyped-def]
+def _torchvision_factory(name: str) -> Callable[..., nn.Module]:
     def factory(in_channels: int = 3, num_classes: int = 1000, **kwargs: object) -> nn.Module:
         from torchvision import models as tvm
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ _UNSUPPORTED = {
 }
 
 
-def _refuse(name: str, why: str):  # type: ignore[no-untyped-def]
+def _refuse(name: str, why: str) -> Callable[..., None]:
     def check(**_: object) -> None:
         raise UserError(
             f"optim={name.lower()}: torch.optim.{name} {why}, which the built-in steps do not do",

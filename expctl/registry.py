@@ -294,7 +294,7 @@ def describe(entry: Entry) -> str:
 def settable(p: inspect.Parameter) -> bool:
     """Whether a YAML value can set the parameter: its annotation admits a plain value, not
     only a class, function, module or tensor (``lr: float | Tensor`` can be set)."""
-    options = _options(p)
+    options = annotation_options(p)
     if not options:
         return True
     unsettable = re.compile(r"\b(Callable|Module|Tensor|Type|type)\b")
@@ -322,11 +322,11 @@ def _annotation_name(p: inspect.Parameter) -> str:
 
 
 _SIMPLE = {"int": int, "float": float, "bool": bool, "str": str}
-_NEVER_FROM_YAML = {"Tensor"}
+NEVER_FROM_YAML = {"Tensor"}
 _SEQUENCE = re.compile(r"^(?:[\w.]+\.)?(Sequence|list|List|tuple|Tuple)\[")
 
 
-def _options(p: inspect.Parameter) -> list[str]:
+def annotation_options(p: inspect.Parameter) -> list[str]:
     """The alternatives of a parameter's annotation: 'Optional[float]' -> ['float', 'None']."""
     text = _annotation_name(p)
     if not text:
@@ -342,7 +342,7 @@ def _options(p: inspect.Parameter) -> list[str]:
 
 def _check_type(where: str, value: Any, p: inspect.Parameter) -> None:
     """Check `value` against a simple annotation (int, float, bool, str, unions of them)."""
-    options = _options(p)
+    options = annotation_options(p)
     if options and all(_SEQUENCE.match(o) or o == "None" for o in options):
         if isinstance(value, (list, tuple)) or (value is None and "None" in options):
             return  # the items: the factory checks them
@@ -351,14 +351,14 @@ def _check_type(where: str, value: Any, p: inspect.Parameter) -> None:
             f"write it as a list, e.g. {where}=[{json.dumps(value, default=str)}]",
         )
     if not options or any(
-        o not in _SIMPLE and o != "None" and o not in _NEVER_FROM_YAML for o in options
+        o not in _SIMPLE and o != "None" and o not in NEVER_FROM_YAML for o in options
     ):
         return  # user types: the factory checks them
     if value is None and "None" in options:
         return
     if value is not None and any(_fits(value, _SIMPLE[o]) for o in options if o in _SIMPLE):
         return
-    shown = " or ".join(o for o in options if o not in _NEVER_FROM_YAML)
+    shown = " or ".join(o for o in options if o not in NEVER_FROM_YAML)
     raise UserError(
         f"{where}: expected {shown}, got {value!r} ({type(value).__name__})",
         f"set {where} to a value of type {shown.split(' or ')[0]}",

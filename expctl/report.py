@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-log = logging.getLogger("expctl")
+from expctl.layout import RunDir
 
-METRICS_FILE, RESULT_FILE, LOG_FILE = "metrics.jsonl", "result.json", "train.log"
+log = logging.getLogger("expctl")
 
 
 def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
@@ -35,7 +35,7 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
     )
     handlers: list[logging.Handler] = [console]
     if enabled and run_dir is not None:
-        fh = logging.FileHandler(run_dir / LOG_FILE)
+        fh = logging.FileHandler(RunDir(run_dir).log)
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         handlers.append(fh)
     for h in handlers:
@@ -43,17 +43,11 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
         root.addHandler(h)
 
 
-def read_result(run_dir: Path) -> dict[str, Any]:
-    """The metrics of result.json ({} while the run has none)."""
-    path = run_dir / RESULT_FILE
-    return dict(json.loads(path.read_text())) if path.is_file() else {}
-
-
 def truncate_metrics(run_dir: Path, rows: int | None, step: int) -> int:
     """Keep the metrics.jsonl rows logged before the point training continues from: the first
     `rows` (a checkpoint's count), or without a count those up to `step`. Training logs the rest
     again. The file is rewritten atomically (temporary file + rename); returns the rows dropped."""
-    path = run_dir / METRICS_FILE
+    path = RunDir(run_dir).metrics
     if not path.is_file():
         return 0
     lines = path.read_text().splitlines(keepends=True)
@@ -61,7 +55,7 @@ def truncate_metrics(run_dir: Path, rows: int | None, step: int) -> int:
     kept = whole[:rows] if rows is not None else [x for x in whole if _step(x) <= step]
     if len(kept) == len(lines):
         return 0
-    tmp = path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(kept))
     os.replace(tmp, path)
     return len(lines) - len(kept)
@@ -99,7 +93,7 @@ class Reporter:
         self._tb: Any = None
         self._last_len = 0
         if enabled:
-            path = run_dir / METRICS_FILE
+            path = RunDir(run_dir).metrics
             self.rows = path.read_bytes().count(b"\n") if path.is_file() else 0
             self._file = open(path, "a", buffering=1)  # noqa: SIM115
             self._tb = _tensorboard(run_dir, None if purge_after is None else purge_after + 1)
@@ -138,9 +132,10 @@ class Reporter:
         """Write result.json atomically."""
         if not self.enabled:
             return
-        tmp = self.run_dir / f".{RESULT_FILE}.tmp-{os.getpid()}"
+        final = RunDir(self.run_dir).result
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
-        os.replace(tmp, self.run_dir / RESULT_FILE)
+        os.replace(tmp, final)
 
     def close(self) -> None:
         """Flush and close the files."""
@@ -160,7 +155,7 @@ def _tensorboard(run_dir: Path, purge_step: int | None) -> Any:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    return SummaryWriter(str(run_dir / "tb"), purge_step=purge_step)
+    return SummaryWriter(str(RunDir(run_dir).tb), purge_step=purge_step)
 
 
 def _num(v: Any) -> Any:

@@ -11,7 +11,6 @@ elastic or Slurm requeue, always continue it).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import time
@@ -21,6 +20,7 @@ from typing import Any
 from expctl import config as config_mod
 from expctl.config import Config
 from expctl.errors import UserError
+from expctl.layout import RunDir
 
 # keys that may change between an interrupted run and its continuation
 RESUMABLE_CHANGES = (
@@ -30,7 +30,6 @@ RESUMABLE_CHANGES = (
     "launcher.",
     "checkpoint.",
     "env.",
-    "sweep.trial",  # a sweep trial retried under a new trial number
 )
 
 
@@ -105,14 +104,14 @@ def _new_unique(root: Path, name: str) -> Path:
 
 
 def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
-    target = path / config_mod.CONFIG_FILE
+    target = RunDir(path).config
     text = config_mod.to_yaml(cfg)
     if not fresh and target.exists():
         old = config_mod.load(path)
         diff = _differences(old.to_dict(), cfg.to_dict())
         blocking = [k for k in diff if not k.startswith(RESUMABLE_CHANGES)]
         if blocking:
-            newest = _checkpoints(path)
+            newest = RunDir(path).checkpoint_files()
             raise UserError(
                 f"run.dir={path} holds a run with a different config: "
                 + _describe(blocking, old.to_dict(), cfg.to_dict()),
@@ -138,7 +137,7 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
         raise UserError(
             f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir"
         )
-    tmp = path / f".{config_mod.CONFIG_FILE}.tmp-{os.getpid()}"
+    tmp = path / f".{RunDir.CONFIG}.tmp-{os.getpid()}"
     tmp.write_text(text)
     os.chmod(tmp, 0o640)
     os.replace(tmp, target)
@@ -147,22 +146,16 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
 def _progress(path: Path) -> int | None:
     """The step the run in `path` reached (newest checkpoint, else last metrics row), or None
     when it holds no run yet (a fresh directory, or one only created for a launch)."""
-    newest = _checkpoints(path)
+    newest = RunDir(path).checkpoint_files()
     if newest:
         return int(newest[0].stem.removeprefix("step_"))
-    metrics = path / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.is_file() else []
-    if not lines:
+    if not RunDir(path).metrics.is_file() or not RunDir(path).metrics.stat().st_size:
         return None
+    rows = RunDir(path).metric_rows()
     try:
-        return int(json.loads(lines[-1])["step"])
+        return int(rows[-1]["step"]) if rows else 0
     except (ValueError, KeyError, TypeError):
         return 0
-
-
-def _checkpoints(path: Path) -> list[Path]:
-    """The run's checkpoint files, newest first (as `checkpoint.list_checkpoints`, without torch)."""
-    return sorted((path / "checkpoints").glob("step_*.pt"), reverse=True)
 
 
 def _describe(keys: list[str], old: dict[str, Any], new: dict[str, Any], shown: int = 3) -> str:
@@ -202,14 +195,14 @@ def discard_if_unstarted(path: Path) -> None:
     checkpoint, no result, no metrics (nothing half-written stays behind)."""
     import shutil
 
-    metrics = path / "metrics.jsonl"
-    if any((path / "checkpoints").glob("*.pt")) or (path / "result.json").exists():
+    run = RunDir(path)
+    if (run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt"))) or run.result.exists():
         return
-    if metrics.exists() and metrics.stat().st_size > 0:
+    if run.metrics.exists() and run.metrics.stat().st_size > 0:
         return
-    for name in (config_mod.CONFIG_FILE, "train.log", "metrics.jsonl"):
-        (path / name).unlink(missing_ok=True)
-    for folder in ("tb", "checkpoints"):
-        shutil.rmtree(path / folder, ignore_errors=True)
+    for file in (run.config, run.trial, run.log, run.metrics):
+        file.unlink(missing_ok=True)
+    for folder in (run.tb, run.checkpoints):
+        shutil.rmtree(folder, ignore_errors=True)
     _remove_if_empty(path)
     _remove_if_empty(path.parent)  # the runs/ root, when this run made it

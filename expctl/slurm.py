@@ -1,7 +1,8 @@
-"""Slurm: launcher=slurm through submitit, the sbatch script it writes, requeues, job state.
+"""A Slurm client: the sbatch parameters and script of a run, submission through submitit (one
+job, or job arrays), `scontrol requeue`, job records (RUN_DIR/jobs.jsonl) and job state.
 
-Inside a job, ranks are detected from SLURM_* (dist.detect); this module only submits jobs,
-requeues them after a checkpoint, and reads their state. No config value reaches a shell
+It knows nothing of training: what a job runs is the callable the launcher hands to `submit`.
+Inside a job, ranks are detected from SLURM_* (dist.detect). No config value reaches a shell
 unquoted: sbatch values are checked against a strict character set and quoted by submitit.
 """
 
@@ -16,18 +17,16 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from expctl.config import Config
-from expctl.errors import UserError
-
-if TYPE_CHECKING:
-    from expctl.dist import DistEnv
+from expctl.dist import DistEnv
+from expctl.errors import UserError, unknown_name
+from expctl.layout import RunDir, SweepDir
 
 log = logging.getLogger("expctl")
-
-JOBS_FILE = "jobs.jsonl"
 _SAFE = re.compile(r"^[A-Za-z0-9_.,:+@%=/\[\]-]+$")
 _SAFE_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
 _MANAGED = {
@@ -101,54 +100,11 @@ def render(cfg: Config, run_dir: Path) -> str:
     """The exact sbatch script `submit` would hand to sbatch for this run."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    folder = run_dir / "slurm"
+    folder = RunDir(run_dir).slurm
     command = " ".join(
         [shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))]
     )
     return _make_sbatch_string(command=command, folder=folder, **parameters(cfg))
-
-
-class SlurmTask:
-    """What each task of a launcher=slurm job runs: train the frozen config of `run_dir`.
-
-    submitit calls `checkpoint` when the job must be requeued: the same task runs again and
-    resumes from the newest checkpoint of the run directory. A sweep trial's rank 0 also records
-    its outcome in the sweep's ledger.
-    """
-
-    def __init__(self, run_dir: str) -> None:
-        self.run_dir = run_dir
-
-    def __call__(self) -> dict[str, Any]:
-        import os
-
-        from expctl import config as config_mod
-        from expctl import study, train
-        from expctl.control import Preempted
-        from expctl.dist import detect
-
-        cfg = config_mod.load(self.run_dir)
-        env = detect(os.environ)
-        if env.is_main:
-            study.mark(cfg, "running", started=time.time())
-        try:
-            _, metrics = train.main(cfg, env)
-        except Preempted:
-            raise
-        except Exception as e:
-            if requeue_after_failure(cfg, env, Path(self.run_dir), e):
-                raise  # the job comes back and resumes; the trial is not over
-            if env.is_main:
-                study.finish(cfg, {}, error=e)
-            raise
-        if env.is_main:
-            study.finish(cfg, metrics)
-        return metrics
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        from submitit.helpers import DelayedSubmission
-
-        return DelayedSubmission(SlurmTask(self.run_dir))
 
 
 def check_cluster(cfg: Config) -> None:
@@ -164,22 +120,21 @@ def check_cluster(cfg: Config) -> None:
     out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
     names = [p.rstrip("*") for p in out.stdout.split()]
     if out.returncode == 0 and part not in names:
-        from expctl.errors import unknown_name
-
         raise unknown_name("partition", part, names, "pick one that `sinfo` lists")
 
 
-def submit(cfg: Config) -> str:
-    """Submit the frozen run `cfg` (its run directory exists) and return the job id."""
+def submit(cfg: Config, task: Callable[[], Any]) -> str:
+    """Submit the frozen run `cfg` (its run directory exists), each task running `task`;
+    return the job id."""
     import submitit
 
     run_dir = Path(str(cfg.run.dir))
     executor = submitit.SlurmExecutor(
-        folder=run_dir / "slurm", max_num_timeout=cfg.launcher.max_requeues
+        folder=RunDir(run_dir).slurm, max_num_timeout=cfg.launcher.max_requeues
     )
     executor.update_parameters(**parameters(cfg))
     try:
-        job = executor.submit(SlurmTask(str(run_dir)))
+        job = executor.submit(task)
     except Exception as e:  # sbatch refused the job
         text = " ".join(str(e).split())[:300]
         raise UserError(
@@ -189,38 +144,40 @@ def submit(cfg: Config) -> str:
     return str(job.job_id)
 
 
-def submit_array(cfgs: list[Config]) -> list[str]:
-    """Submit frozen runs (sweep trials) as job arrays, one per distinct set of sbatch values."""
+def submit_array(
+    cfgs: list[Config], tasks: Sequence[Callable[[], Any]], sweep_dir: Path
+) -> list[str]:
+    """Submit frozen runs (sweep trials, each with its task) as job arrays, one per distinct set
+    of sbatch values; submitit's files go to SWEEP_DIR/slurm."""
     import submitit
 
-    groups: dict[str, list[Config]] = {}
-    for cfg in cfgs:
-        groups.setdefault(json.dumps(parameters(cfg), sort_keys=True), []).append(cfg)
+    groups: dict[str, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        groups.setdefault(json.dumps(parameters(cfg), sort_keys=True), []).append(i)
     ids: list[str] = []
     for members in groups.values():
-        first = members[0]
-        folder = Path(str(first.sweep.storage or Path(str(first.run.dir)).parent)) / "slurm"
+        first = cfgs[members[0]]
         executor = submitit.SlurmExecutor(
-            folder=folder, max_num_timeout=first.launcher.max_requeues
+            folder=SweepDir(sweep_dir).slurm, max_num_timeout=first.launcher.max_requeues
         )
         executor.update_parameters(**parameters(first))
         try:
             with executor.batch():
-                jobs = [executor.submit(SlurmTask(str(c.run.dir))) for c in members]
+                jobs = [executor.submit(tasks[i]) for i in members]
         except Exception as e:
             text = " ".join(str(e).split())[:300]
             raise UserError(
                 f"sbatch refused the job array: {text}", "check the launcher.* values"
             ) from None
-        for cfg, job in zip(members, jobs, strict=True):
-            record_job(Path(str(cfg.run.dir)), {"job_id": job.job_id, "event": "submitted"})
+        for i, job in zip(members, jobs, strict=True):
+            record_job(Path(str(cfgs[i].run.dir)), {"job_id": job.job_id, "event": "submitted"})
             ids.append(str(job.job_id).split("_")[0])
     return ids
 
 
 def record_job(run_dir: Path, event: dict[str, Any]) -> None:
     """Append a job event (submission, start, requeue) to RUN_DIR/jobs.jsonl."""
-    with open(run_dir / JOBS_FILE, "a") as f:
+    with open(RunDir(run_dir).jobs, "a") as f:
         f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
 
 
@@ -240,14 +197,16 @@ def requeue(job_id: str, restart_count: int, max_requeues: int) -> bool:
     return True
 
 
-def requeue_after_failure(cfg: Config, env: DistEnv, run_dir: Path, error: Exception) -> bool:
-    """A launcher=slurm task failed for a reason other than a config error (most often a peer
+def requeue_after_failure(
+    env: DistEnv, run_dir: Path, error: BaseException, max_requeues: int
+) -> bool:
+    """A task of a Slurm job failed for a reason other than a config error (most often a peer
     rank that died: SIGKILL, OOM killer): requeue the job so that it resumes from the newest
     checkpoint, as the sbatch templates do. Every surviving rank asks; Slurm takes the first
     request and refuses the others (the job is already leaving). Bounded by max_requeues."""
     if isinstance(error, UserError) or not env.job_id:
         return False
-    if env.restart_count >= cfg.launcher.max_requeues:
+    if env.restart_count >= max_requeues:
         log.warning(
             "not requeuing job %s: already requeued %d time(s)", env.job_id, env.restart_count
         )
@@ -258,7 +217,7 @@ def requeue_after_failure(cfg: Config, env: DistEnv, run_dir: Path, error: Excep
     log.warning("rank %d failed (%s)", env.rank, text)
     # another rank's request may come first: Slurm refuses this one, the job is already leaving
     with contextlib.suppress(subprocess.CalledProcessError):
-        requeue(env.job_id, env.restart_count, cfg.launcher.max_requeues)
+        requeue(env.job_id, env.restart_count, max_requeues)
     return True
 
 

@@ -2,38 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
-from expctl import checkpoint
 from expctl.errors import UserError
-
-
-def _last_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-    return out
+from expctl.layout import RunDir
+from expctl.slurm import job_state
 
 
 def status(run_dir: str) -> str:
     """A few lines: job and state, requeues, progress, last metrics, result."""
     path = Path(run_dir)
-    if not (path / "config.yaml").is_file():
+    run = RunDir(path)
+    if not run.is_run():
         raise UserError(
-            f"{run_dir}: not a run directory (no config.yaml)",
+            f"{run_dir}: not a run directory (no {RunDir.CONFIG})",
             "pass a folder printed by `expctl run`",
         )
     lines = [f"run       {path.resolve()}"]
-    jobs = _last_lines(path / "jobs.jsonl")
+    jobs = run.job_events()
     if jobs:
         job_id = str(jobs[-1]["job_id"])
         starts = [j for j in jobs if j.get("event") == "started"]
@@ -44,9 +32,9 @@ def status(run_dir: str) -> str:
             f"job       {job_id}  {state['state']}{where}  requeued {requeues}x  ({len(starts)} start(s))"
         )
     else:  # not a Slurm job: the files say what they can
-        lines.append(f"state     {_local_state(path)}")
-    ckpts = checkpoint.list_checkpoints(path)
-    events = _last_lines(path / "metrics.jsonl")
+        lines.append(f"state     {_local_state(run)}")
+    ckpts = run.checkpoint_files()
+    events = [e for e in run.metric_rows() if "step" in e and "epoch" in e]
     if events:
         last = events[-1]
         lines.append(
@@ -70,9 +58,8 @@ def status(run_dir: str) -> str:
                 lines.append(f"{label:<9} {shown}  (step {e['step']})")
     else:
         lines.append("progress  not started")
-    result = path / "result.json"
-    if result.is_file():
-        data = json.loads(result.read_text())
+    data = run.read_result()
+    if data:
         lines.append(
             "result    "
             + "  ".join(
@@ -82,12 +69,12 @@ def status(run_dir: str) -> str:
     return "\n".join(lines)
 
 
-def _local_state(path: Path) -> str:
+def _local_state(run: RunDir) -> str:
     """'completed' (or the result's status), else unfinished with the age of the newest write."""
-    result = path / "result.json"
-    if result.is_file():
-        return str(json.loads(result.read_text()).get("status", "completed"))
-    files = [f for f in (path / "metrics.jsonl", path / "train.log") if f.is_file()]
+    result = run.read_result()
+    if result:
+        return str(result.get("status", "completed"))
+    files = [f for f in (run.metrics, run.log) if f.is_file()]
     if not files:
         return "not started"
     age = time.time() - max(f.stat().st_mtime for f in files)
@@ -108,6 +95,4 @@ def _age(seconds: float) -> str:
 def _state(job_id: str) -> dict[str, str]:
     if shutil.which("squeue") is None:
         return {"state": "UNKNOWN (no Slurm client here)"}
-    from expctl.slurm import job_state
-
     return job_state(job_id)

@@ -1,18 +1,26 @@
 """A sweep's Optuna study: opening it on the journal file, and what trials write to it.
 
-`mark` and `finish` record a trial's status and outcome (the driver for local trials, rank 0 of
-the job for Slurm trials); `Pruner` is rank 0's link for ASHA / median decisions at validation.
+A trial knows it is one from RUN_DIR/trial.json (`TrialRef`: its sweep and number), never from
+the user's config. `TrialHooks` is its one bookkeeping path, local and Slurm alike: rank 0
+marks it running, reports each validation to the pruner (ASHA / median) and records how it
+ended with `finish`. The sweep driver only marks trials pending and records a failure that no
+rank could (a worker that never started).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl.config import Config, SweepConfig
+from expctl.config import SweepConfig
+from expctl.hooks import Hooks
+from expctl.layout import RunDir, SweepDir
 
-JOURNAL = "journal.log"
+log = logging.getLogger("expctl")
 STUDY = "expctl"
 
 
@@ -40,11 +48,9 @@ def _sampler(s: SweepConfig, offset: int = 0) -> Any:
 def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
     """The sweep's Optuna study on its journal file."""
     import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = JournalStorage(JournalFileBackend(str(sweep_dir / JOURNAL)))
+    storage = _storage(sweep_dir)
     direction: Any = "maximize" if s.mode == "max" else "minimize"
     if create:
         return optuna.create_study(
@@ -61,61 +67,123 @@ def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
     return study
 
 
-def mark(cfg: Config, status: str, **attrs: Any) -> None:
+def _storage(sweep_dir: Path) -> Any:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(SweepDir(sweep_dir).journal)))
+
+
+@dataclass(frozen=True)
+class TrialRef:
+    """Which sweep trial a run directory holds (RUN_DIR/trial.json, written by the sweep)."""
+
+    sweep_dir: str
+    number: int
+
+    def write(self, run_dir: Path) -> None:
+        RunDir(run_dir).trial.write_text(json.dumps(vars(self)) + "\n")
+
+    @staticmethod
+    def read(run_dir: str | Path | None) -> TrialRef | None:
+        """The trial `run_dir` holds, or None for a run outside any sweep."""
+        if run_dir is None or not RunDir(run_dir).trial.is_file():
+            return None
+        data = json.loads(RunDir(run_dir).trial.read_text())
+        return TrialRef(str(data["sweep_dir"]), int(data["number"]))
+
+    def trial_id(self, storage: Any) -> int:
+        study_id = storage.get_study_id_from_name(STUDY)
+        return int(storage.get_trial_id_from_study_id_trial_number(study_id, self.number))
+
+
+def mark(ref: TrialRef, status: str, **attrs: Any) -> None:
     """Record a trial's status (and other attributes) in the ledger."""
-    if cfg.sweep.storage is None or cfg.sweep.trial is None:
-        return
-    study = open_study(Path(cfg.sweep.storage), cfg.sweep)
-    trial_id = study._storage.get_trial_id_from_study_id_trial_number(
-        study._study_id, cfg.sweep.trial
-    )
+    storage = _storage(Path(ref.sweep_dir))
+    trial_id = ref.trial_id(storage)
     for k, v in {"status": status, **attrs}.items():
-        study._storage.set_trial_user_attr(trial_id, k, v)
+        storage.set_trial_user_attr(trial_id, k, v)
 
 
-def finish(cfg: Config, metrics: dict[str, Any], error: BaseException | None = None) -> None:
+def is_open(ref: TrialRef, s: SweepConfig) -> bool:
+    """Whether the study has not yet recorded how the trial ended."""
+    study = open_study(Path(ref.sweep_dir), s)
+    return not study.get_trials(deepcopy=False)[ref.number].state.is_finished()
+
+
+def finish(
+    ref: TrialRef, s: SweepConfig, metrics: dict[str, Any], error: BaseException | None = None
+) -> None:
     """Tell the study how the trial ended: completed, stopped (pruned) or failed."""
     import optuna
 
-    if cfg.sweep.storage is None or cfg.sweep.trial is None:
-        return
-    study = open_study(Path(cfg.sweep.storage), cfg.sweep)
-    number = cfg.sweep.trial
+    study = open_study(Path(ref.sweep_dir), s)
+    number = ref.number
     ended = {"ended": time.time(), "epoch": metrics.get("epoch"), "step": metrics.get("step")}
     if error is not None:
         text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-        mark(cfg, "failed", error=text, **ended)
+        mark(ref, "failed", error=text, **ended)
         study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
     elif metrics.get("status") == "stopped":
-        mark(cfg, "stopped", **ended)
+        mark(ref, "stopped", **ended)
         study.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
     else:
-        value = metrics.get(cfg.sweep.metric)
+        value = metrics.get(s.metric)
         if value is None:
-            mark(cfg, "failed", error=f"no metric {cfg.sweep.metric!r} in the result", **ended)
+            mark(ref, "failed", error=f"no metric {s.metric!r} in the result", **ended)
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             return
-        mark(cfg, "completed", **ended)
+        mark(ref, "completed", **ended)
         study.tell(number, float(value), skip_if_finished=True)
 
 
-class Pruner:
-    """Called by rank 0 at each validation of a trial: report, and ask whether to stop."""
+class TrialHooks(Hooks):
+    """A sweep trial inside its run: rank 0 marks it running, reports each validation to the
+    pruner and records how it ended. `record_failures`: False in the workers of a local launch,
+    whose agent may restart them (the sweep driver records the failure once it is final)."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.study = open_study(Path(str(cfg.sweep.storage)), cfg.sweep)
-        storage = self.study._storage
-        self.trial_id = storage.get_trial_id_from_study_id_trial_number(
-            self.study._study_id, cfg.sweep.trial
-        )
+    def __init__(
+        self, ref: TrialRef, s: SweepConfig, is_main: bool, record_failures: bool = True
+    ) -> None:
+        self.ref, self.s, self.is_main, self.record_failures = ref, s, is_main, record_failures
+        self._study: Any = None
+        self._trial_id = -1
 
-    def should_stop(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
-        import optuna
+    def on_start(self, run_dir: Path) -> None:
+        if self.is_main:
+            mark(self.ref, "running", started=time.time())
 
-        value = metrics.get(self.cfg.sweep.metric)
+    def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
+        if not self.is_main or self.s.pruner == "none":
+            return False
+        value = metrics.get(self.s.metric)
         if value is None:
             return False
-        trial = optuna.trial.Trial(self.study, self.trial_id)
-        trial.report(float(value), epoch if self.cfg.sweep.budget == "epoch" else step)
-        return bool(trial.should_prune())
+        import optuna
+
+        if self._study is None:
+            storage = _storage(Path(self.ref.sweep_dir))
+            self._study = optuna.load_study(
+                storage=storage, study_name=STUDY, pruner=make_pruner(self.s)
+            )
+            self._trial_id = self.ref.trial_id(storage)
+        trial = optuna.trial.Trial(self._study, self._trial_id)
+        trial.report(float(value), epoch if self.s.budget == "epoch" else step)
+        stop = bool(trial.should_prune())
+        if stop:
+            log.info(
+                "sweep: trial %d stopped early at epoch %d (%s)",
+                self.ref.number,
+                epoch,
+                self.s.pruner,
+            )
+        return stop
+
+    def on_end(self, metrics: dict[str, Any]) -> None:
+        if self.is_main:
+            finish(self.ref, self.s, metrics)
+
+    def on_failure(self, error: BaseException, returning: bool) -> bool:
+        if self.is_main and self.record_failures and not returning:
+            finish(self.ref, self.s, {}, error=error)
+        return False

@@ -20,18 +20,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from expctl import compose, ledger, rundir, slurm
+from expctl import config as config_mod
 from expctl.config import Config
 from expctl.errors import UserError
-from expctl.study import finish, mark, open_study
-
-if TYPE_CHECKING:
-    from expctl.ledger import Best
+from expctl.layout import RunDir, SweepDir
+from expctl.ledger import Best
+from expctl.study import TrialRef, finish, is_open, mark, open_study
 
 log = logging.getLogger("expctl")
 
-SPEC_FILE = "sweep.json"
 DEFAULT_TRIALS = 10  # random / TPE sweeps without sweep.n_trials
 
 
@@ -64,12 +64,10 @@ def parse_space(overrides: Sequence[str]) -> tuple[list[str], list[Dimension]]:
     """Split overrides into plain ones and swept dimensions (Hydra's override grammar)."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
 
-    from expctl.compose import parse_override
-
     plain: list[str] = []
     dims: list[Dimension] = []
     for text in overrides:
-        o = parse_override(text)
+        o = compose.parse_override(text)
         if not o.is_sweep_override():
             plain.append(text)
             continue
@@ -165,8 +163,6 @@ def multirun(
     config_file: str | None, overrides: Sequence[str], repeat: int | None = None
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
-    from expctl import compose
-
     plain, dims = parse_space(overrides)
     notes: list[str] = []
     first = [*plain, *(_override(d.key, d.values[0]) for d in dims if d.values)]
@@ -202,7 +198,7 @@ def multirun(
         "n_trials": len(points) if s.sampler == "grid" else s.n_trials or DEFAULT_TRIALS,
         "created": time.time(),
     }
-    (sweep_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+    SweepDir(sweep_dir).spec.write_text(json.dumps(spec, indent=2) + "\n")
     open_study(sweep_dir, s, create=True)
     print(
         f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
@@ -237,9 +233,7 @@ def _trial_configs(
     sweep_dir: Path, base: Config, todo: list[tuple[dict[str, Any], int, int | None]]
 ) -> list[Config]:
     """Ask the study for each (params, seed index, trial dir to reuse) and freeze its config."""
-    from expctl import compose, rundir
-
-    spec = json.loads((sweep_dir / SPEC_FILE).read_text())
+    spec = SweepDir(sweep_dir).read_spec()
     _check_unchanged(spec)
     dims = [Dimension(**d) for d in spec["dims"]]
     study = open_study(sweep_dir, base.sweep)
@@ -253,7 +247,7 @@ def _trial_configs(
         if seed_idx:
             overrides.append(f"train.seed={base.train.seed + seed_idx}")
         number = reuse if reuse is not None else trial.number
-        trial_dir = sweep_dir / f"trial_{number:03d}"
+        trial_dir = SweepDir(sweep_dir).trial(number).path
         label = " ".join(_override(k, v) for k, v in chosen.items()) + (
             f" seed#{seed_idx}" if seed_idx else ""
         )
@@ -267,14 +261,13 @@ def _trial_configs(
         if reuse is not None:
             attrs["retry_of"] = reuse
         for k, v in attrs.items():
-            study._storage.set_trial_user_attr(trial._trial_id, k, v)
-        cfg = compose.compose(spec["config_file"], overrides)
-        cfg = cfg.replace("sweep", storage=str(sweep_dir), trial=trial.number).replace(
-            "run", dir=str(trial_dir)
-        )
+            trial.set_user_attr(k, v)
+        cfg = compose.compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
         if reuse is not None:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
-        out.append(rundir.create(cfg))
+        frozen = rundir.create(cfg)
+        TrialRef(str(sweep_dir), trial.number).write(trial_dir)  # the trial's identity
+        out.append(frozen)
     return out
 
 
@@ -283,15 +276,16 @@ def run_trials(
 ) -> Outcome:
     """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array (whose
     trials have not ended when this returns: none counts as failed)."""
-    spec = json.loads((sweep_dir / SPEC_FILE).read_text())
+    spec = SweepDir(sweep_dir).read_spec()
     if todo is None:
         configs = spec["points"] or [{}] * spec["n_trials"]
         todo = [(p, i, None) for p in configs for i in range(spec["repeat"])]
     if base.launcher.name == "slurm":
-        from expctl import slurm
+        from expctl import launch  # lazy: it loads torch, which `sweep table` never needs
 
         cfgs = _trial_configs(sweep_dir, base, todo)
-        jobs = slurm.submit_array(cfgs)
+        tasks = [launch.SlurmTask(str(c.run.dir)) for c in cfgs]
+        jobs = slurm.submit_array(cfgs, tasks, sweep_dir)
         print(
             f"expctl: submitted {len(cfgs)} trial(s) as job(s) {', '.join(sorted(set(jobs)))}",
             flush=True,
@@ -307,8 +301,6 @@ def run_trials(
                 flush=True,
             )
             break
-    from expctl import ledger
-
     print(ledger.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)
@@ -318,7 +310,7 @@ def run_trials(
 def _best_line(top: Best) -> str:
     """The end-of-sweep summary of `ledger.best`: with repeats, the mean ± std over the seeds of
     the best configuration (its test metrics too), as the table ranks it."""
-    results = [launch_result(Path(r.run_dir)) for r in top.trials]
+    results = [RunDir(r.run_dir).read_result() for r in top.trials]
     keys = [k for k in results[0] if k.startswith("test/") and all(k in x for x in results)]
     if top.std is None:
         r = top.trials[0]
@@ -344,8 +336,6 @@ def _spread(values: list[float]) -> str:
 
 def _outcome(sweep_dir: Path) -> Outcome:
     """Count the sweep's failed (or lost) trials and say so in one line on stderr."""
-    from expctl import ledger
-
     live = ledger.rows(sweep_dir)
     failed = sum(r.status in ("failed", "lost") for r in live)
     if failed:
@@ -357,28 +347,26 @@ def _outcome(sweep_dir: Path) -> Outcome:
     return Outcome(sweep_dir, len(live), failed)
 
 
-def launch_result(run_dir: Path) -> dict[str, Any]:
-    from expctl.report import read_result
-
-    return read_result(run_dir)
-
-
 def run_one(cfg: Config) -> bool:
-    """Launch one frozen trial config and record its outcome in the study; False if it failed."""
-    from expctl import launch
+    """Launch one frozen trial config; False if it failed. Its rank 0 records how it ended
+    (`study.TrialHooks`); a failure no rank could record (a worker that never started, a
+    crash) is recorded here."""
+    from expctl import launch  # lazy: it loads torch, which `sweep table` never needs
 
-    mark(cfg, "running", started=time.time(), pid=os.getpid(), host=socket.gethostname())
+    ref = TrialRef.read(cfg.run.dir)
+    assert ref is not None, "a trial's run directory holds trial.json"
+    mark(ref, "running", started=time.time(), pid=os.getpid(), host=socket.gethostname())
     try:
-        result = launch.launch(cfg)
+        launch.launch(cfg)
     except Exception as e:  # a failing trial does not end the sweep
-        finish(cfg, {}, error=e)
+        if is_open(ref, cfg.sweep):
+            finish(ref, cfg.sweep, {}, error=e)
         log.error(
             "trial %s failed: %s",
-            cfg.sweep.trial,
+            ref.number,
             str(e).splitlines()[0] if str(e) else type(e).__name__,
         )
         return False
-    finish(cfg, result.metrics)
     return True
 
 
@@ -387,27 +375,23 @@ def resume(sweep_dir: str | Path) -> Outcome:
     checkpoints), and the ones the sweep never got to."""
     import optuna
 
-    from expctl import compose
-    from expctl import config as config_mod
-    from expctl.ledger import rows
-
     path = Path(sweep_dir)
-    if not (path / SPEC_FILE).is_file():
+    if not SweepDir(path).spec.is_file():
         raise UserError(
-            f"{path}: not a sweep directory (no {SPEC_FILE})",
+            f"{path}: not a sweep directory (no {SweepDir.SPEC})",
             "pass the folder `expctl run -m` printed",
         )
-    spec = json.loads((path / SPEC_FILE).read_text())
+    spec = SweepDir(path).read_spec()
     _check_unchanged(spec)
-    frozen = sorted(path.glob("trial_*/config.yaml"))
+    frozen = SweepDir(path).trials()
     base = (
-        config_mod.load(frozen[0].parent)
+        config_mod.load(frozen[0].path)
         if frozen
         else compose.compose(spec["config_file"], spec["plain"])
     )
     study = open_study(path, base.sweep)
     todo: list[tuple[dict[str, Any], int, int | None]] = []
-    live = rows(path)
+    live = ledger.rows(path)
     for r in live:
         if r.status not in ("failed", "lost"):
             continue

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO, cli_env
+
+# integration tier: real processes and real training (`pytest -m slow`)
+pytestmark = pytest.mark.slow
 
 
 def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ def test_show_prints_resolved_config_and_environment(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_non_editable_install_finds_builtin_configs(tmp_path: Path) -> None:
     """conf/ ships inside the wheel: `expctl show` works from any directory."""
     target = tmp_path / "site"
@@ -109,6 +110,7 @@ def test_output_piped_into_head_ends_quietly() -> None:
     assert proc.stdout.startswith("models:") and proc.stderr == "", proc.stderr
 
 
+@pytest.mark.slow
 def test_status_of_a_local_run_tells_unfinished_from_completed(tiny: Path) -> None:
     args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=kill_at_step", "run.dir=r"]
     killed = run_cli(*args, cwd=tiny.parent, env=cli_env(KILL_AT_STEP="12"), check=False)
@@ -119,6 +121,7 @@ def test_status_of_a_local_run_tells_unfinished_from_completed(tiny: Path) -> No
     assert "state     completed" in run_cli("status", "r", cwd=tiny.parent).stdout
 
 
+@pytest.mark.slow
 def test_imports_next_to_the_config_file_work_from_any_directory(tmp_path: Path) -> None:
     """`imports: [near_model]` with near_model.py beside the -C file, run from elsewhere, with
     two local workers (they must find it too)."""
@@ -149,6 +152,7 @@ def test_imports_next_to_the_config_file_work_from_any_directory(tmp_path: Path)
     assert (elsewhere / "r" / "result.json").is_file()
 
 
+@pytest.mark.slow
 def test_log_lines_number_the_first_epoch_1_in_train_and_val_lines(tiny: Path) -> None:
     run_cli("run", "-C", str(tiny), "train.max_epochs=1", "run.dir=r", cwd=tiny.parent)
     lines = (tiny.parent / "r" / "train.log").read_text().splitlines()

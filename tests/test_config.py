@@ -267,7 +267,7 @@ def test_every_key_show_prints_can_be_overridden_without_plus() -> None:
     values = {"data.val_batch_size": "64", "data.device_resident": "false"}
     for section in ("train", "checkpoint", "run", "launcher", "sweep", "data", "optim"):
         for key, value in cfg.to_dict()[section].items():
-            if key in ("name", "dir", "storage", "trial") or isinstance(value, (dict, list)):
+            if key in ("name", "dir") or isinstance(value, (dict, list)):
                 continue
             text = values.get(f"{section}.{key}", "null" if value is None else str(value))
             cfg_of(None, "launcher=slurm", f"{section}.{key}={text}", check=False)
@@ -341,7 +341,7 @@ BAD = [
     (["sched=cosinee"], "Did you mean 'cosine'"),
     (["optim=SGD"], "Did you mean 'sgd'"),
     (["~optim.lr"], "deleting is not supported"),
-    (["sweep.trial=3"], "set by expctl"),
+    (["sweep.trial=3"], "unknown config key 'sweep.trial'"),
     (["optim=lbfgs"], "needs a closure"),
     (["train.channels_last=maybe"], "not one of: auto, true, false"),
 ]

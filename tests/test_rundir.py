@@ -17,6 +17,9 @@ from expctl import checkpoint, compose, rundir
 from expctl.config import Config
 from expctl.errors import UserError
 
+# integration tier: real processes and real training (`pytest -m slow`)
+pytestmark = pytest.mark.slow
+
 KILL = ["imports=[faulty]", "train.step=kill_at_step"]
 NOISE = ("time", "perf/samples_per_s")
 

@@ -17,6 +17,9 @@ from conftest import expctl as run_cli
 
 from expctl import ledger
 
+# integration tier: real processes and real training (`pytest -m slow`)
+pytestmark = pytest.mark.slow
+
 
 def sweep_dir_of(stdout: str) -> Path:
     return Path(re.search(r"sweep directory (\S+)", stdout).group(1))  # type: ignore[union-attr]

@@ -17,6 +17,9 @@ import expctl
 from expctl import checkpoint, config, registry
 from expctl.build import check_sync_batchnorm
 
+# integration tier: real processes and real training (`pytest -m slow`)
+pytestmark = pytest.mark.slow
+
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     path = checkpoint.list_checkpoints(run_dir)[0]
@@ -280,16 +283,13 @@ def test_multirun_runs_each_point(tiny: Path) -> None:
 def test_example_presets_train(
     preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each example preset as a user runs it, on its real data, made a smoke test by
+    experiment=debug (a few steps, two validation batches)."""
     monkeypatch.chdir(tmp_path)
-    small = ["data.num_samples=64", "data.val_samples=32"]
-    if preset != "linear_regression":  # Fashion-MNIST-shaped, without scoring 10,000 images
-        small = ["data=synthetic", "data.shape=[1,28,28]", *small]
-    result = expctl.run(
-        None,
-        [f"experiment={preset}", "train.max_steps=3", "data.batch_size=16", "train.log_every=1"]
-        + small,
-    )
+    result = expctl.run(None, [f"experiment={preset}", "experiment=debug", "train.max_steps=3"])
     assert result["step"] == 3
+    log = (result.run_dir / "train.log").read_text()
+    assert "validation limited to 2 batch(es) per rank" in log
     if preset == "dcgan":
         models = expctl.load_model(result.run_dir)
         assert set(models) == {"generator", "discriminator"} and "train/loss_g" in result.metrics

@@ -19,6 +19,9 @@ import torch
 
 from expctl import checkpoint
 
+# integration tier: real processes and real training (`pytest -m slow`)
+pytestmark = pytest.mark.slow
+
 # the suite's small config (tests/conftest.py), with batch 16 and the fault-injecting plugin
 TINY = base.TINY.replace("batch_size: 32", "batch_size: 16") + "imports: [faulty]\n"
 LOCAL = ["launcher=local", "launcher.nproc=2", "launcher.max_restarts=3", "+model.dropout=0.2"]

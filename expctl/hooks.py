@@ -1,0 +1,61 @@
+"""How the launcher and the sweep take part in a run without the rank code importing them.
+
+`rank.main` and `train.fit` call these methods on rank 0 and every other rank alike; a hook that
+should act once checks `env.is_main` itself. `launch.hooks_for` builds the hooks of a run: job
+records and requeues (`launch.JobHooks`) and a sweep trial's pruning and bookkeeping
+(`study.TrialHooks`), chained.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class Hooks:
+    """No-op base: override what you need."""
+
+    def on_start(self, run_dir: Path) -> None:
+        """Training is about to start (or was already complete) in `run_dir`."""
+
+    def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
+        """After a validation at an epoch's end; True asks the run to stop there ("stopped")."""
+        return False
+
+    def on_stop(self, step: int, signame: str) -> None:
+        """The stop signal ended training at the checkpoint of `step` (before `Preempted`)."""
+
+    def on_end(self, metrics: dict[str, Any]) -> None:
+        """The run ended with `metrics` (as in result.json; status completed or stopped)."""
+
+    def on_failure(self, error: BaseException, returning: bool) -> bool:
+        """The run failed with `error`. `returning`: an earlier hook said the job comes back
+        (requeued) to resume it. Returns whether this hook makes it come back."""
+        return False
+
+
+class Chain(Hooks):
+    """Several hooks in order; a stop or a requeue asked by any of them counts."""
+
+    def __init__(self, *hooks: Hooks) -> None:
+        self.hooks = hooks
+
+    def on_start(self, run_dir: Path) -> None:
+        for h in self.hooks:
+            h.on_start(run_dir)
+
+    def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
+        return any([h.on_validation(metrics, epoch, step) for h in self.hooks])  # ask each
+
+    def on_stop(self, step: int, signame: str) -> None:
+        for h in self.hooks:
+            h.on_stop(step, signame)
+
+    def on_end(self, metrics: dict[str, Any]) -> None:
+        for h in self.hooks:
+            h.on_end(metrics)
+
+    def on_failure(self, error: BaseException, returning: bool) -> bool:
+        for h in self.hooks:
+            returning = h.on_failure(error, returning) or returning
+        return returning

@@ -1,0 +1,176 @@
+"""What a run directory and a sweep directory hold: every file name spelled once, and its readers.
+
+    RUN_DIR/                        SWEEP_DIR/
+      config.yaml   frozen config     sweep.json    the sweep's spec (space, -C file, its sha256)
+      trial.json    sweep trial id    journal.log   the Optuna study (the ledger)
+      metrics.jsonl one event a line  best.yml      the best trial's config (`sweep best`)
+      result.json   final metrics     sweep.png     `sweep plot`
+      train.log     rank 0's log      slurm/        submitit files of job arrays
+      jobs.jsonl    Slurm job events  trial_000/    a run directory per trial
+      checkpoints/  step_*.pt (+ .sha256)
+      tb/           TensorBoard
+      slurm/        submitit files of launcher=slurm
+
+Readers skip a line being written right now (the file is appended while they read) and a
+corrupt one, so a live run can always be looked at.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a .jsonl file, one a line; unreadable lines are skipped."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory's files."""
+
+    path: Path
+
+    CONFIG = "config.yaml"
+    TRIAL = "trial.json"
+    METRICS = "metrics.jsonl"
+    RESULT = "result.json"
+    LOG = "train.log"
+    JOBS = "jobs.jsonl"
+    CHECKPOINTS = "checkpoints"
+    TB = "tb"
+    SLURM = "slurm"
+
+    def __init__(self, path: str | Path) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def trial(self) -> Path:
+        return self.path / self.TRIAL
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def result(self) -> Path:
+        return self.path / self.RESULT
+
+    @property
+    def log(self) -> Path:
+        return self.path / self.LOG
+
+    @property
+    def jobs(self) -> Path:
+        return self.path / self.JOBS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def tb(self) -> Path:
+        return self.path / self.TB
+
+    @property
+    def slurm(self) -> Path:
+        return self.path / self.SLURM
+
+    def is_run(self) -> bool:
+        """Whether this folder holds a frozen config."""
+        return self.config.is_file()
+
+    def metric_rows(self) -> list[dict[str, Any]]:
+        """The events of metrics.jsonl, oldest first."""
+        return json_lines(self.metrics)
+
+    def metric_series(self, metric: str, x: str = "step") -> tuple[list[float], list[float]]:
+        """(x, value) of every event that holds `metric`, oldest first."""
+        rows = [
+            r
+            for r in self.metric_rows()
+            if isinstance(r.get(metric), (int, float)) and isinstance(r.get(x), (int, float))
+        ]
+        return [float(r[x]) for r in rows], [float(r[metric]) for r in rows]
+
+    def job_events(self) -> list[dict[str, Any]]:
+        """The Slurm job events of jobs.jsonl (submitted, started, stopped, failed), oldest first."""
+        return [e for e in json_lines(self.jobs) if "job_id" in e]
+
+    def read_result(self) -> dict[str, Any]:
+        """The metrics of result.json ({} while the run has none, or it cannot be read)."""
+        try:
+            data = json.loads(self.result.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return dict(data) if isinstance(data, dict) else {}
+
+    def checkpoint_files(self) -> list[Path]:
+        """The checkpoint files, newest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(self.checkpoints.glob("step_*.pt"), reverse=True)
+
+
+@dataclass(frozen=True)
+class SweepDir:
+    """A sweep directory's files."""
+
+    path: Path
+
+    SPEC = "sweep.json"
+    JOURNAL = "journal.log"
+    BEST = "best.yml"
+    PLOT = "sweep.png"
+    SLURM = "slurm"
+
+    def __init__(self, path: str | Path) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def spec(self) -> Path:
+        return self.path / self.SPEC
+
+    @property
+    def journal(self) -> Path:
+        return self.path / self.JOURNAL
+
+    @property
+    def best(self) -> Path:
+        return self.path / self.BEST
+
+    @property
+    def plot(self) -> Path:
+        return self.path / self.PLOT
+
+    @property
+    def slurm(self) -> Path:
+        return self.path / self.SLURM
+
+    def trial(self, number: int) -> RunDir:
+        """The run directory of trial `number`."""
+        return RunDir(self.path / f"trial_{number:03d}")
+
+    def trials(self) -> list[RunDir]:
+        """The trials' run directories that hold a frozen config, by number."""
+        return [RunDir(p.parent) for p in sorted(self.path.glob(f"trial_*/{RunDir.CONFIG}"))]
+
+    def read_spec(self) -> dict[str, Any]:
+        return dict(json.loads(self.spec.read_text()))

@@ -1,0 +1,66 @@
+"""The import rule of ARCHITECTURE.md, checked by import-linter, and what must import without torch."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from expctl import errors
+
+REPO = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports on the package found under `root` (ahead of the installed one)."""
+    return subprocess.run(
+        [str(LINT), "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_import_rule_holds() -> None:
+    proc = _lint(REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+def test_the_import_rule_fails_on_a_planted_import_of_slurm_in_the_loop(tmp_path: Path) -> None:
+    shutil.copytree(
+        REPO / "expctl", tmp_path / "expctl", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    train = tmp_path / "expctl" / "train.py"
+    train.write_text(train.read_text() + "\nimport expctl.slurm  # noqa\n")
+    proc = _lint(tmp_path)
+    assert proc.returncode != 0, proc.stdout
+    assert "BROKEN" in proc.stdout and "expctl.train -> expctl.slurm" in proc.stdout, proc.stdout
+
+
+def test_exceptions_exit_codes_hooks_and_layout_import_without_torch() -> None:
+    code = (
+        "import sys\n"
+        "from expctl.errors import CheckpointError, Preempted, RunError, UserError, EXIT_USER\n"
+        "import expctl.hooks, expctl.layout\n"
+        "heavy = [m for m in ('torch', 'hydra', 'omegaconf', 'optuna') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_sbatch_templates_use_the_exit_codes_of_expctl_errors() -> None:
+    for template in sorted((REPO / "slurm").glob("*.sbatch")):
+        text = template.read_text()
+        found = dict(re.findall(r"\b(EXIT_USER|EXIT_PREEMPTED)=(\d+)", text))
+        assert found == {
+            "EXIT_USER": str(errors.EXIT_USER),
+            "EXIT_PREEMPTED": str(errors.EXIT_PREEMPTED),
+        }, template.name
+        assert re.search(r"-ne [23]\b|exit [23]\b", text) is None, f"{template.name}: a bare code"

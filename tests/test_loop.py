@@ -1,0 +1,119 @@
+"""The loop in-process: `rank.main` -> `train.fit` for a couple of steps, and the hooks it calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from expctl import compose, rank
+from expctl.build import build
+from expctl.dist import DistEnv
+from expctl.hooks import Chain, Hooks
+from expctl.layout import RunDir
+from expctl.metrics import evaluate
+from expctl.train import TrainState
+
+SMALL = [
+    "model=mlp",
+    "model.hidden=[8]",
+    "data=synthetic",
+    "data.shape=[6]",
+    "data.num_classes=3",
+    "data.num_samples=32",
+    "data.val_samples=16",
+    "data.batch_size=8",
+    "sched=none",
+    "train.device=cpu",
+    "train.log_every=1",
+]
+
+
+class Recorder(Hooks):
+    """Remembers every call; stops at the first validation when told to."""
+
+    def __init__(self, stop_at_validation: bool = False) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.stop_at_validation = stop_at_validation
+
+    def on_start(self, run_dir: Path) -> None:
+        self.calls.append(("start", run_dir))
+
+    def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
+        self.calls.append(("validation", (epoch, step, sorted(metrics))))
+        return self.stop_at_validation
+
+    def on_end(self, metrics: dict[str, Any]) -> None:
+        self.calls.append(("end", metrics["status"]))
+
+    def on_failure(self, error: BaseException, returning: bool) -> bool:
+        self.calls.append(("failure", type(error).__name__))
+        return False
+
+
+def _cfg(tmp_path: Path, *extra: str) -> Any:
+    return compose.compose(None, [*SMALL, f"run.dir={tmp_path / 'run'}", *extra])
+
+
+def test_two_steps_in_process_write_the_run_and_call_the_hooks(tmp_path: Path) -> None:
+    hooks = Recorder()
+    run_dir, result = rank.main(_cfg(tmp_path, "train.max_steps=2"), DistEnv(), hooks)
+    assert result["step"] == 2 and result["status"] == "completed"
+    assert 0.0 <= result["val/acc"] <= 1.0
+    run = RunDir(run_dir)
+    assert (
+        run.read_result() == json.loads(run.result.read_text()) and run.read_result()["step"] == 2
+    )
+    assert [r["step"] for r in run.metric_rows() if "train/loss" in r] == [1, 2]
+    assert [c[0] for c in hooks.calls] == ["start", "end"], hooks.calls  # max_steps: mid-epoch
+    assert run.checkpoint_files()[0].name == "step_000000002.pt"
+
+
+def test_a_hook_that_asks_to_stop_at_validation_ends_the_run_stopped(tmp_path: Path) -> None:
+    hooks = Chain(Hooks(), Recorder(stop_at_validation=True))
+    _, result = rank.main(_cfg(tmp_path, "train.max_epochs=3"), DistEnv(), hooks)
+    recorder = hooks.hooks[1]
+    assert isinstance(recorder, Recorder)
+    assert result["status"] == "stopped" and result["epoch"] == 1 and result["step"] == 4
+    assert [c[0] for c in recorder.calls] == ["start", "validation", "end"]
+    assert recorder.calls[1][1] == (1, 4, ["val/acc", "val/loss"])
+    assert "test/acc" not in result
+
+
+def test_a_run_that_fails_tells_the_hooks(tmp_path: Path) -> None:
+    hooks = Recorder()
+    with pytest.raises(Exception, match="non-finite"):
+        rank.main(_cfg(tmp_path, "train.max_steps=2", "optim.lr=1e30"), DistEnv(), hooks)
+    assert hooks.calls[-1] == ("failure", "UserError")
+
+
+def test_a_completed_run_run_again_trains_nothing_and_reports_its_result(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "train.max_steps=2")
+    _, first = rank.main(cfg, DistEnv())
+    hooks = Recorder()
+    _, again = rank.main(cfg, DistEnv(), hooks)
+    assert again == first and [c[0] for c in hooks.calls] == ["start", "end"]
+
+
+def test_limit_val_batches_scores_that_many_batches(tmp_path: Path) -> None:
+    import torch
+
+    parts = build(_cfg(tmp_path, "data.val_batch_size=4"), DistEnv(), torch.device("cpu"))
+    scored: list[int] = []
+    val_step = parts.step.val_step
+    parts.step.val_step = lambda ctx, batch: scored.append(len(batch[0])) or val_step(ctx, batch)
+    evaluate(parts, DistEnv())
+    assert scored == [4, 4, 4, 4]  # 16 validation samples
+    scored.clear()
+    evaluate(dataclasses.replace(parts, limit_val_batches=2), DistEnv())
+    assert scored == [4, 4]
+
+
+def test_train_state_round_trips_through_its_state_dict() -> None:
+    state = TrainState(step=7, epoch=2, batch=3, val={"val/acc": 0.5}, train={"train/loss": 1.0})
+    other = TrainState()
+    other.load_state_dict(state.state_dict())
+    assert other == state
