@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -46,22 +53,79 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+class _Warm:
+    """This pytest process's warm CLI server (tests/warm_cli.py), started on first use."""
+
+    proc: subprocess.Popen[str] | None = None
+
+    @classmethod
+    def run(
+        cls, args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        if cls.proc is None or cls.proc.poll() is not None:
+            clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
+            cls.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("warm_cli.py"))],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=clean,
+            )
+            atexit.register(cls.proc.kill)
+        proc = cls.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "out", Path(tmp) / "err"
+            request = {
+                "argv": list(args),
+                "cwd": str(cwd),
+                "env": env,
+                "out": str(out),
+                "err": str(err),
+            }
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            pid = json.loads(proc.stdout.readline())["pid"]
+            ready, _, _ = select.select([proc.stdout], [], [], timeout)
+            if not ready:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                proc.stdout.readline()
+                raise subprocess.TimeoutExpired(
+                    ["expctl", *args], timeout, out.read_text(), err.read_text()
+                )
+            code = json.loads(proc.stdout.readline())["code"]
+            return subprocess.CompletedProcess(
+                ["expctl", *args],
+                code,
+                out.read_text(errors="replace"),
+                err.read_text(errors="replace"),
+            )
+
+
 def expctl(
     *args: str,
     cwd: Path,
     env: dict[str, str] | None = None,
     timeout: float = 300,
     check: bool = True,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m expctl ARGS` in `cwd`; fail with its output when `check` and it fails."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "expctl", *args],
-        cwd=cwd,
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run `python -m expctl ARGS` in `cwd`; fail with its output when `check` and it fails.
+
+    The process is forked from a warm server that imported torch, Hydra and expctl once
+    (tests/warm_cli.py); `fresh` starts a new interpreter, for tests of what start-up does."""
+    if fresh:
+        proc = subprocess.run(
+            [sys.executable, "-m", "expctl", *args],
+            cwd=cwd,
+            env=env or cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    else:
+        proc = _Warm.run(args, cwd, env or cli_env(), timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"expctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"

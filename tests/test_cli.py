@@ -148,6 +148,7 @@ def test_imports_next_to_the_config_file_work_from_any_directory(tmp_path: Path)
         "launcher.nproc=2",
         "run.dir=r",
         cwd=elsewhere,
+        fresh=True,  # the module search path is what start-up sets
     )
     assert (elsewhere / "r" / "result.json").is_file()
 

@@ -303,6 +303,8 @@ def test_launcher_slurm_requeues_when_a_task_is_killed(work: Path) -> None:
     assert "resumed from" in (run_dir / "train.log").read_text()
 
 
+# two CPUs a node and one task per node: this 2-minute job runs beside the group's other jobs
+@pytest.mark.xdist_group("slurm-timelimit")
 def test_time_limit_shorter_than_training_requeues_itself(work: Path) -> None:
     # slurmctld checks time limits every 30 s and sends the timed signal at the first check with at
     # most (delay + 30 s) left: a 2-minute limit with USR2@60 signals 30-60 s into each run, after
@@ -445,10 +447,10 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
 
 def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
     """N short trials as one Slurm job array: every one ends completed, stopped or failed with its
-    reason (CI runs 40; EXPCTL_LOAD_TRIALS=200 runs the full load, ~10 min on 2 cores)."""
+    reason (CI runs 16; EXPCTL_LOAD_TRIALS=200 runs the full load, ~10 min on 2 cores)."""
     from expctl import ledger
 
-    n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "40"))
+    n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "16"))
     proc = run_cli(
         "run",
         "-C",
