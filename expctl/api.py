@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +27,61 @@ def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = T
     Raises:
         UserError: a bad config, name, value or environment.
     """
-    import sys
+    with caller_state_kept():
+        notes: list[str] = []
+        cfg = compose.compose(config, overrides, notes=notes)
+        for note in notes:
+            print(f"expctl: note: {note}", file=sys.stderr, flush=True)
+        return launch.launch(cfg, wait=wait)
 
-    notes: list[str] = []
-    cfg = compose.compose(config, overrides, notes=notes)
-    for note in notes:
-        print(f"expctl: note: {note}", file=sys.stderr, flush=True)
-    return launch.launch(cfg, wait=wait)
+
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+@contextlib.contextmanager
+def caller_state_kept() -> Iterator[None]:
+    """A run inside a larger program leaves it as it found it, returned or raised: its signal
+    handlers (torch's elastic agent installs its own), environment variables (`env:`),
+    ``sys.path``, torch's global flags and RNG streams, and the ``expctl`` logger."""
+    import torch  # lazy: loaded by the launch anyway, never by `import expctl`
+
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {
+        sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in _SIGNALS) if main
+    }
+    environ, path = dict(os.environ), list(sys.path)
+    backends = torch.backends
+    flags = (
+        torch.get_float32_matmul_precision(),
+        backends.cuda.matmul.allow_tf32,
+        backends.cudnn.allow_tf32,
+        backends.cudnn.benchmark,
+        torch.get_num_threads(),
+    )
+    rng = (torch.get_rng_state(), random.getstate())
+    logger = logging.getLogger("expctl")
+    logs = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
+        torch.set_float32_matmul_precision(flags[0])
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = flags[1], flags[2]
+        backends.cudnn.benchmark = flags[3]
+        torch.set_num_threads(flags[4])
+        torch.set_rng_state(rng[0])
+        random.setstate(rng[1])
+        for h in logger.handlers:
+            if h not in logs[0]:
+                h.close()
+        logger.handlers[:] = logs[0]
+        logger.setLevel(logs[1])
+        logger.propagate = logs[2]
 
 
 def load_model(

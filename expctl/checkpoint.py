@@ -52,16 +52,34 @@ def capture(
 
 def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> dict[str, Any]:
     """Load a payload into the built parts and this rank's RNG; return where training stood
-    (for `TrainState.load_state_dict`)."""
-    for name, sd in payload["models"].items():
-        parts.models[name].load_state_dict(sd)
-    for name, sd in payload["optimizers"].items():
-        parts.ctx.optimizers[name].load_state_dict(sd)
-    for name, sd in (payload.get("schedulers") or {}).items():
-        if name in parts.schedulers:
-            parts.schedulers[name].load_state_dict(sd)
+    (for `TrainState.load_state_dict`).
+
+    Raises:
+        ValueError: the checkpoint's models or optimizers do not match the built ones.
+    """
+    targets = [
+        *((f"model '{n}'", parts.models.get(n), sd) for n, sd in payload["models"].items()),
+        *(
+            (f"optimizer '{n}'", parts.ctx.optimizers.get(n), sd)
+            for n, sd in payload["optimizers"].items()
+        ),
+        *(
+            (f"scheduler '{n}'", parts.schedulers[n], sd)
+            for n, sd in (payload.get("schedulers") or {}).items()
+            if n in parts.schedulers
+        ),
+    ]
     if parts.ctx.scaler is not None and payload.get("scaler"):
-        parts.ctx.scaler.load_state_dict(payload["scaler"])
+        targets.append(("grad scaler", parts.ctx.scaler, payload["scaler"]))
+    for what, target, sd in targets:
+        if target is None:
+            raise ValueError(f"its {what} is not part of this config")
+        try:
+            target.load_state_dict(sd)
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise ValueError(
+                f"its {what} does not match: {' '.join(str(e).split())[:240]}"
+            ) from None
     rng = payload.get("rng") or []
     if len(rng) == world_size:
         set_rng_state(rng[rank])
@@ -169,7 +187,8 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise ValueError(f"cannot read {path}: {type(e).__name__}: {str(e)[:200]}") from None
+        text = " ".join(str(e).split())[:200]  # one line: torch's messages span several
+        raise ValueError(f"cannot read {path}: {type(e).__name__}: {text}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
     return payload

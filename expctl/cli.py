@@ -13,6 +13,7 @@ from expctl.errors import (
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
     EXIT_USER,
+    Interrupted,
     Preempted,
     RunError,
     UserError,
@@ -135,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    if args.command in ("status", "sweep", "show", "list"):
+        from expctl.report import warnings_to_stderr
+
+        warnings_to_stderr()
     try:
         if args.command == "run":
             return _run(args)
@@ -171,13 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"expctl: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except Preempted as e:
-        print(f"expctl: {e}; checkpoint saved: run the same command to resume", file=sys.stderr)
+        print(f"expctl: {e}", file=sys.stderr)
         return EXIT_PREEMPTED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if args.command != "_worker":  # the launching process speaks for its workers
+            how = e.resume if isinstance(e, Interrupted) else "run the same command"
             print(
-                "expctl: interrupted; run the same command to resume from the last checkpoint",
-                file=sys.stderr,
+                f"expctl: interrupted; to resume from the last checkpoint: {how}", file=sys.stderr
             )
         return EXIT_INTERRUPTED
 
@@ -226,12 +231,12 @@ def _show(args: argparse.Namespace) -> int:
 
     notes: list[str] = []
     cfg = compose.compose(args.config, args.overrides, notes=notes)
-    for note in notes:
-        print(f"expctl: note: {note}", file=sys.stderr)
-    print(config.to_yaml(cfg, frozen=False), end="")
     env = detect(os.environ)
-    print("# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()))
-    if cfg.launcher.name == "slurm":
+    out = [
+        config.to_yaml(cfg, frozen=False),
+        "# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()) + "\n",
+    ]
+    if cfg.launcher.name == "slurm":  # rendered before anything is printed: it may refuse
         from pathlib import Path
 
         from expctl import rundir, slurm
@@ -239,8 +244,10 @@ def _show(args: argparse.Namespace) -> int:
         run_dir = rundir.deterministic_dir(cfg, None)
         if run_dir is None:
             run_dir = Path(cfg.run.root).absolute() / f"{cfg.run.name}-YYYYmmdd-HHMMSS-XXXX"
-        print(f"# sbatch script, for run directory {run_dir}:")
-        print(slurm.render(cfg, run_dir), end="")
+        out += [f"# sbatch script, for run directory {run_dir}:\n", slurm.render(cfg, run_dir)]
+    for note in notes:
+        print(f"expctl: note: {note}", file=sys.stderr)
+    print("".join(out), end="")
     return 0
 
 

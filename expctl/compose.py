@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as schema
-from expctl import confstore, registry
+from expctl import confstore, dist, registry
 from expctl.errors import UserError, choices_text, did_you_mean
 from expctl.explain import explain
 
@@ -78,29 +78,7 @@ def read_user_file(path: str) -> dict[str, Any]:
             f"-C {path}: no such file{did_you_mean(str(p), near)}",
             "check the path (relative paths start from the current directory)",
         )
-    return read_yaml(p, f"-C {path}")
-
-
-def read_yaml(p: Path, where: str) -> dict[str, Any]:
-    """A YAML file as a plain dict, interpolations unresolved."""
-    from omegaconf import OmegaConf
-
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{where}: cannot read it ({e.__class__.__name__}: {e})") from None
-    try:
-        loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
-    except Exception as e:  # yaml.YAMLError and omegaconf errors
-        first = " ".join(str(e).split())[:200]
-        raise UserError(f"{where}: not valid YAML: {first}", "fix the YAML syntax") from None
-    out = OmegaConf.to_container(loaded, resolve=False)
-    if not isinstance(out, dict):
-        raise UserError(
-            f"{where}: the file must hold a mapping of keys, not a list or a scalar",
-            "start the file with keys such as `model:` or `train:`",
-        )
-    return {str(k): v for k, v in out.items()}
+    return schema.read_yaml(p, f"-C {path}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +183,7 @@ def resolve_option(group: str, option: str, dirs: Sequence[Path]) -> tuple[str, 
             p = root / group / f"{option}{suffix}"
             if not p.is_file():
                 continue
-            doc = read_yaml(p, str(p))
+            doc = schema.read_yaml(p, str(p))
             if "defaults" in doc:
                 raise UserError(
                     f"{p}: a group file holds `name:` and settings, not a defaults list",
@@ -221,7 +199,9 @@ def _preset_layer(name: str, dirs: Sequence[Path], source: str) -> Layer:
         for suffix in (".yaml", ".yml"):
             p = root / PRESETS / f"{name}{suffix}"
             if p.is_file():
-                layer = read_layer(read_yaml(p, f"experiment={name}"), f"experiment={name}", dirs)
+                layer = read_layer(
+                    schema.read_yaml(p, f"experiment={name}"), f"experiment={name}", dirs
+                )
                 if layer.preset:
                     raise UserError(
                         f"experiment={name} picks another experiment ({layer.preset})",
@@ -393,10 +373,12 @@ def compose(
     cli = parse_command_line(overrides)
     user = read_user_file(config_file) if config_file else None
     dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
-    for folder in dirs:
-        registry.add_import_path(folder)  # `imports: [my_components]` next to the file
+    for folder in dirs:  # `imports: [my_components]` next to the file, here and in workers
+        dist.apply_env({registry.IMPORT_PATH: registry.add_import_path(folder)})
     stack = Stack()
-    stack.add(read_layer(read_yaml(builtin_conf_dir() / "config.yaml", BUILTIN), BUILTIN, dirs))
+    stack.add(
+        read_layer(schema.read_yaml(builtin_conf_dir() / "config.yaml", BUILTIN), BUILTIN, dirs)
+    )
     if user is not None:
         layer = read_layer(user, f"-C {config_file}", dirs)
         if layer.preset:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import registry
-from expctl.errors import UserError, choices_text, did_you_mean
+from expctl.errors import CONTROL, UserError, choices_text, did_you_mean
 from expctl.layout import RunDir
 
 
@@ -450,6 +450,8 @@ def _plain(name: str, value: Any) -> Any:
                 f"imports: expected a list of module names, got {value!r}",
                 "e.g. imports=[my_components]",
             )
+        for module in value:
+            registry.check_module_name(module)
         return list(value)
     if value is None:
         return {}
@@ -457,13 +459,18 @@ def _plain(name: str, value: Any) -> Any:
         raise UserError(f"env: expected a mapping, got {value!r}", "e.g. env.NCCL_DEBUG=INFO")
     out = {}
     for key, v in value.items():
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
             raise UserError(
                 f"env.{str(key)!r}: not an environment variable name", "use letters, digits and _"
             )
         if v is None or isinstance(v, (dict, list)):
             raise UserError(f"env.{key}: expected a string value", f"e.g. env.{key}=VALUE")
         out[str(key)] = str(v).lower() if isinstance(v, bool) else str(v)
+        if "\0" in out[str(key)]:  # the one character an environment variable cannot hold
+            raise UserError(
+                f"env.{key}={out[str(key)]!r}: a NUL byte cannot go into an environment variable",
+                f"remove it from env.{key}",
+            )
     return out
 
 
@@ -490,17 +497,34 @@ def unknown_key(where: str, key: str, valid: list[str]) -> UserError:
     )
 
 
-_NAME_CHARS = re.compile(r"^[A-Za-z0-9_.+=-]+$")
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_.+=-]+")
+
+
+def plain_text(where: str, value: str | None) -> None:
+    """Refuse control characters (NUL, newline, tab, ...) in a value bound for a file name, an
+    environment variable or a line of a job script, naming the value quoted on one line."""
+    if value is not None and CONTROL.search(value):
+        raise UserError(
+            f"{where}={value!r}: control characters (NUL, newline, tab, ...) cannot go into a "
+            "file name, an environment variable or a job script",
+            f"remove them from {where}",
+        )
 
 
 def _cross_checks(cfg: Config) -> None:
     t, ln = cfg.train, cfg.launcher
-    if not _NAME_CHARS.match(cfg.run.name) or cfg.run.name.startswith(".") or ".." in cfg.run.name:
+    for key in ("dir", "root"):
+        plain_text(f"run.{key}", getattr(cfg.run, key))
+    plain_text("checkpoint.resume", cfg.checkpoint.resume)
+    name = cfg.run.name
+    if not _NAME_CHARS.fullmatch(name) or name.startswith(".") or ".." in name:
         raise UserError(
-            f"run.name={cfg.run.name!r}: a run name becomes a folder name and may only hold "
+            f"run.name={name!r}: a run name becomes a folder name and may only hold "
             "letters, digits and _ . + = - (no '/', '..', spaces, quotes or shell characters)",
             "pick a plain name, e.g. run.name=resnet18-lr0.1; use run.root / run.dir for the place",
         )
+    if ln.name == "slurm":
+        check_slurm(cfg)
     if ln.name == "inline" and ln.nproc > 1:
         raise UserError(
             f"launcher.nproc={ln.nproc} needs launcher=local (inline runs in this one process)",
@@ -518,6 +542,70 @@ def _cross_checks(cfg: Config) -> None:
             f"(train.step={t.step})",
             "set train.grad_accum=1, or accumulate inside your own step",
         )
+
+
+# what reaches an sbatch script: values from a strict character set (submitit quotes them too)
+_SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:+@%=/\[\]-]+")
+_SBATCH_KEY = re.compile(r"[a-z][a-z0-9_-]*")
+SBATCH_MANAGED = frozenset(
+    {
+        "signal",
+        "requeue",
+        "output",
+        "error",
+        "open-mode",
+        "array",
+        "nodes",
+        "ntasks-per-node",
+        "time",
+    }
+)
+
+
+def check_slurm(cfg: Config) -> None:
+    """Every launcher=slurm value bound for the sbatch script is safe there: checked when the
+    config is validated, before `expctl show` prints anything or a job is written."""
+    ln = cfg.launcher
+    tasks_per_node(ln)
+    for key, value in ln.sbatch.items():
+        option = str(key).replace("_", "-")
+        if not _SBATCH_KEY.fullmatch(option) or option in SBATCH_MANAGED:
+            raise UserError(
+                f"{'launcher.sbatch.' + str(key)!r}: not an sbatch option expctl lets you set here",
+                "use lowercase option names (e.g. mail-type); nodes, time, signal and requeue "
+                "have their own keys",
+            )
+        sbatch_value(f"launcher.sbatch.{option}", value)
+    sbatch_value("launcher.job_name", ln.job_name or cfg.run.name)
+    for key in ("cpus_per_task", "partition", "account", "qos", "constraint"):
+        if getattr(ln, key) is not None:
+            sbatch_value(f"launcher.{key}", getattr(ln, key))
+    for i, line in enumerate(ln.setup):
+        plain_text(f"launcher.setup[{i}]", str(line))
+
+
+def sbatch_value(where: str, value: Any) -> Any:
+    """`value` if it may go on an #SBATCH line (a number, or text of safe characters)."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if not isinstance(value, str) or not _SBATCH_VALUE.fullmatch(value):
+        raise UserError(
+            f"{where}={value!r}: sbatch values may only hold letters, digits and "
+            "_ . , : + @ % = / [ ] -",
+            "remove spaces, quotes, ';', '$', backquotes and newlines from the value",
+        )
+    return value
+
+
+def tasks_per_node(ln: LauncherConfig) -> int:
+    """Slurm tasks per node: launcher.tasks_per_node, else one per GPU (or 1 without GPUs)."""
+    tasks = ln.tasks_per_node or (ln.gpus_per_node or 1)
+    if ln.gpus_per_node and tasks != ln.gpus_per_node:
+        raise UserError(
+            f"launcher.tasks_per_node={tasks} but launcher.gpus_per_node={ln.gpus_per_node}",
+            f"use one task per GPU: launcher.tasks_per_node={ln.gpus_per_node} (or leave it null)",
+        )
+    return tasks
 
 
 # what users of other tools write, and the value meant here (suggested, never silently accepted)
@@ -585,12 +673,91 @@ def load(run_dir: str | Path) -> Config:
             f"{run_dir}: not a run directory (no {RunDir.CONFIG})",
             "pass the folder printed at the start of a run",
         )
-    node = OmegaConf.create(path.read_text())
+    node = OmegaConf.create(read_yaml(path, str(path)))
     raw, interps = resolve(node, f"{path}")
     drop_legacy(raw)
     with redacted(raw, interps):
         cfg = validate(raw, check_components=False, interpolations=interps)
     return cfg.replace("run", dir=str(Path(run_dir).expanduser().absolute()))
+
+
+YAML_MAX_BYTES = 1 << 20  # a config file holds a few KB; more is a mistake or an attack
+YAML_MAX_VALUES = 10_000  # nodes, aliases (*name) expanded: OmegaConf takes ~1 s per 10000
+
+
+def read_yaml(p: Path, where: str) -> dict[str, Any]:
+    """A YAML file (a -C file, a group file, a run's config.yaml) as a plain dict, interpolations
+    unresolved.
+
+    Raises:
+        UserError: unreadable, over 1 MiB, not YAML, not a mapping, or more than 10000 values
+            once its aliases are expanded (an alias bomb), naming the file and the limit.
+    """
+    from omegaconf import OmegaConf
+
+    try:
+        with open(p, "rb") as f:
+            data = f.read(YAML_MAX_BYTES + 1)
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{where}: cannot read it ({e.__class__.__name__}: {e})") from None
+    if len(data) > YAML_MAX_BYTES:
+        raise UserError(
+            f"{where}: the file is larger than {YAML_MAX_BYTES // 2**20} MiB, the limit for a "
+            "config file",
+            "point -C at the YAML config itself; data belongs in files a dataset reads",
+        )
+    try:
+        _check_expansion(text, where)
+        loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except UserError:
+        raise
+    except Exception as e:  # yaml.YAMLError, omegaconf errors, RecursionError (deep nesting)
+        first = " ".join(str(e).split())[:200] or type(e).__name__
+        raise UserError(f"{where}: not valid YAML: {first}", "fix the YAML syntax") from None
+    out = OmegaConf.to_container(loaded, resolve=False)
+    if not isinstance(out, dict):
+        raise UserError(
+            f"{where}: the file must hold a mapping of keys, not a list or a scalar",
+            "start the file with keys such as `model:` or `train:`",
+        )
+    return {str(k): v for k, v in out.items()}
+
+
+def _check_expansion(text: str, where: str) -> None:
+    """Count the values of a YAML text with its aliases expanded, on PyYAML's node graph (an
+    alias is one shared node there) before any object is built: each node once, no recursion."""
+    import yaml
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)  # pure Python: deep nesting raises
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # expanded, children not yet counted: an ancestor
+    stack: list[tuple[Any, bool]] = [(root, False)] if root is not None else []
+    while stack:
+        node, counted = stack.pop()
+        kids = (
+            [c for pair in node.value for c in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
+        )
+        if counted:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in kids)
+            open_nodes.discard(id(node))
+            if sizes[id(node)] > YAML_MAX_VALUES:
+                raise UserError(
+                    f"{where}: more than {YAML_MAX_VALUES} values once its aliases (*name) are "
+                    f"expanded, the limit for a config file (an alias bomb?)",
+                    "write the values out, or alias small blocks only",
+                )
+        elif id(node) in open_nodes:
+            raise UserError(
+                f"{where}: an alias refers to a block that contains it (a recursive alias)",
+                "remove the alias (*name) inside the block its anchor (&name) marks",
+            )
+        elif id(node) not in sizes:
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack += [(c, False) for c in kids if id(c) not in sizes]
 
 
 LEGACY_KEYS = ("storage", "trial")  # sweep.*, written into trials' configs before 0.2

@@ -63,13 +63,22 @@ def store_components(choices: Mapping[str, str]) -> None:
         _STORED.add((section, name))
 
 
+def _child(node: Any, key: Any) -> Any:
+    """The node under `key` when it is a config (a DictConfig is returned as itself)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(
+        node, str(key), throw_on_missing=False, throw_on_resolution_failure=False
+    )
+
+
 def _unfrozen(node: Any) -> Any:
     """A structured node of a frozen dataclass, made writable (Hydra merges into it)."""
     from omegaconf import OmegaConf
 
     OmegaConf.set_readonly(node, None)
     for key in node:
-        child = node._get_node(key)
+        child = _child(node, key)
         if OmegaConf.is_config(child):
             _unfrozen(child)
     return node
@@ -80,7 +89,7 @@ def _open_maps(node: Any) -> Any:
     from omegaconf import DictConfig, OmegaConf
 
     for key in node:
-        child = node._get_node(key)
+        child = _child(node, key)
         if isinstance(child, DictConfig) and OmegaConf.get_type(child) is dict:
             OmegaConf.set_struct(child, False)
     return node

@@ -9,6 +9,7 @@ other datasets go through torch's DataLoader.
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,33 +88,57 @@ def _find_fashion(root: str | None, download: bool = False) -> dict[str, Path]:
     )
 
 
-def _read_idx(path: Path) -> torch.Tensor:
-    """Read an IDX file (optionally gzipped) into a uint8 tensor, checking its header."""
+FASHION_SHAPES = {  # what each file's IDX header may declare: (images or labels, rows, cols)
+    "train_x": (60000, 28, 28),
+    "train_y": (60000,),
+    "val_x": (10000, 28, 28),
+    "val_y": (10000,),
+}
+
+
+def _read_idx(path: Path, limit: tuple[int, ...]) -> torch.Tensor:
+    """Read an IDX file of bytes (optionally gzipped) into a uint8 tensor: its header first,
+    checked against `limit` (at most limit[0] items, each of exactly limit[1:]), then exactly
+    the bytes it declares, so a small .gz that expands without end is never read whole."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as e:
+            dims = _idx_header(path, f.read(4 + 4 * len(limit)), limit)
+            size = 1
+            for d in dims:
+                size *= d
+            body, extra = f.read(size), f.read(1)
+    except (OSError, EOFError, zlib.error) as e:
         raise UserError(
             f"data file {path} is unreadable or corrupt ({e})", "reinstall or re-download it"
         ) from None
-    ndim = raw[3] if len(raw) > 4 else 0
-    if len(raw) < 4 + 4 * ndim or raw[:3] != b"\x00\x00\x08" or ndim not in (1, 3):
+    if len(body) != size or extra:
         raise UserError(
-            f"data file {path} is not an IDX file of bytes (bad header)",
-            "reinstall or re-download it",
-        )
-    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    body = raw[4 + 4 * ndim :]
-    expected = 1
-    for d in dims:
-        expected *= d
-    if len(body) != expected:
-        raise UserError(
-            f"data file {path} is truncated or corrupt ({len(body)} bytes of data, expected {expected})",
+            f"data file {path} is truncated or corrupt ({len(body)}{'+' if extra else ''} bytes "
+            f"of data, its header declares {size})",
             "reinstall or re-download it",
         )
     return torch.frombuffer(bytearray(body), dtype=torch.uint8).view(*dims)
+
+
+def _idx_header(path: Path, head: bytes, limit: tuple[int, ...]) -> list[int]:
+    """The dimensions an IDX header declares, checked against `limit`."""
+    ndim = len(limit)
+    if len(head) != 4 + 4 * ndim or head[:3] != b"\x00\x00\x08" or head[3] != ndim:
+        raise UserError(
+            f"data file {path} is not an IDX file of {'images' if ndim == 3 else 'labels'} "
+            "(bad header)",
+            "reinstall or re-download it",
+        )
+    dims = [int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    if dims[0] > limit[0] or dims[1:] != list(limit[1:]):
+        raise UserError(
+            f"data file {path} is not Fashion-MNIST's: its header declares "
+            f"{' x '.join(map(str, dims))}, expected {' x '.join(['N', *map(str, limit[1:])])} "
+            f"with N <= {limit[0]}",
+            "point data.root at the four Fashion-MNIST files (reinstall or re-download them)",
+        )
+    return dims
 
 
 def _check_fashion(
@@ -145,12 +170,15 @@ def fashion_mnist(
     files = _find_fashion(root, download)
     mean, std = (FASHION_MEAN, FASHION_STD) if normalize == "standard" else (0.5, 0.5)
 
-    def images(path: Path) -> torch.Tensor:
-        x = _read_idx(path).unsqueeze(1).float().div_(255.0)
+    def images(key: str) -> torch.Tensor:
+        x = _read_idx(files[key], FASHION_SHAPES[key]).unsqueeze(1).float().div_(255.0)
         return x.sub_(mean).div_(std)
 
-    train_x, val_x = images(files["train_x"]), images(files["val_x"])
-    train_y, val_y = _read_idx(files["train_y"]).long(), _read_idx(files["val_y"]).long()
+    def labels(key: str) -> torch.Tensor:
+        return _read_idx(files[key], FASHION_SHAPES[key]).long()
+
+    train_x, val_x = images("train_x"), images("val_x")
+    train_y, val_y = labels("train_y"), labels("val_y")
     for x, y, key in ((train_x, train_y, "train_y"), (val_x, val_y, "val_y")):
         if len(x) != len(y):
             raise UserError(

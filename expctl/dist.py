@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -129,12 +130,10 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
 
 
 def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
-    from submitit.slurm.slurm import _parse_node_list
-
     world = _int(environ, "SLURM_STEP_NUM_TASKS", _int(environ, "SLURM_NTASKS", 1))
     node_rank = _int(environ, "SLURM_NODEID", 0)
     nodes_raw = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
-    hosts = _parse_node_list(nodes_raw) if nodes_raw else ["127.0.0.1"]
+    hosts = expand_nodelist(nodes_raw) if nodes_raw else ["127.0.0.1"]
     per_node = expand_tasks_per_node(
         environ.get("SLURM_STEP_TASKS_PER_NODE")
         or environ.get("SLURM_TASKS_PER_NODE")
@@ -185,6 +184,47 @@ def expand_tasks_per_node(spec: str) -> list[int]:
         else:
             out.append(int(part))
     return out
+
+
+_HOSTS = r"(?:[^,\[\]]|\[[^\[\]]+\])+"  # one entry: literal text and [ranges] groups
+
+
+def expand_nodelist(spec: str) -> list[str]:
+    """Expand a Slurm host list as `scontrol show hostnames` does:
+    'gpu[01-02,7],cpu1,rack[1-2]-n[1-2]' -> gpu01 gpu02 gpu7 cpu1 rack1-n1 rack1-n2 rack2-n1 rack2-n2.
+
+    Raises:
+        UserError: the list is malformed (an unclosed bracket, a range that is not numeric).
+    """
+    if not re.fullmatch(f"{_HOSTS}(?:,{_HOSTS})*", spec):
+        raise _bad_nodelist(spec)
+    hosts: list[str] = []
+    for entry in re.findall(_HOSTS, spec):
+        names = [""]
+        for m in re.finditer(r"([^\[]*)(?:\[([^\]]*)\])?", entry):
+            expanded = [""] if m.group(2) is None else _expand_ranges(m.group(2), spec)
+            names = [n + m.group(1) + i for n in names for i in expanded]
+        hosts += names
+    return hosts
+
+
+def _expand_ranges(ranges: str, spec: str) -> list[str]:
+    """'01-03,7' -> ['01', '02', '03', '7'] (zero-padded to the width of the range's start)."""
+    out: list[str] = []
+    for part in ranges.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if m is None or int(m.group(2) or m.group(1)) < int(m.group(1)):
+            raise _bad_nodelist(spec)
+        low, high = m.group(1), m.group(2) or m.group(1)
+        out += [str(i).zfill(len(low)) for i in range(int(low), int(high) + 1)]
+    return out
+
+
+def _bad_nodelist(spec: str) -> UserError:
+    return UserError(
+        f"Slurm host list {spec!r} (SLURM_STEP_NODELIST / SLURM_JOB_NODELIST) is malformed",
+        "run inside a Slurm job step (srun), whose environment Slurm sets itself",
+    )
 
 
 def derive_port(key: str) -> int:

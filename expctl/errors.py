@@ -7,6 +7,7 @@ Exit codes, shared with the sbatch templates in slurm/ (`EXIT_USER=2 EXIT_PREEMP
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 EXIT_OK = 0
@@ -30,7 +31,18 @@ class UserError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return self.message if not self.hint else f"{self.message}\n  HINT: {self.hint}"
+        message, hint = one_line(self.message), one_line(self.hint or "")
+        return message if not hint else f"{message}\n  HINT: {hint}"
+
+
+# C0/C1 controls and Unicode line breaks: what would split a message, a file name or a script line
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with every control character escaped as repr writes it (a newline as \\n, NUL as
+    \\x00): a value quoted in an error never splits the message's one line."""
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
@@ -74,3 +86,11 @@ class CheckpointError(RunError):
 
 class Preempted(Exception):
     """Training stopped at a checkpoint because the stop signal arrived (resumable)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with how to resume what was interrupted (`resume`: what to run)."""
+
+    def __init__(self, resume: str) -> None:
+        super().__init__(resume)
+        self.resume = resume

@@ -22,7 +22,7 @@ from expctl import rank, rundir, slurm, study
 from expctl.build import check_sync_batchnorm
 from expctl.config import Config
 from expctl.dist import DistEnv, detect
-from expctl.errors import EXIT_USER, RunError, UserError
+from expctl.errors import EXIT_USER, Interrupted, RunError, UserError
 from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
 
@@ -69,7 +69,9 @@ def launch(cfg: Config, wait: bool = True) -> Result:
 def _slurm(cfg: Config, wait: bool) -> Result:
     slurm.parameters(cfg)  # reject bad values before anything else
     slurm.check_cluster(cfg)
-    frozen = rundir.create(cfg, None)
+    frozen, held = rundir.create(cfg, None)
+    if held is not None:  # the job's rank 0 takes it: here it only proved no launch trains it
+        held.release()
     run_dir = Path(str(frozen.run.dir))
     try:
         job_id = slurm.submit(frozen, SlurmTask(str(run_dir)))
@@ -113,7 +115,7 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
         )
     if cfg.train.sync_batchnorm:
         check_sync_batchnorm(n, "cuda" if gpus else "cpu")  # here, before workers start
-    frozen = rundir.create(cfg, env.run_id)
+    frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
     run_dir = Path(str(frozen.run.dir))
     print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
     lc = LaunchConfig(
@@ -129,9 +131,10 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
     )
     try:
         elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir))
+        return Result(run_dir, RunDir(run_dir).read_result())
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
         if e.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None
+            raise Interrupted(f"run the same command with run.dir={run_dir}") from None
         raise RunError(f"stopped by {e.sigval.name}; the run is in {run_dir}") from None
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
@@ -142,7 +145,9 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
             f"local worker rank {rank} failed with exit code {code} after "
             f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
         ) from None
-    return Result(run_dir, RunDir(run_dir).read_result())
+    finally:
+        if held is not None:
+            held.release()
 
 
 def worker(run_dir: str) -> None:
@@ -153,7 +158,7 @@ def worker(run_dir: str) -> None:
 
 def train_rank(cfg: Config, env: DistEnv, under_agent: bool = False) -> tuple[Path, dict[str, Any]]:
     """Train this rank of `cfg` with the hooks of its job."""
-    return rank.main(cfg, env, hooks_for(cfg, env, under_agent))
+    return rank.main(cfg, env, hooks_for(cfg, env, under_agent), lock=not under_agent)
 
 
 def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
@@ -167,9 +172,17 @@ def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
     run_dir = rundir.deterministic_dir(cfg, env.run_id)
     if env.job_id and run_dir is not None:
         hooks.append(JobHooks(env, run_dir, cfg.launcher.max_requeues))
-    ref = study.TrialRef.read(cfg.run.dir)
-    if ref is not None:
+    ref = study.TrialRef.read(cfg.run.dir) if env.is_main else None  # rank 0 speaks for a trial
+    if ref is not None and study.is_open(ref, cfg.sweep):
         hooks.append(study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent))
+    elif ref is not None:  # re-run or continued after its sweep recorded it: a run of its own
+        log.info(
+            "%s was trial %d of the sweep in %s, which recorded its end: this run is not recorded "
+            "there",
+            cfg.run.dir,
+            ref.number,
+            ref.sweep_dir,
+        )
     return Chain(*hooks)
 
 

@@ -2,6 +2,7 @@
 
     RUN_DIR/                        SWEEP_DIR/
       config.yaml   frozen config     sweep.json    the sweep's spec (space, -C file, its sha256)
+      .lock         held while a launch trains it (flock; who holds it)
       trial.json    sweep trial id    journal.log   the Optuna study (the ledger)
       metrics.jsonl one event a line  best.yml      the best trial's config (`sweep best`)
       result.json   final metrics     sweep.png     `sweep plot`
@@ -12,29 +13,45 @@
       slurm/        submitit files of launcher=slurm
 
 Readers skip a line being written right now (the file is appended while they read) and a
-corrupt one, so a live run can always be looked at.
+corrupt one, with a warning naming the file, so a live or damaged run can always be looked at.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("expctl")
+
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a .jsonl file, one a line; unreadable lines are skipped."""
-    if not path.is_file():
+    """The JSON objects of a .jsonl file, one a line. A last line without its newline is being
+    written now and is skipped quietly; other unreadable lines are skipped with a warning."""
+    try:
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return []
-    out = []
-    for line in path.read_text().splitlines():
+    except OSError as e:
+        log.warning("cannot read %s (%s): skipped", path, e.strerror)
+        return []
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()  # being written right now
+    out, bad = [], 0
+    for line in lines:
         try:
             item = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line being written right now
+            item = None
         if isinstance(item, dict):
             out.append(item)
+        else:
+            bad += 1
+    if bad:
+        log.warning("%s: skipped %d unreadable line(s) (the file is damaged)", path, bad)
     return out
 
 
@@ -45,6 +62,7 @@ class RunDir:
     path: Path
 
     CONFIG = "config.yaml"
+    LOCK = ".lock"
     TRIAL = "trial.json"
     METRICS = "metrics.jsonl"
     RESULT = "result.json"
@@ -60,6 +78,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.path / self.CONFIG
+
+    @property
+    def lock(self) -> Path:
+        return self.path / self.LOCK
 
     @property
     def trial(self) -> Path:
@@ -115,12 +137,19 @@ class RunDir:
         return [e for e in json_lines(self.jobs) if "job_id" in e]
 
     def read_result(self) -> dict[str, Any]:
-        """The metrics of result.json ({} while the run has none, or it cannot be read)."""
+        """The metrics of result.json ({} while the run has none; a warning when it cannot be
+        read)."""
         try:
             data = json.loads(self.result.read_text())
-        except (OSError, json.JSONDecodeError):
+        except FileNotFoundError:
             return {}
-        return dict(data) if isinstance(data, dict) else {}
+        except (OSError, ValueError) as e:
+            log.warning("cannot read %s (%s): ignored", self.result, e)
+            return {}
+        if not isinstance(data, dict):
+            log.warning("%s does not hold a mapping: ignored", self.result)
+            return {}
+        return data
 
     def checkpoint_files(self) -> list[Path]:
         """The checkpoint files, newest first."""

@@ -7,6 +7,7 @@ line of the error. It can be read while trials still run.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -23,6 +24,8 @@ from expctl.errors import UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.slurm import FINAL_STATES, job_states
 from expctl.study import open_study
+
+log = logging.getLogger("expctl")
 
 STATES = {
     "RUNNING": "running",
@@ -69,8 +72,24 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     """Every live trial (retried ones replaced by their retry), in trial order."""
     path = Path(sweep_dir)
     s = _settings(path)
-    study = open_study(path, s)
-    trials = study.get_trials(deepcopy=False)
+    journal = SweepDir(path).journal
+    try:
+        trials = open_study(path, s).get_trials(deepcopy=False)
+    except (ValueError, KeyError) as e:
+        raise UserError(
+            f"{journal} is damaged ({' '.join(str(e).split())[:120]})",
+            "each trial's folder (trial_NNN/result.json, metrics.jsonl) still holds its results",
+        ) from None
+    if not journal.read_bytes().endswith(b"\n"):
+        log.warning("%s: its last line is incomplete (being written, or truncated)", journal)
+    recorded = {
+        Path(t.user_attrs["run_dir"]).resolve() for t in trials if "run_dir" in t.user_attrs
+    }
+    missing = [r.path.name for r in SweepDir(path).trials() if r.path.resolve() not in recorded]
+    if missing:
+        log.warning(
+            "%s holds no record of %s: the journal lost them", journal, ", ".join(missing[:5])
+        )
     retried = {int(t.user_attrs["retry_of"]) for t in trials if "retry_of" in t.user_attrs}
     open_attrs = [
         t.user_attrs for t in trials if t.user_attrs.get("status") in ("running", "pending")

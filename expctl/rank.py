@@ -16,7 +16,7 @@ from expctl.build import Parts, build, pick_device, resolve_precision
 from expctl.config import Config, redacted
 from expctl.control import Control, StopFlag
 from expctl.dist import DistEnv, apply_env, init_process_group
-from expctl.errors import Preempted, RunError, UserError
+from expctl.errors import Interrupted, Preempted, RunError, UserError
 from expctl.hooks import Hooks
 from expctl.layout import RunDir
 from expctl.report import Reporter, setup_logging, truncate_metrics
@@ -25,18 +25,26 @@ from expctl.train import Loop, TrainState, fit
 log = logging.getLogger("expctl")
 
 
-def main(cfg: Config, env: DistEnv, hooks: Hooks | None = None) -> tuple[Path, dict[str, Any]]:
-    """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json)."""
+def main(
+    cfg: Config, env: DistEnv, hooks: Hooks | None = None, lock: bool = True
+) -> tuple[Path, dict[str, Any]]:
+    """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json).
+
+    Args:
+        lock: rank 0 holds the run directory's lock while it trains (False: the process that
+            started this worker holds it).
+    """
     hooks = hooks or Hooks()
     apply_env(cfg.env, frozenset(k[4:] for k in cfg.interpolations if k.startswith("env.")))
     device = pick_device(cfg, env)
     backend = "nccl" if device.type == "cuda" else "gloo"
     ln = cfg.launcher
     state = TrainState()
+    held: rundir.RunLock | None = None
     try:
         store = init_process_group(env, backend, ln.rdzv_timeout, ln.collective_timeout)
         ctl = Control(env, store)
-        cfg = _agree_run_dir(cfg, env, ctl)
+        cfg, held = _agree_run_dir(cfg, env, ctl, lock)
         run_dir = Path(str(cfg.run.dir))
         setup_logging(run_dir, env.is_main, env.rank)
         try:
@@ -46,18 +54,28 @@ def main(cfg: Config, env: DistEnv, hooks: Hooks | None = None) -> tuple[Path, d
         except UserError:
             if env.is_main:
                 setup_logging(None, True)  # release train.log
+                if held is not None:
+                    held.release()
                 rundir.discard_if_unstarted(run_dir)
             raise
         hooks.on_start(run_dir)
         return run_dir, _train(cfg, env, parts, state, ctl, hooks, run_dir, rows, device)
-    except Preempted:
+    except Preempted as e:
         log.warning("stop signal: checkpoint of step %d saved in %s", state.step, cfg.run.dir)
         hooks.on_stop(state.step, ln.signal)
-        raise
+        raise Preempted(
+            f"{e}; checkpoint saved: run the same command with run.dir={cfg.run.dir} to resume"
+        ) from None
+    except KeyboardInterrupt:
+        if cfg.run.dir is None or not env.is_main:
+            raise
+        raise Interrupted(f"run the same command with run.dir={cfg.run.dir}") from None
     except Exception as e:
         hooks.on_failure(e, False)
         raise
     finally:
+        if held is not None:
+            held.release()
         if env.distributed:
             import torch.distributed as dist  # torch is loaded by now; kept off `import expctl`
 
@@ -147,12 +165,16 @@ def _log_start(
     )
 
 
-def _agree_run_dir(cfg: Config, env: DistEnv, ctl: Control) -> Config:
-    """Rank 0 creates (or reopens) the run directory; every rank learns its path."""
+def _agree_run_dir(
+    cfg: Config, env: DistEnv, ctl: Control, lock: bool
+) -> tuple[Config, rundir.RunLock | None]:
+    """Rank 0 creates (or reopens) the run directory and takes its lock; every rank learns its
+    path."""
     reply: tuple[str, str, str | None]
+    held = None
     if env.is_main:
         try:
-            frozen = rundir.create(cfg, env.run_id, restart=env.restart_count > 0)
+            frozen, held = rundir.create(cfg, env.run_id, env.restart_count > 0, lock)
             reply = ("ok", str(frozen.run.dir), None)
         except UserError as e:
             reply = ("error", e.message, e.hint)
@@ -161,7 +183,7 @@ def _agree_run_dir(cfg: Config, env: DistEnv, ctl: Control) -> Config:
     reply = ctl.broadcast(reply)
     if reply[0] == "error":
         raise UserError(reply[1], reply[2])
-    return cfg.replace("run", dir=reply[1])
+    return cfg.replace("run", dir=reply[1]), held
 
 
 def _restore(
@@ -177,12 +199,20 @@ def _restore(
     resume = cfg.checkpoint.resume
     own = resume == "auto" or env.restart_count > 0
     found = checkpoint.newest_valid(run_dir) if own else None
-    if found is None and resume not in ("auto", "never"):
-        found, own = (Path(resume), checkpoint.load(Path(resume))), False
-    if found is None:
-        return 0
-    configured = _lrs(parts)
-    state.load_state_dict(checkpoint.apply(found[1], parts, env.rank, env.world_size))
+    where = "the run's newest checkpoint" if found else f"checkpoint.resume={resume}"
+    try:
+        if found is None and resume not in ("auto", "never"):
+            found, own = (Path(resume), checkpoint.load(Path(resume))), False
+        if found is None:
+            return 0
+        configured = _lrs(parts)
+        state.load_state_dict(checkpoint.apply(found[1], parts, env.rank, env.world_size))
+    except ValueError as e:
+        raise UserError(
+            f"{where} ({found[0] if found else resume}) cannot be used: {e}",
+            "resume from a checkpoint of the same model and optimizer (its run's config.yaml "
+            "says which), or start afresh with checkpoint.resume=never",
+        ) from None
     log.info(
         "resumed from %s (step %d, epoch %d, batch %d)",
         found[0],

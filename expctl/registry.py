@@ -184,38 +184,89 @@ def load_builtins() -> None:
         ep.load()
 
 
-def add_import_path(folder: Path) -> None:
-    """Search `folder` (the -C file's) for ``imports:`` modules, after the current directory,
-    in this process and in the workers it starts (they inherit PYTHONPATH)."""
+IMPORT_PATH = "EXPCTL_IMPORT_PATH"  # folders of -C files, for the processes a launch starts
+
+
+def add_import_path(folder: Path) -> str:
+    """Search `folder` (the -C file's) for ``imports:`` modules, after the standard library and
+    site-packages, in this process; return the value of EXPCTL_IMPORT_PATH that hands it to the
+    workers this process starts (`import_user_modules` reads it there). Not PYTHONPATH: its
+    entries come before site-packages, where a torchvision.py beside the file would win."""
     import os
     import sys
 
     path = str(folder)
     if path not in sys.path:
         sys.path.append(path)
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if path not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([*parts, path])
+    parts = [p for p in os.environ.get(IMPORT_PATH, "").split(os.pathsep) if p]
+    return os.pathsep.join(parts if path in parts else [*parts, path])
+
+
+def search_working_dir_last() -> None:
+    """Move the current directory, which ``python -m`` (expctl's workers, torchrun, a submitit
+    job) puts first on the module search path, behind the standard library and site-packages:
+    a torchvision.py there never shadows torchvision. ``imports:`` modules there are still found."""
+    import os
+    import sys
+
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path.append(sys.path.pop(0))
+
+
+def check_module_name(module: str) -> None:
+    """Raise a UserError unless `module` is a dotted module name (``my_pkg.components``)."""
+    if not isinstance(module, str) or not all(p.isidentifier() for p in module.split(".")):
+        raise UserError(
+            f"imports: cannot import module {module!r}: not a dotted module name",
+            "list module names, not paths or files (e.g. imports=[my_pkg.components]): they are "
+            "found in the current directory, next to the -C file, and on PYTHONPATH",
+        )
 
 
 def import_user_modules(modules: Iterable[str]) -> None:
-    """Import the modules a config lists under ``imports:`` (their decorators register names)."""
+    """Import the modules a config lists under ``imports:`` (their decorators register names),
+    searching the current directory and the -C file's folder (EXPCTL_IMPORT_PATH) after the
+    standard library and site-packages."""
+    import os
     import sys
 
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:  # `imports: [my_components]` in the current directory, as python -m
-        sys.path.insert(0, cwd)
+    modules = list(modules)
+    for mod in modules:
+        check_module_name(mod)
+    search_working_dir_last()
+    extra = [str(Path.cwd()), *os.environ.get(IMPORT_PATH, "").split(os.pathsep)]
+    for folder in extra:
+        if folder and folder not in sys.path:
+            sys.path.append(folder)
     for mod in modules:
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
-            if e.name and mod.startswith(e.name):
+            if e.name and (mod == e.name or mod.startswith(e.name + ".")):
                 raise UserError(
                     f"imports: cannot import module '{mod}' (no module named '{e.name}')",
                     "list importable module names (e.g. 'my_pkg.components'): they are found in "
                     "the current directory, next to the -C file, and on PYTHONPATH",
                 ) from None
+            raise _import_failed(mod, e) from None
+        except UserError:
             raise
+        except Exception as e:  # the user's module is broken: say where, in one line
+            raise _import_failed(mod, e) from None
+
+
+def _import_failed(mod: str, e: BaseException) -> UserError:
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    if isinstance(e, SyntaxError) and e.filename:
+        where = f" at {e.filename}:{e.lineno}"
+    text = " ".join(str(e).split())[:200]
+    return UserError(
+        f"imports: module '{mod}' failed to import{where}: {type(e).__name__}: {text}",
+        f"fix the module (python -c 'import {mod}' shows the whole traceback)",
+    )
 
 
 def names(kind: str) -> list[str]:

@@ -1,6 +1,8 @@
 """What rank 0 writes while training: metrics.jsonl, result.json, train.log, the console, TensorBoard.
 
-Other ranks get a `Reporter` with ``enabled=False``, which writes nothing.
+Other ranks get a `Reporter` with ``enabled=False``, which writes nothing. A write that fails
+(a full disk, a quota, permissions) ends the run with one `RunError` naming the file, as a failed
+checkpoint write does; the newest checkpoint stays the one to resume from.
 """
 
 from __future__ import annotations
@@ -14,9 +16,26 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from expctl.errors import RunError
 from expctl.layout import RunDir
 
 log = logging.getLogger("expctl")
+
+
+def warnings_to_stderr() -> None:
+    """For commands that only read (status, sweep, show, list): warnings on stderr, one line
+    each, prefixed like the CLI's errors."""
+    root = logging.getLogger("expctl")
+    for h in list(root.handlers):
+        if getattr(h, "_expctl", False):
+            root.removeHandler(h)
+            h.close()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("expctl: warning: %(message)s"))
+    handler._expctl = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.propagate = False
 
 
 def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
@@ -35,12 +54,48 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
     )
     handlers: list[logging.Handler] = [console]
     if enabled and run_dir is not None:
-        fh = logging.FileHandler(RunDir(run_dir).log)
+        try:
+            fh = _LogFile(RunDir(run_dir).log)
+        except OSError as e:
+            raise write_failed(RunDir(run_dir).log, e) from None
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         handlers.append(fh)
     for h in handlers:
         h._expctl = True  # type: ignore[attr-defined]
         root.addHandler(h)
+
+
+def write_failed(path: Path, error: OSError) -> RunError:
+    """The one-line error of a failed write of `path`."""
+    return RunError(
+        f"could not write {path} ({error.strerror or error}); the newest checkpoint is intact: "
+        f"free space, then run the same command with run.dir={path.parent} to resume"
+    )
+
+
+class _LogFile(logging.FileHandler):
+    """train.log: a failed write ends the run with one line (logging would print a traceback
+    and carry on), then the file is written no more."""
+
+    broken = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.broken:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.broken = True
+        raise write_failed(Path(self.baseFilename), error)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            self.broken = True
 
 
 def truncate_metrics(run_dir: Path, rows: int | None, step: int) -> int:
@@ -56,8 +111,12 @@ def truncate_metrics(run_dir: Path, rows: int | None, step: int) -> int:
     if len(kept) == len(lines):
         return 0
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(path, e) from None
     return len(lines) - len(kept)
 
 
@@ -89,14 +148,18 @@ class Reporter:
         self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
         self.tty = enabled and sys.stdout.isatty()
         self.rows = 0
+        self.broken = False  # a write failed: the run is ending with that error
         self._file: TextIO | None = None
         self._tb: Any = None
         self._last_len = 0
         if enabled:
             path = RunDir(run_dir).metrics
-            self.rows = path.read_bytes().count(b"\n") if path.is_file() else 0
-            self._file = open(path, "a", buffering=1)  # noqa: SIM115
-            self._tb = _tensorboard(run_dir, None if purge_after is None else purge_after + 1)
+            try:
+                self.rows = path.read_bytes().count(b"\n") if path.is_file() else 0
+                self._file = open(path, "a", buffering=1)  # noqa: SIM115
+                self._tb = _tensorboard(run_dir, None if purge_after is None else purge_after + 1)
+            except OSError as e:
+                raise write_failed(Path(getattr(e, "filename", None) or path), e) from None
 
     def record(self, step: int, epoch: int, metrics: dict[str, float], kind: str) -> None:
         """Append one event to metrics.jsonl, TensorBoard and the console."""
@@ -109,11 +172,16 @@ class Reporter:
             "time": round(time.time(), 3),
         }
         assert self._file is not None
-        self._file.write(json.dumps(event) + "\n")
+        try:
+            self._file.write(json.dumps(event) + "\n")
+            self._file.flush()
+            if self._tb is not None:
+                for k, v in metrics.items():
+                    self._tb.add_scalar(k, v, step)
+        except OSError as e:
+            self.broken = True
+            raise write_failed(Path(getattr(e, "filename", None) or self._file.name), e) from None
         self.rows += 1
-        if self._tb is not None:
-            for k, v in metrics.items():
-                self._tb.add_scalar(k, v, step)
         shown = "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
         # `epoch` counts completed epochs; a train line belongs to the one in progress (1-based)
         where = f"epoch {epoch + 1 if kind == 'train' else epoch} step {step}/{self.max_steps}"
@@ -134,19 +202,27 @@ class Reporter:
             return
         final = RunDir(self.run_dir).result
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
-        os.replace(tmp, final)
+        try:
+            tmp.write_text(json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
+            os.replace(tmp, final)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise write_failed(final, e) from None
 
     def close(self) -> None:
-        """Flush and close the files."""
+        """Flush and close the files (after a failed write, quietly: the error is on its way)."""
         if self.tty and self._last_len:
             sys.stdout.write("\n")
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        try:
+            if self._file is not None:
+                self._file.close()
+            if self._tb is not None:
+                self._tb.close()
+        except OSError as e:
+            if not self.broken:
+                raise write_failed(Path(getattr(e, "filename", None) or self.run_dir), e) from None
+        finally:
+            self._file, self._tb = None, None
 
 
 def _tensorboard(run_dir: Path, purge_step: int | None) -> Any:

@@ -6,13 +6,20 @@ folder is made with ``mkdir`` (atomic), so two runs started in the same second n
 An existing run directory is reused (to resume) only when its frozen config matches, and a new
 launch continues the run it holds only with checkpoint.resume=auto (restarts within a launch,
 elastic or Slurm requeue, always continue it).
+
+While a launch trains a run it holds RUN_DIR/.lock (`RunLock`, an flock, released by the kernel
+when the holder dies): a second launch on a live run is refused, naming the holder, before it
+changes anything.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import secrets
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -47,19 +54,83 @@ def _safe(text: str) -> str:
     return out or "run"
 
 
-def create(cfg: Config, run_id: str | None = None, restart: bool = False) -> Config:
-    """Create (or reopen, to resume) the run directory and write config.yaml into it.
+class RunLock:
+    """RUN_DIR/.lock, held (flock) by the one launch that trains the run; while held the file
+    says who holds it, and it is empty once released."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = RunDir(path).lock
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 4096, 0).decode(errors="replace")
+            os.close(self.fd)
+            self.fd = None
+            raise UserError(
+                f"run.dir={path} is in use by another launch ({describe_holder(holder)})",
+                "wait for it to end (`expctl status` follows it) or stop it; for a new run, use "
+                "another run.dir",
+            ) from None
+        job = os.environ.get("SLURM_JOB_ID")
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": round(time.time())}
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps({**me, **({"job_id": job} if job else {})}).encode(), 0)
+
+    def release(self) -> None:
+        """Empty the file (no holder) and release the flock."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing the only descriptor releases the flock
+            self.fd = None
+
+
+def describe_holder(text: str) -> str:
+    """'pid 123 on host vm, Slurm job 45, since 17:40:02' from a lock file's text."""
+    try:
+        h = json.loads(text)
+    except json.JSONDecodeError:
+        return "holder unknown"
+    parts = [f"pid {h.get('pid')} on host {h.get('host')}"]
+    if h.get("job_id"):
+        parts.append(f"Slurm job {h['job_id']}")
+    if h.get("since"):
+        parts.append("since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"])))
+    return ", ".join(parts)
+
+
+def is_locked(path: Path) -> str | None:
+    """Who holds `path`'s run lock now (None: no live launch trains it)."""
+    if not RunDir(path).lock.is_file():
+        return None
+    try:
+        lock = RunLock(path)
+    except UserError as e:
+        return e.message.split("(", 1)[-1].rstrip(")")
+    except OSError:
+        return None
+    lock.release()
+    return None
+
+
+def create(
+    cfg: Config, run_id: str | None = None, restart: bool = False, lock: bool = True
+) -> tuple[Config, RunLock | None]:
+    """Create (or reopen, to resume) the run directory, take its lock, write config.yaml.
 
     Args:
         restart: this process restarts a launch already under way (elastic restart, Slurm
             requeue), which continues the run whatever checkpoint.resume says.
+        lock: take RUN_DIR/.lock (False: a worker whose launching process holds it).
 
     Returns:
-        The config with ``run.dir`` set to the absolute path of the directory.
+        The config with ``run.dir`` set to the absolute path of the directory, and the lock
+        (the caller releases it when the launch ends, or at once if it only prepares the run).
 
     Raises:
-        UserError: the directory holds another run's config, holds a run that
-            checkpoint.resume=never or PATH would start over, or cannot be created.
+        UserError: the directory is in use by a live launch, holds another run's config, holds
+            a run that checkpoint.resume=never or PATH would start over, or cannot be created.
     """
     path = deterministic_dir(cfg, run_id)
     if path is None:
@@ -68,13 +139,33 @@ def create(cfg: Config, run_id: str | None = None, restart: bool = False) -> Con
     else:
         created = _make(path)
     frozen = cfg.replace("run", dir=str(path))
+    held: RunLock | None = None
     try:
+        if lock:
+            held = _lock(path)
         _write_config(path, frozen, fresh=created, restart=restart)
     except BaseException:
+        if held is not None:
+            held.release()
         if created:
+            RunDir(path).lock.unlink(missing_ok=True)
             _remove_if_empty(path)
         raise
-    return frozen
+    return frozen, held
+
+
+def _lock(path: Path) -> RunLock:
+    try:
+        return RunLock(path)
+    except PermissionError as e:
+        raise UserError(
+            f"cannot write in run directory {path}: {e.strerror}", "check its permissions"
+        ) from None
+
+
+# what expctl may leave in a run directory before it holds a config (a lock, a Slurm job that
+# never started training, a sweep trial's identity): such a folder is still free to use
+_BOOKKEEPING = {RunDir.LOCK, RunDir.JOBS, RunDir.TRIAL, RunDir.SLURM}
 
 
 def _make(path: Path) -> bool:
@@ -133,14 +224,21 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
             )
         if not diff:
             return
-    elif not fresh and any(path.iterdir()):
+    elif not fresh and any(p.name not in _BOOKKEEPING for p in path.iterdir()):
         raise UserError(
             f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir"
         )
     tmp = path / f".{RunDir.CONFIG}.tmp-{os.getpid()}"
-    tmp.write_text(text)
-    os.chmod(tmp, 0o640)
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(text)
+        os.chmod(tmp, 0o640)
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot write {target}: {e.strerror or e}",
+            "check the free space and permissions of run.root / run.dir",
+        ) from None
 
 
 def _progress(path: Path) -> int | None:
@@ -200,7 +298,7 @@ def discard_if_unstarted(path: Path) -> None:
         return
     if run.metrics.exists() and run.metrics.stat().st_size > 0:
         return
-    for file in (run.config, run.trial, run.log, run.metrics):
+    for file in (run.config, run.trial, run.log, run.metrics, run.lock):
         file.unlink(missing_ok=True)
     for folder in (run.tb, run.checkpoints):
         shutil.rmtree(folder, ignore_errors=True)

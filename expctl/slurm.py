@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import shlex
 import shutil
 import subprocess
@@ -21,62 +20,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from expctl.config import Config
+from expctl.config import Config, check_slurm, tasks_per_node
 from expctl.dist import DistEnv
-from expctl.errors import UserError, unknown_name
+from expctl.errors import RunError, UserError, unknown_name
 from expctl.layout import RunDir, SweepDir
 
 log = logging.getLogger("expctl")
-_SAFE = re.compile(r"^[A-Za-z0-9_.,:+@%=/\[\]-]+$")
-_SAFE_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
-_MANAGED = {
-    "signal",
-    "requeue",
-    "output",
-    "error",
-    "open-mode",
-    "array",
-    "nodes",
-    "ntasks-per-node",
-    "time",
-}
-
-
-def _checked(where: str, value: Any) -> Any:
-    if isinstance(value, bool) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return value
-    if not isinstance(value, str) or not _SAFE.match(value):
-        raise UserError(
-            f"{where}={value!r}: sbatch values may only hold letters, digits and _ . , : + @ % = / [ ] -",
-            "remove spaces, quotes, ';', '$', backquotes and newlines from the value",
-        )
-    return value
 
 
 def parameters(cfg: Config) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for `cfg` (checked: nothing can inject shell)."""
+    check_slurm(cfg)  # validation did it too; a Config changed by .replace() comes here unchecked
     ln = cfg.launcher
-    tasks = ln.tasks_per_node or (ln.gpus_per_node or 1)
-    if ln.gpus_per_node and tasks != ln.gpus_per_node:
-        raise UserError(
-            f"launcher.tasks_per_node={tasks} but launcher.gpus_per_node={ln.gpus_per_node}",
-            f"use one task per GPU: launcher.tasks_per_node={ln.gpus_per_node} (or leave it null)",
-        )
-    extra: dict[str, Any] = {}
-    for key, value in ln.sbatch.items():
-        k = str(key).replace("_", "-")
-        if not _SAFE_KEY.match(k) or k in _MANAGED:
-            raise UserError(
-                f"launcher.sbatch.{key}: not an sbatch option expctl lets you set here",
-                "use lowercase option names (e.g. mail-type); nodes, time, signal and requeue have their own keys",
-            )
-        extra[k] = _checked(f"launcher.sbatch.{key}", value)
+    extra: dict[str, Any] = {str(k).replace("_", "-"): v for k, v in ln.sbatch.items()}
     extra["requeue"] = True
     extra["signal"] = f"{ln.signal}@{ln.signal_delay_s}"
     params: dict[str, Any] = {
-        "job_name": _checked("launcher.job_name", ln.job_name or cfg.run.name),
+        "job_name": ln.job_name or cfg.run.name,
         "nodes": ln.nodes,
-        "ntasks_per_node": tasks,
+        "ntasks_per_node": tasks_per_node(ln),
         "time": ln.timeout_min,
         "signal_delay_s": ln.signal_delay_s,
         "additional_parameters": extra,
@@ -92,7 +54,7 @@ def parameters(cfg: Config) -> dict[str, Any]:
     for key in ("cpus_per_task", "partition", "account", "qos", "constraint"):
         value = getattr(ln, key)
         if value is not None:
-            params[key] = _checked(f"launcher.{key}", value)
+            params[key] = value
     return params
 
 
@@ -176,9 +138,17 @@ def submit_array(
 
 
 def record_job(run_dir: Path, event: dict[str, Any]) -> None:
-    """Append a job event (submission, start, requeue) to RUN_DIR/jobs.jsonl."""
-    with open(RunDir(run_dir).jobs, "a") as f:
-        f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
+    """Append a job event (submission, start, requeue) to RUN_DIR/jobs.jsonl.
+
+    Raises:
+        RunError: the write failed (a full disk): one line, the run's checkpoints untouched.
+    """
+    path = RunDir(run_dir).jobs
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps({**event, "time": round(time.time(), 3)}) + "\n")
+    except OSError as e:
+        raise RunError(f"could not write {path} ({e.strerror or e})") from None
 
 
 def requeue(job_id: str, restart_count: int, max_requeues: int) -> bool:

@@ -6,6 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
+from expctl import rundir
 from expctl.errors import UserError
 from expctl.layout import RunDir
 from expctl.slurm import job_state
@@ -25,7 +26,8 @@ def status(run_dir: str) -> str:
     if jobs:
         job_id = str(jobs[-1]["job_id"])
         starts = [j for j in jobs if j.get("event") == "started"]
-        requeues = max((int(j.get("restart", 0)) for j in starts), default=0)
+        restarts = [j.get("restart") for j in starts]
+        requeues = max((r for r in restarts if isinstance(r, int)), default=0)
         state = _state(job_id)
         where = f" on {state['nodes']}" if state.get("nodes") else ""
         lines.append(
@@ -74,6 +76,9 @@ def _local_state(run: RunDir) -> str:
     result = run.read_result()
     if result:
         return str(result.get("status", "completed"))
+    holder = rundir.is_locked(run.path)
+    if holder:
+        return f"training ({holder})"
     files = [f for f in (run.metrics, run.log) if f.is_file()]
     if not files:
         return "not started"

@@ -93,8 +93,8 @@ class StepContext:
         grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return True
-        norms = torch._foreach_norm(grads)
-        return bool(torch.isfinite(torch.stack(norms)).all())
+        largest = torch.nn.utils.get_total_norm(grads, norm_type=float("inf"), foreach=True)
+        return bool(torch.isfinite(largest))  # the largest |gradient|: NaN and inf propagate
 
     def zero_grad(self, name: str) -> None:
         """Drop gradients that another model's backward left on `name`'s parameters."""

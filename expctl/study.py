@@ -82,15 +82,20 @@ class TrialRef:
     number: int
 
     def write(self, run_dir: Path) -> None:
-        RunDir(run_dir).trial.write_text(json.dumps(vars(self)) + "\n")
+        data = {"sweep_dir": str(Path(self.sweep_dir).absolute()), "number": self.number}
+        RunDir(run_dir).trial.write_text(json.dumps(data) + "\n")
 
     @staticmethod
     def read(run_dir: str | Path | None) -> TrialRef | None:
         """The trial `run_dir` holds, or None for a run outside any sweep."""
         if run_dir is None or not RunDir(run_dir).trial.is_file():
             return None
-        data = json.loads(RunDir(run_dir).trial.read_text())
-        return TrialRef(str(data["sweep_dir"]), int(data["number"]))
+        try:
+            data = json.loads(RunDir(run_dir).trial.read_text())
+            return TrialRef(str(data["sweep_dir"]), int(data["number"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("%s is damaged: this run is not recorded in a sweep", RunDir(run_dir).trial)
+            return None
 
     def trial_id(self, storage: Any) -> int:
         study_id = storage.get_study_id_from_name(STUDY)
@@ -106,9 +111,12 @@ def mark(ref: TrialRef, status: str, **attrs: Any) -> None:
 
 
 def is_open(ref: TrialRef, s: SweepConfig) -> bool:
-    """Whether the study has not yet recorded how the trial ended."""
-    study = open_study(Path(ref.sweep_dir), s)
-    return not study.get_trials(deepcopy=False)[ref.number].state.is_finished()
+    """Whether the study has not yet recorded how the trial ended (False when the sweep's
+    journal is gone, or has no such trial)."""
+    if not SweepDir(ref.sweep_dir).journal.is_file():
+        return False
+    trials = open_study(Path(ref.sweep_dir), s).get_trials(deepcopy=False)
+    return ref.number < len(trials) and not trials[ref.number].state.is_finished()
 
 
 def finish(

@@ -25,7 +25,7 @@ from typing import Any
 from expctl import compose, ledger, rundir, slurm
 from expctl import config as config_mod
 from expctl.config import Config
-from expctl.errors import UserError
+from expctl.errors import Interrupted, UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
 from expctl.study import TrialRef, finish, is_open, mark, open_study
@@ -125,9 +125,9 @@ def _grid(dims: list[Dimension]) -> list[dict[str, Any]]:
 def _text(value: Any) -> str:
     """A swept value as Hydra override text: grid points and categorical choices are kept in
     this form (Optuna stores only primitive choices; `[16, 16]` or `'a b'` stay intact)."""
-    from hydra.core.override_parser.types import Override
+    from hydra.core.override_parser.types import Transformer  # what Hydra's sweepers use
 
-    return Override._get_value_element_as_str(value)
+    return Transformer.str(value)
 
 
 def _override(key: str, value: Any) -> str:
@@ -146,16 +146,22 @@ class Outcome:
 def new_sweep_dir(root: Path, name: str | None = None) -> Path:
     """Create a fresh sweep directory atomically (two sweeps never share one):
     NAME-sweep-TIME-XXXX, or sweep-TIME-XXXX without a name."""
-    root.mkdir(parents=True, exist_ok=True, mode=0o750)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     prefix = f"{name}-sweep" if name else "sweep"
-    for _ in range(100):
-        path = root / f"{prefix}-{stamp}-{secrets.token_hex(2)}"
-        try:
-            path.mkdir(mode=0o750)
-            return path
-        except FileExistsError:
-            continue
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o750)
+        for _ in range(100):
+            path = root / f"{prefix}-{stamp}-{secrets.token_hex(2)}"
+            try:
+                path.mkdir(mode=0o750)
+                return path
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise UserError(
+            f"cannot create a sweep directory under run.root={root}: {e.strerror or e}",
+            "pick a writable run.root (or free space there)",
+        ) from None
     raise UserError(f"could not create a sweep directory under {root}", "check run.root")
 
 
@@ -265,7 +271,9 @@ def _trial_configs(
         cfg = compose.compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
         if reuse is not None:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
-        frozen = rundir.create(cfg)
+        frozen, held = rundir.create(cfg)
+        if held is not None:  # the trial's launch takes it when it starts
+            held.release()
         TrialRef(str(sweep_dir), trial.number).write(trial_dir)  # the trial's identity
         out.append(frozen)
     return out
@@ -292,15 +300,18 @@ def run_trials(
         )
         print(f"expctl: follow them with `expctl sweep table {sweep_dir}`", flush=True)
         return Outcome(sweep_dir, len(cfgs), 0)
-    for item in todo:
-        (cfg,) = _trial_configs(sweep_dir, base, [item])
-        ok = run_one(cfg)
-        if not ok and base.sweep.stop_on_failure:
-            print(
-                "expctl: a trial failed and sweep.stop_on_failure is set: stopping the sweep",
-                flush=True,
-            )
-            break
+    try:
+        for item in todo:
+            (cfg,) = _trial_configs(sweep_dir, base, [item])
+            ok = run_one(cfg)
+            if not ok and base.sweep.stop_on_failure:
+                print(
+                    "expctl: a trial failed and sweep.stop_on_failure is set: stopping the sweep",
+                    flush=True,
+                )
+                break
+    except KeyboardInterrupt:  # the interrupted trial resumes from its checkpoints
+        raise Interrupted(f"expctl sweep resume {sweep_dir}") from None
     print(ledger.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)
@@ -375,7 +386,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
     checkpoints), and the ones the sweep never got to."""
     import optuna
 
-    path = Path(sweep_dir)
+    path = Path(sweep_dir).absolute()
     if not SweepDir(path).spec.is_file():
         raise UserError(
             f"{path}: not a sweep directory (no {SweepDir.SPEC})",

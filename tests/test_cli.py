@@ -153,6 +153,38 @@ def test_imports_next_to_the_config_file_work_from_any_directory(tmp_path: Path)
     assert (elsewhere / "r" / "result.json").is_file()
 
 
+SHADOW = "raise RuntimeError('the torchvision.py of the working directory was imported')\n"
+
+
+def test_a_torchvision_py_in_the_working_directory_shadows_nothing(tmp_path: Path) -> None:
+    """The working directory is searched after site-packages: its torchvision.py is never
+    imported, while a module of yours there is still found."""
+    (tmp_path / "torchvision.py").write_text(SHADOW)
+    (tmp_path / "mine.py").write_text(
+        "from expctl import register\n\n@register('models', 'mine')\n"
+        "def mine(num_classes: int = 4) -> object:\n    return None\n"
+    )
+    out = run_cli("show", "model=resnet18", cwd=tmp_path, fresh=True).stdout
+    assert "name: resnet18" in out
+    out = run_cli("show", "imports=[mine]", "model=mine", cwd=tmp_path, fresh=True).stdout
+    assert "name: mine" in out
+
+
+@pytest.mark.slow
+def test_a_torchvision_py_in_the_working_directory_shadows_nothing_in_workers(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "torchvision.py").write_text(SHADOW)
+    (tmp_path / "r.yml").write_text(
+        "model: {name: resnet18}\ntrain: {max_steps: 1}\n"
+        "data: {name: synthetic, shape: [3, 16, 16], num_classes: 2, num_samples: 32, "
+        "val_samples: 8, batch_size: 8}\n"
+    )
+    args = ["run", "-C", "r.yml", "launcher=local", "launcher.nproc=2", "run.dir=r"]
+    run_cli(*args, cwd=tmp_path, fresh=True)
+    assert (tmp_path / "r" / "result.json").is_file()
+
+
 @pytest.mark.slow
 def test_log_lines_number_the_first_epoch_1_in_train_and_val_lines(tiny: Path) -> None:
     run_cli("run", "-C", str(tiny), "train.max_epochs=1", "run.dir=r", cwd=tiny.parent)

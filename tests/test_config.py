@@ -178,7 +178,7 @@ def test_every_registered_name_is_a_group_option(group: str, name: str) -> None:
         return
     entry = registry.get(config.COMPONENT_KINDS[group], name)
     node = confstore.node_defaults(group, entry)
-    builtin = compose.read_layer(compose.read_yaml(REPO / "conf" / "config.yaml", ""), "", [])
+    builtin = compose.read_layer(config.read_yaml(REPO / "conf" / "config.yaml", ""), "", [])
     tuned = builtin.sections.get(group, {}) if builtin.choices[group] == name else {}
     for p in entry.parameters().values():
         if p.name in tuned:
@@ -232,8 +232,8 @@ def _conf_files() -> list[Path]:
 def test_conf_states_no_default(path: Path) -> None:
     """conf/ holds choices and what differs: no value equal to the schema's or the chosen
     component's default (the two cannot drift apart)."""
-    layer = compose.read_layer(compose.read_yaml(path, path.name), path.name, [])
-    base = compose.read_layer(compose.read_yaml(_conf_files()[0], "config.yaml"), "", [])
+    layer = compose.read_layer(config.read_yaml(path, path.name), path.name, [])
+    base = compose.read_layer(config.read_yaml(_conf_files()[0], "config.yaml"), "", [])
     restated = []
     for group, section in layer.sections.items():
         choice = layer.choices.get(group, base.choices[group])
@@ -377,3 +377,13 @@ def test_bad_files_are_user_errors(tmp_path: Path, text: str, expected: str) -> 
         cfg_of(write(tmp_path, text))
     assert expected in str(e.value)
     assert len(str(e.value).splitlines()) <= 2
+
+
+def test_a_multi_line_secret_from_the_environment_reaches_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PEM key through ${oc.env:...}: newlines are fine in an environment variable (a NUL,
+    which none can hold, is a case of the bad-input corpus)."""
+    monkeypatch.setenv("EXPCTL_TEST_SECRET", "-----BEGIN KEY-----\nabc\n-----END KEY-----")
+    cfg = compose.compose(None, ["env.T=${oc.env:EXPCTL_TEST_SECRET}"], check_components=False)
+    assert cfg.env["T"].count("\n") == 2

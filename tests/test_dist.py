@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from expctl.dist import PORT_LOW, PORT_SPAN, DistEnv, derive_port, detect, expand_tasks_per_node
+from expctl.dist import (
+    PORT_LOW,
+    PORT_SPAN,
+    DistEnv,
+    derive_port,
+    detect,
+    expand_nodelist,
+    expand_tasks_per_node,
+)
 from expctl.errors import UserError
 
 TORCHRUN = {
@@ -126,3 +134,49 @@ def test_derived_ports_spread_over_the_range() -> None:
 def test_bad_integer_is_a_user_error() -> None:
     with pytest.raises(UserError, match="WORLD_SIZE"):
         detect({**TORCHRUN, "WORLD_SIZE": "two"})
+
+
+# what `scontrol show hostnames` prints (Slurm 23+), one host list per row
+NODELISTS = [
+    ("node1", ["node1"]),
+    ("a,b", ["a", "b"]),
+    ("node[1-2]", ["node1", "node2"]),
+    ("n[1,3-4],m", ["n1", "n3", "n4", "m"]),
+    ("n[08-11]", ["n08", "n09", "n10", "n11"]),
+    ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+    ("x[009-011]", ["x009", "x010", "x011"]),
+    ("n-[1-2]", ["n-1", "n-2"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("n[1-3]a[5-6]", ["n1a5", "n1a6", "n2a5", "n2a6", "n3a5", "n3a6"]),
+]
+
+
+@pytest.mark.parametrize(("spec", "hosts"), NODELISTS)
+def test_slurm_host_lists_expand_as_scontrol_does(spec: str, hosts: list[str]) -> None:
+    assert expand_nodelist(spec) == hosts
+
+
+@pytest.mark.parametrize("spec", ["n[1-2", "n[a-b]", "n[3-1]", "n[]", "a,,b", ""])
+def test_a_malformed_host_list_is_a_user_error(spec: str) -> None:
+    with pytest.raises(UserError, match="is malformed"):
+        expand_nodelist(spec)
+
+
+def test_host_lists_agree_with_scontrol_where_slurm_is_installed() -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("scontrol") is None:
+        pytest.skip("no Slurm client")
+    for spec, hosts in NODELISTS:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", spec], capture_output=True, text=True, timeout=30
+        )
+        if out.returncode != 0:
+            pytest.skip(f"scontrol cannot run here: {out.stderr.strip()[:200]}")
+        assert out.stdout.split() == hosts == expand_nodelist(spec), spec
+
+
+def test_srun_on_zero_padded_nodes_picks_the_first_as_master() -> None:
+    env = detect({**SRUN_2x2, "SLURM_STEP_NODELIST": "gpu[007-008]"})
+    assert env.master_addr == "gpu007" and env.num_nodes == 2

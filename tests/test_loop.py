@@ -117,3 +117,17 @@ def test_train_state_round_trips_through_its_state_dict() -> None:
     other = TrainState()
     other.load_state_dict(state.state_dict())
     assert other == state
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_a_nonfinite_gradient_anywhere_is_found(bad: float | None) -> None:
+    """train.on_nan=skip asks whether every gradient is finite (torch's public norm API)."""
+    import torch
+
+    from expctl.steps import StepContext
+
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    params[0].grad = torch.full((3,), 1e30)  # large but finite: never mistaken for overflow
+    params[1].grad = torch.tensor([1.0, 2.0 if bad is None else bad])
+    opt = torch.optim.SGD(params, lr=0.1)
+    assert StepContext._finite(opt) is (bad is None)

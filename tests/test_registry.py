@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+from pathlib import Path
+
 import pytest
 
 from expctl import registry
@@ -59,6 +64,41 @@ def test_user_registration_and_import_errors() -> None:
     assert "tiny_custom" in registry.names("models")
     with pytest.raises(UserError, match="cannot import module 'no_such_module_xyz'"):
         registry.import_user_modules(["no_such_module_xyz"])
+
+
+@pytest.mark.parametrize("module", ["../x", ".hidden", "", "a b", "pkg.", "os;rm", "my/mod.py"])
+def test_imports_are_dotted_module_names_only(module: str) -> None:
+    with pytest.raises(UserError, match=f"cannot import module {re.escape(repr(module))}: not a"):
+        registry.import_user_modules([module])
+
+
+def test_the_working_directory_is_searched_after_site_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m` (workers, torchrun, submitit jobs) puts the working directory first, where a
+    torchvision.py would shadow torchvision: it moves behind site-packages, still searched."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *[p for p in sys.path if p != str(tmp_path)]])
+    monkeypatch.setenv(registry.IMPORT_PATH, os.pathsep.join(["/cfg/a", "/cfg/b"]))
+    registry.import_user_modules([])
+    site = max(i for i, p in enumerate(sys.path) if p.endswith("site-packages"))
+    assert sys.path.index(str(tmp_path)) > site and sys.path[0] != str(tmp_path)
+    assert sys.path.index("/cfg/a") > site and sys.path.index("/cfg/b") > site
+
+
+def test_the_config_files_folder_reaches_workers_outside_pythonpath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from expctl import compose
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv(registry.IMPORT_PATH, "")
+    monkeypatch.setenv("PYTHONPATH", "/unchanged")
+    (tmp_path / "my.yml").write_text("train: {max_epochs: 1}\n")
+    compose.compose(str(tmp_path / "my.yml"), check_components=False)
+    assert os.environ[registry.IMPORT_PATH] == str(tmp_path)
+    assert os.environ["PYTHONPATH"] == "/unchanged", "PYTHONPATH comes before site-packages"
+    assert sys.path.index(str(tmp_path)) == len(sys.path) - 1
 
 
 def test_builtin_factories_build() -> None:

@@ -4,12 +4,17 @@ runs never overwritten by a new launch, and errors that say how to start from a 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import cli_env, run_dirs
+from conftest import TINY, cli_env, run_dirs
 from conftest import expctl as run_cli
 
 import expctl
@@ -193,8 +198,8 @@ def test_a_launch_with_resume_never_or_a_path_refuses_a_directory_holding_a_run(
     tiny: Path,
 ) -> None:
     d = tiny.parent / "held"
-    rundir.create(frozen(tiny, d, "checkpoint.resume=never"))
-    rundir.create(frozen(tiny, d, "checkpoint.resume=never"))  # a launch's workers reopen it
+    rundir.create(frozen(tiny, d, "checkpoint.resume=never"), lock=False)
+    rundir.create(frozen(tiny, d, "checkpoint.resume=never"), lock=False)  # a launch's workers
     (d / "checkpoints").mkdir()
     (d / "checkpoints" / "step_000000012.pt").write_bytes(b"")
     files = snapshot(d)
@@ -202,15 +207,15 @@ def test_a_launch_with_resume_never_or_a_path_refuses_a_directory_holding_a_run(
     other.write_bytes(b"")
     for resume in ("never", str(other)):
         with pytest.raises(UserError) as e:
-            rundir.create(frozen(tiny, d, f"checkpoint.resume={resume}"))
+            rundir.create(frozen(tiny, d, f"checkpoint.resume={resume}"), lock=False)
         assert e.value.message == (
             f"run.dir={d} already holds a run (step 12); "
             f"checkpoint.resume={resume} would overwrite it"
         )
         assert e.value.hint == "use a new run.dir, or checkpoint.resume=auto to continue it"
         assert snapshot(d) == files
-    rundir.create(frozen(tiny, d, "checkpoint.resume=never"), restart=True)  # elastic / requeue
-    rundir.create(frozen(tiny, d))  # resume=auto continues it
+    rundir.create(frozen(tiny, d, "checkpoint.resume=never"), restart=True, lock=False)  # requeue
+    rundir.create(frozen(tiny, d), lock=False)  # resume=auto continues it
 
 
 def test_cli_refuses_before_any_worker_starts(tiny: Path) -> None:
@@ -329,3 +334,67 @@ def test_a_moved_run_resumes_where_it_is_and_its_config_starts_a_new_run(tiny: P
     assert snapshot(tiny.parent / "b") == files, "the run it came from is untouched"
     (fresh,) = run_dirs(tiny.parent / "runs")
     assert json.loads((fresh / "result.json").read_text())["step"] == 28
+
+
+# --- 4. one launch at a time on a run directory ----------------------------------------------------
+
+
+def test_a_second_lock_on_a_run_directory_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    first = rundir.RunLock(tmp_path)
+    with pytest.raises(UserError) as e:
+        rundir.RunLock(tmp_path)
+    assert f"is in use by another launch (pid {os.getpid()} on host" in e.value.message
+    assert rundir.is_locked(tmp_path) is not None
+    first.release()
+    assert rundir.is_locked(tmp_path) is None
+    rundir.RunLock(tmp_path).release()
+
+
+def test_two_launches_on_one_run_dir_train_once_and_a_relaunch_after_a_kill_resumes(
+    tmp_path: Path,
+) -> None:
+    """A live run holds its directory: a second launch (even with a resumable change) exits 2
+    naming the holder and changes nothing; after SIGKILL of the holder a relaunch resumes."""
+    (tmp_path / "slow.yml").write_text(TINY + "imports: [faulty]\ncheckpoint: {every: 2}\n")
+    args = ["run", "-C", "slow.yml", "train.step=slow", "run.dir=live"]
+    env = cli_env(SLOW_STEP_S="0.2")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "expctl", *args, "train.max_epochs=20"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        live = tmp_path / "live"
+        deadline = time.time() + 120
+        while not list(live.glob("checkpoints/step_*.pt")) and time.time() < deadline:
+            time.sleep(0.2)
+        config = (live / "config.yaml").read_bytes()
+        for extra in ("train.max_epochs=20", "train.max_epochs=30"):
+            second = run_cli(*args, extra, cwd=tmp_path, env=env, check=False)
+            assert second.returncode == 2, second.stdout + second.stderr
+            assert f"is in use by another launch (pid {first.pid} on host" in second.stderr
+            assert len(second.stderr.strip().splitlines()) == 2 and "Traceback" not in second.stderr
+            assert (live / "config.yaml").read_bytes() == config
+        status = run_cli("status", str(live), cwd=tmp_path).stdout
+        assert f"training (pid {first.pid} on host" in status
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    relaunch = run_cli(*args, "train.max_epochs=1", cwd=tmp_path, env=cli_env(SLOW_STEP_S="0"))
+    assert "resumed from" in relaunch.stdout
+    assert json.loads((live / "result.json").read_text())["status"] == "completed"
+
+
+def test_a_directory_holding_only_bookkeeping_is_free_to_use(tiny: Path) -> None:
+    """A Slurm trial that failed before training leaves its lock and jobs.jsonl: its retry
+    (sweep resume) writes its config there."""
+    d = tiny.parent / "retry"
+    d.mkdir()
+    (d / ".lock").write_text("")
+    (d / "jobs.jsonl").write_text('{"job_id": "1", "event": "submitted"}\n')
+    cfg, held = rundir.create(frozen(tiny, d))
+    assert held is not None and (d / "config.yaml").is_file()
+    held.release()

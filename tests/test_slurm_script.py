@@ -33,7 +33,7 @@ def test_rendered_sbatch_script_matches_the_expected_one(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    "value", ["debug; rm -rf ~", "$(reboot)", "a b", "x\n#SBATCH --uid=0", "`id`"]
+    "value", ["debug; rm -rf ~", "$(reboot)", "a b", "x\n#SBATCH --uid=0", "`id`", "x\n", "p\x00"]
 )
 def test_hostile_sbatch_values_are_rejected(value: str) -> None:
     cfg = compose.compose(None, ["launcher=slurm"])
@@ -43,9 +43,36 @@ def test_hostile_sbatch_values_are_rejected(value: str) -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("mail-type", "END;reboot"), ("nodes", "3"), ("signal", "KILL"), ("Bad Key", "1")],
+    [
+        ("mail-type", "END;reboot"),
+        ("nodes", "3"),
+        ("signal", "KILL"),
+        ("Bad Key", "1"),
+        ("mail-type\n", "END"),
+        ("comment", "a\n"),
+    ],
 )
 def test_sbatch_options_are_checked_by_name_and_value(key: str, value: str) -> None:
     cfg = compose.compose(None, ["launcher=slurm"])
     with pytest.raises(UserError, match="sbatch"):
         slurm.parameters(cfg.replace("launcher", sbatch={key: value}))
+
+
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("run.root='a\n#SBATCH --uid=0'", "run.root"),
+        ("run.dir='a\nb'", "run.dir"),
+        ("run.name='n\n'", "run.name"),
+        ("launcher.job_name='j\n'", "launcher.job_name"),
+        ("launcher.setup=['module load x\nrm -rf ~']", "launcher.setup[0]"),
+        ("+launcher.sbatch.comment='c\n'", "launcher.sbatch.comment"),
+    ],
+)
+def test_nothing_splits_a_line_of_the_script(override: str, where: str) -> None:
+    """Values that reach the script (as paths, names or lines) are refused with a newline, when
+    the config is composed: before `expctl show` prints it or a job is written."""
+    with pytest.raises(UserError) as e:
+        compose.compose(None, ["launcher=slurm", override], check_components=False)
+    assert e.value.message.startswith(f"{where}=") and "\\n" in e.value.message
+    assert len(str(e.value).splitlines()) == 2

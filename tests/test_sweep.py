@@ -410,3 +410,24 @@ def test_median_rule_and_the_plot(tiny: Path) -> None:
         and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         and png.stat().st_size > 10_000
     )
+
+
+def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -> None:
+    """Re-running a completed trial's directory trains nothing, continuing it trains on, and
+    neither writes to the sweep's journal (it recorded the trial's end); relative sweep paths
+    give no false warnings."""
+    proc = run_cli("run", "-C", str(tiny), "-m", "optim.lr=0.01,0.1", cwd=tiny.parent)
+    sweep = sweep_dir_of(proc.stdout)
+    journal = (sweep / "journal.log").read_bytes()
+    trial = sweep / "trial_000"
+    args = ["run", "-C", str(tiny), "optim.lr=0.01", f"run.dir={trial}"]
+    again = run_cli(*args, cwd=tiny.parent)
+    assert "already completed" in again.stdout and "Traceback" not in again.stderr
+    more = run_cli(*args, "train.max_epochs=3", cwd=tiny.parent)
+    assert (
+        "resumed from" in more.stdout
+        and json.loads((trial / "result.json").read_text())["epoch"] == 3
+    )
+    assert (sweep / "journal.log").read_bytes() == journal
+    relative = run_cli("sweep", "table", str(sweep.relative_to(tiny.parent)), cwd=tiny.parent)
+    assert "warning" not in relative.stderr, relative.stderr

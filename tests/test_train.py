@@ -378,3 +378,44 @@ def test_ctrl_c_stops_every_worker(tiny: Path, to_group: bool) -> None:
     assert leftovers == [], f"orphans: {leftovers}"
     assert proc.returncode == 130, out
     assert "Traceback" not in out and out.count("interrupted") == 1, out
+    hint = f"to resume from the last checkpoint: run the same command with run.dir={tiny.parent / 'cc'}"
+    assert hint in out, out
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) -> None:
+    """A run without run.dir gets a new directory each launch: the interrupt names the one to
+    resume (a sweep: `expctl sweep resume DIR`), and doing so continues from the checkpoint."""
+    import os
+    import re
+    import signal
+    import time
+
+    args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=slow", "checkpoint.every=2"]
+    args += ["-m", "optim.lr=0.1,0.2"] if sweep else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expctl", *args],
+        cwd=tiny.parent,
+        env=cli_env(SLOW_STEP_S="0.1"),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not list(tiny.parent.glob("runs/**/checkpoints/step_*.pt")) and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    how = re.search(r"to resume from the last checkpoint: (.+)", out)
+    assert how, out
+    if sweep:
+        assert how.group(1).startswith("expctl sweep resume ")
+        again = run_cli("sweep", "resume", how.group(1).split()[-1], cwd=tiny.parent)
+    else:
+        assert how.group(1).startswith("run the same command with run.dir=")
+        again = run_cli(
+            *args, how.group(1).split()[-1], cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0")
+        )
+    assert "resumed from" in again.stdout, again.stdout

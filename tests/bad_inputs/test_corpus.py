@@ -136,6 +136,31 @@ CORPUS: list[tuple[list[str], str]] = [
         "needs 3 batches per epoch",
     ),
     (["run", "optim=sparseadam"], "sparse gradients only"),
+    # issue 12: control characters in what becomes a file name, an environment variable or an
+    # sbatch line (NUL from a file: a command line cannot hold one)
+    (["run", "-C", "nul_dir.yml"], "run.dir='runs\\x00x'"),
+    (["run", "-C", "nul_env.yml"], "env.TOKEN='a\\x00b'"),
+    (["show", "-C", "env_key_newline.yml"], "'A\\n': not an environment variable name"),
+    (["show", "launcher=slurm", "run.root='a\nb'"], "run.root='a\\nb': control characters"),
+    (["show", "launcher=slurm", "run.dir='a\nb'"], "run.dir='a\\nb': control characters"),
+    (["show", "launcher=slurm", "run.name='ab\n'"], "run.name='ab\\n'"),
+    (["show", "launcher=slurm", "launcher.job_name='ab\n'"], "launcher.job_name='ab\\n'"),
+    (["show", "launcher=slurm", "launcher.qos='x\n'"], "sbatch values may only hold"),
+    (["show", "launcher=slurm", "launcher.setup=['a\nb']"], "launcher.setup[0]='a\\nb'"),
+    (["show", "-C", "sbatch_key_newline.yml"], "'launcher.sbatch.mail\\ntype': not an sbatch"),
+    (["show", "-C", "sbatch_value.yml"], "launcher.sbatch.comment='a;b'"),
+    # issue 12: YAML and data files beyond their bounds
+    (["show", "-C", "alias_bomb.yml"], "more than 10000 values once its aliases"),
+    (["show", "-C", "huge.yml"], "larger than 1 MiB"),
+    (["run", "data.root=small_images"], "its header declares 5 x 5 x 5, expected N x 28 x 28"),
+    # issue 12: imports are module names, never paths
+    (["show", "-C", "import_path.yml"], "cannot import module '../x': not a dotted module name"),
+    (["show", "-C", "import_hidden.yml"], "'.hidden': not a dotted module name"),
+    (["show", "-C", "import_empty.yml"], "'': not a dotted module name"),
+    (["show", "-C", "import_space.yml"], "'a b': not a dotted module name"),
+    # issue 12: a plugin module that is itself broken
+    (["run", "imports=[corpus_syntax_error]"], "failed to import at "),
+    (["run", "imports=[corpus_raises]"], "RuntimeError: no GPU license found"),
 ]
 
 
@@ -154,19 +179,40 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "sgd_body.yml").write_text("optim: {name: sgd, lr: 0.1, momentum: 0.9}\n")
     (tmp_path / "two_names.yml").write_text("defaults: [{optim: adam}]\noptim: {name: sgd}\n")
     (tmp_path / "secret_name.yml").write_text("run: {name: '${oc.env:EXPCTL_TEST_SECRET}'}\n")
-    bad = tmp_path / "corrupt_data"
-    bad.mkdir()
-    for name in (
-        "train-images-idx3-ubyte",
-        "train-labels-idx1-ubyte",
-        "t10k-images-idx3-ubyte",
-        "t10k-labels-idx1-ubyte",
-    ):
-        (bad / name).write_bytes(b"\x00\x00\x08\x03" + (5).to_bytes(4, "big") * 3 + b"\x00" * 10)
-    (bad / "train-labels-idx1-ubyte").write_bytes(
-        b"\x00\x00\x08\x01" + (5).to_bytes(4, "big") + b"\x00" * 5
+    _fashion_files(tmp_path / "corrupt_data", (5, 28, 28), 10)  # 10 bytes of 5 images
+    _fashion_files(tmp_path / "small_images", (5, 5, 5), 125)  # 5 x 5 pixels: not Fashion-MNIST
+    (tmp_path / "nul_dir.yml").write_text('run: {dir: "runs\\0x"}\n')
+    (tmp_path / "nul_env.yml").write_text('env: {TOKEN: "a\\0b"}\n')
+    (tmp_path / "env_key_newline.yml").write_text('env: {"A\\n": "1"}\n')
+    (tmp_path / "sbatch_key_newline.yml").write_text(
+        'launcher: {name: slurm, sbatch: {"mail\\ntype": END}}\n'
     )
+    (tmp_path / "sbatch_value.yml").write_text(
+        "launcher: {name: slurm, sbatch: {comment: 'a;b'}}\n"
+    )
+    (tmp_path / "alias_bomb.yml").write_text(ALIAS_BOMB)
+    (tmp_path / "huge.yml").write_text("# padding\n" * 120_000)
+    for name, module in [("path", "../x"), ("hidden", ".hidden"), ("empty", ""), ("space", "a b")]:
+        (tmp_path / f"import_{name}.yml").write_text(f"imports: ['{module}']\n")
+    (tmp_path / "corpus_syntax_error.py").write_text("def broken(:\n    pass\n")
+    (tmp_path / "corpus_raises.py").write_text("raise RuntimeError('no GPU license found')\n")
     return tmp_path
+
+
+# the "billion laughs": 9**9 strings from 400 bytes, once its aliases are expanded
+ALIAS_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def _fashion_files(folder: Path, images: tuple[int, int, int], image_bytes: int) -> None:
+    """The four Fashion-MNIST files, with `images` in their headers (labels: as many)."""
+    folder.mkdir()
+    header = b"\x00\x00\x08\x03" + b"".join(d.to_bytes(4, "big") for d in images)
+    labels = b"\x00\x00\x08\x01" + images[0].to_bytes(4, "big") + b"\x00" * images[0]
+    for split in ("train", "t10k"):
+        (folder / f"{split}-images-idx3-ubyte").write_bytes(header + b"\x00" * image_bytes)
+        (folder / f"{split}-labels-idx1-ubyte").write_bytes(labels)
 
 
 @pytest.mark.parametrize(("args", "expected"), CORPUS, ids=[" ".join(a)[:60] for a, _ in CORPUS])
@@ -181,7 +227,8 @@ def test_bad_input_is_a_short_error_with_exit_2_and_nothing_on_disk(
     monkeypatch.setenv("EXPCTL_TEST_SECRET", "hunter2 is my password")
     before = sorted(p.name for p in corpus_dir.iterdir())
     assert cli.main(args) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert out == "", "nothing is printed before the error (`expctl show` included)"
     assert expected in err, err
     lines = err.strip().splitlines()
     assert 1 <= len(lines) <= 2 and lines[0].startswith("expctl: error: "), err

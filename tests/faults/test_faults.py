@@ -282,3 +282,38 @@ def _is_rank(pid: int, rank: int, run_dir: Path) -> bool:
     except OSError:
         return False
     return f"RANK={rank}".encode() in environ and b"_worker" in cmd and str(run_dir).encode() in cmd
+
+
+@pytest.mark.parametrize("kib", [12, 20, 64])
+def test_a_full_disk_ends_the_run_in_one_line_whichever_file_it_hits(
+    kib: int, tmp_path: Path
+) -> None:
+    """The run directory on a tmpfs of `kib` KiB: the first write that finds no space (here
+    a log file at 12, the first checkpoint at 20, a later one at 64) ends the run with one
+    line and exit 1, no traceback and no "--- Logging error ---"; what was checkpointed loads."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(disk)]
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        (tmp_path / "tiny.yml").write_text(TINY)
+        proc = expctl(
+            tmp_path,
+            "train.log_every=1",
+            "checkpoint.every=4",
+            "train.max_epochs=3",
+            f"run.dir={disk / 'r'}",
+            check=False,
+        )
+        out = proc.stdout + proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 1, out[-2000:]
+        assert last.startswith("expctl: error: could not write ") and "No space left" in last
+        assert "Traceback" not in out and "Logging error" not in out, out[-2000:]
+        for ckpt in checkpoint.list_checkpoints(disk / "r"):
+            checkpoint.load(ckpt)
+        print(f"{kib} KiB: {last}")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)

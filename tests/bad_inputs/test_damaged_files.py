@@ -1,0 +1,64 @@
+"""Readers of a run's and a sweep's files survive damage: `status` and `sweep table` show what
+they can read and name the damaged file; a journal damaged beyond reading is one error, exit 2."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from expctl import cli
+
+SMALL = [
+    "model=mlp",
+    "model.hidden=[8]",
+    "data=synthetic",
+    "data.shape=[6]",
+    "data.num_classes=3",
+    "data.num_samples=32",
+    "data.val_samples=16",
+    "data.batch_size=8",
+    "train.max_steps=2",
+]
+
+
+def test_status_reads_around_damaged_lines_and_names_the_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", *SMALL, "run.dir=r"]) == 0
+    with open(tmp_path / "r" / "metrics.jsonl", "a") as f:
+        f.write("garbage\n")
+    (tmp_path / "r" / "jobs.jsonl").write_text(
+        '{"job_id": "7", "event": "started", "restart": "x"}\n[1, 2]\n'
+    )
+    (tmp_path / "r" / "result.json").write_text("{broken")
+    capsys.readouterr()
+    assert cli.main(["status", "r"]) == 0
+    out, err = capsys.readouterr()
+    assert "progress  step 2" in out and "job       7" in out, out
+    assert "metrics.jsonl: skipped 1 unreadable line(s)" in err
+    assert "jobs.jsonl: skipped 1 unreadable line(s)" in err
+    assert "cannot read" in err and "result.json" in err and "Traceback" not in err
+
+
+def test_sweep_table_reads_a_truncated_journal_and_refuses_a_corrupt_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "-m", *SMALL, "optim.lr=0.1,0.2"]) == 0
+    sweep = Path(re.search(r"sweep directory (\S+)", capsys.readouterr().out).group(1))  # type: ignore[union-attr]
+    journal = sweep / "journal.log"
+    text = journal.read_bytes()
+    journal.write_bytes(text[:-5])  # cut inside the last record
+    assert cli.main(["sweep", "table", str(sweep)]) == 0
+    out, err = capsys.readouterr()
+    assert "last line is incomplete" in err and str(journal) in err
+    assert out.count("completed") == 2, out
+    lines = text.splitlines(keepends=True)
+    journal.write_bytes(b"".join([*lines[:3], b"{not json\n", *lines[3:]]))
+    assert cli.main(["sweep", "table", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert f"{journal} is damaged" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 2

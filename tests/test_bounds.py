@@ -1,0 +1,115 @@
+"""Bounded reads (issue 12): YAML files (size, alias bombs) and compressed data files (gzip
+bombs) are refused with a one-line UserError naming the file and the limit, before anything
+expands them."""
+
+from __future__ import annotations
+
+import gzip
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from expctl import compose, config
+from expctl.errors import UserError
+
+
+def alias_bomb(fan: int, levels: int) -> str:
+    """`levels` anchors, each `fan` aliases of the one before: fan**levels strings."""
+    names = "abcdefghijklmnopqrstuvwxyz"
+    text = f"a: &a [{', '.join(['lol'] * fan)}]\n"
+    for prev, name in zip(names[: levels - 1], names[1:levels], strict=True):
+        text += f"{name}: &{name} [{', '.join(['*' + prev] * fan)}]\n"
+    return text
+
+
+# 2**15 strings in 300 bytes: today's reader took seconds to expand it, then failed elsewhere
+SMALL_BOMB = alias_bomb(2, 15)
+
+
+def test_an_alias_bomb_in_a_group_file_next_to_the_config_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "fast.yaml").write_text("name: sgd\n" + SMALL_BOMB)
+    (tmp_path / "my.yml").write_text("train: {max_epochs: 1}\n")
+    with pytest.raises(UserError, match=r"fast\.yaml: more than 10000 values once its aliases"):
+        compose.compose(str(tmp_path / "my.yml"), ["optim=fast"], check_components=False)
+
+
+def test_a_run_config_read_back_is_bounded(tmp_path: Path) -> None:
+    """config.load (expctl status, load_model, workers) reads RUN_DIR/config.yaml the same way."""
+    (tmp_path / "config.yaml").write_text(SMALL_BOMB)
+    with pytest.raises(UserError, match=r"config\.yaml: more than 10000 values"):
+        config.load(tmp_path)
+    (tmp_path / "config.yaml").write_text("#\n" * (config.YAML_MAX_BYTES // 2 + 1))
+    with pytest.raises(UserError, match=r"config\.yaml: the file is larger than 1 MiB"):
+        config.load(tmp_path)
+
+
+def test_a_recursive_alias_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "r.yml").write_text("train: &t {max_epochs: 2, again: *t}\n")
+    with pytest.raises(UserError, match="recursive alias") as e:
+        compose.compose(str(tmp_path / "r.yml"), check_components=False)
+    assert "\n" not in e.value.message
+
+
+def test_aliases_within_the_bound_still_work(tmp_path: Path) -> None:
+    (tmp_path / "a.yml").write_text("train: {max_epochs: &n 4, val_every: *n}\n")
+    cfg = compose.compose(str(tmp_path / "a.yml"), check_components=False)
+    assert (cfg.train.max_epochs, cfg.train.val_every) == (4, 4)
+
+
+def _idx_gz(path: Path, dims: tuple[int, ...], body: int, extra_mib: int = 0) -> Path:
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(b"\x00\x00\x08" + bytes([len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims))
+        f.write(b"\x00" * body)
+        for _ in range(extra_mib):
+            f.write(bytes(1 << 20))
+    return path
+
+
+def test_a_gzip_bomb_is_read_only_as_far_as_its_header_declares(tmp_path: Path) -> None:
+    """A small .gz whose stream goes on past what its header declares (48 MiB here, GiBs in
+    the wild) is refused after reading the declared bytes, never read whole."""
+    from expctl import data
+
+    path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", (10, 28, 28), 7840, extra_mib=48)
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match=r"train-images-idx3-ubyte\.gz is truncated or corrupt"):
+            data._read_idx(path, data.FASHION_SHAPES["train_x"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"read {peak} bytes of a 10-image file"
+
+
+@pytest.mark.parametrize(
+    ("dims", "expected"),
+    [
+        ((10**9, 28, 28), r"declares 1000000000 x 28 x 28, expected N x 28 x 28 with N <= 60000"),
+        ((10, 280, 280), r"declares 10 x 280 x 280, expected N x 28 x 28"),
+        ((10,), r"not an IDX file of images"),
+    ],
+)
+def test_an_idx_header_beyond_fashion_mnist_is_refused_before_reading(
+    tmp_path: Path, dims: tuple[int, ...], expected: str
+) -> None:
+    from expctl import data
+
+    path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", dims, 16)
+    with pytest.raises(UserError, match=expected) as e:
+        data._read_idx(path, data.FASHION_SHAPES["train_x"])
+    assert str(path) in e.value.message
+
+
+def test_the_real_fashion_mnist_files_are_read_whole() -> None:
+    from expctl import data
+
+    try:
+        files = data._find_fashion(None)
+    except UserError:
+        pytest.skip("Fashion-MNIST is not installed (.ci/setup installs it)")
+    x = data._read_idx(files["val_x"], data.FASHION_SHAPES["val_x"])
+    y = data._read_idx(files["val_y"], data.FASHION_SHAPES["val_y"])
+    assert tuple(x.shape) == (10000, 28, 28) and tuple(y.shape) == (10000,)

@@ -1,0 +1,72 @@
+"""Rank 0's writers on a full disk: each failed write is one RunError naming the file (never
+logging's "--- Logging error ---" and a traceback), in-process against /dev/full and a full
+tmpfs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from expctl.errors import RunError
+from expctl.report import Reporter, setup_logging
+
+FULL = Path("/dev/full")  # every write fails with ENOSPC
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs with no space left (needs root to mount, as in CI)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(b"x" * 4096)
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_train_log_on_a_full_disk_is_one_run_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "train.log").symlink_to(FULL)
+    setup_logging(tmp_path, True)
+    try:
+        with pytest.raises(
+            RunError, match=r"could not write .*train\.log \(No space left on device\)"
+        ):
+            logging.getLogger("expctl").info("a line")
+        logging.getLogger("expctl").info("the file is written no more")  # no second error
+    finally:
+        setup_logging(None, True)
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_metrics_jsonl_on_a_full_disk_is_one_run_error(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").symlink_to(FULL)
+    rep = Reporter(tmp_path, True, steps_per_epoch=4, max_steps=8)
+    with pytest.raises(
+        RunError, match=r"could not write .*metrics\.jsonl \(No space left on device\)"
+    ):
+        rep.record(1, 0, {"train/loss": 1.0}, "train")
+    rep.close()  # quietly: the error is already on its way
+
+
+def test_result_json_on_a_full_disk_is_one_run_error_and_leaves_no_temporary(
+    full_tmpfs: Path,
+) -> None:
+    rep = Reporter(full_tmpfs, False, steps_per_epoch=4, max_steps=8)
+    rep.enabled = True  # write result.json only (metrics.jsonl would not open on a full disk)
+    with pytest.raises(
+        RunError, match=r"could not write .*result\.json \(No space left on device\)"
+    ):
+        rep.result({"step": 8, "val/acc": 0.5})
+    assert sorted(p.name for p in full_tmpfs.iterdir()) == ["filler"]
