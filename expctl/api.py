@@ -35,7 +35,7 @@ def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = T
         return launch.launch(cfg, wait=wait)
 
 
-_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
 @contextlib.contextmanager

@@ -152,8 +152,26 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
 
 def worker(run_dir: str) -> None:
     """Entry point of one local worker: read the frozen config, detect the rank, train."""
+    _die_with_the_launcher()
     cfg = config_mod.load(run_dir)
     train_rank(cfg, detect(os.environ), under_agent=True)
+
+
+def _die_with_the_launcher() -> None:
+    """A local worker ends when its launcher does, even by SIGKILL: torch's agent starts workers
+    in sessions of their own, and an orphan would train on beside the next launch (the launcher
+    holds the run's lock). Linux's PR_SET_PDEATHSIG; elsewhere workers outlive a killed agent."""
+    import ctypes
+    import ctypes.util
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
 
 
 def train_rank(cfg: Config, env: DistEnv, under_agent: bool = False) -> tuple[Path, dict[str, Any]]:

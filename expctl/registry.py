@@ -251,7 +251,7 @@ def import_user_modules(modules: Iterable[str]) -> None:
             raise _import_failed(mod, e) from None
         except UserError:
             raise
-        except Exception as e:  # the user's module is broken: say where, in one line
+        except (Exception, SystemExit) as e:  # the user's module is broken: where, in one line
             raise _import_failed(mod, e) from None
 
 

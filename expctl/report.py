@@ -68,8 +68,8 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
 def write_failed(path: Path, error: OSError) -> RunError:
     """The one-line error of a failed write of `path`."""
     return RunError(
-        f"could not write {path} ({error.strerror or error}); the newest checkpoint is intact: "
-        f"free space, then run the same command with run.dir={path.parent} to resume"
+        f"could not write {path} ({error.strerror or error}); the checkpoints written so far are "
+        f"intact: free space, then run the same command with run.dir={path.parent} to resume"
     )
 
 
@@ -105,7 +105,7 @@ def truncate_metrics(run_dir: Path, rows: int | None, step: int) -> int:
     path = RunDir(run_dir).metrics
     if not path.is_file():
         return 0
-    lines = path.read_text().splitlines(keepends=True)
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
     whole = [line for line in lines if line.endswith("\n")]  # a kill may cut the last one
     kept = whole[:rows] if rows is not None else [x for x in whole if _step(x) <= step]
     if len(kept) == len(lines):

@@ -74,8 +74,12 @@ class RunLock:
             ) from None
         job = os.environ.get("SLURM_JOB_ID")
         me = {"host": socket.gethostname(), "pid": os.getpid(), "since": round(time.time())}
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, json.dumps({**me, **({"job_id": job} if job else {})}).encode(), 0)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, json.dumps({**me, **({"job_id": job} if job else {})}).encode(), 0)
+        except OSError:
+            self.release()
+            raise
 
     def release(self) -> None:
         """Empty the file (no holder) and release the flock."""
@@ -133,8 +137,10 @@ def create(
             a run that checkpoint.resume=never or PATH would start over, or cannot be created.
     """
     path = deterministic_dir(cfg, run_id)
+    root = path.parent if path is not None else Path(cfg.run.root).expanduser().absolute()
+    root_existed = root.exists()
     if path is None:
-        path = _new_unique(Path(cfg.run.root).expanduser().absolute(), _safe(cfg.run.name))
+        path = _new_unique(root, _safe(cfg.run.name))
         created = True
     else:
         created = _make(path)
@@ -150,6 +156,8 @@ def create(
         if created:
             RunDir(path).lock.unlink(missing_ok=True)
             _remove_if_empty(path)
+            if not root_existed:
+                _remove_if_empty(root)
         raise
     return frozen, held
 
@@ -157,9 +165,10 @@ def create(
 def _lock(path: Path) -> RunLock:
     try:
         return RunLock(path)
-    except PermissionError as e:
+    except OSError as e:
         raise UserError(
-            f"cannot write in run directory {path}: {e.strerror}", "check its permissions"
+            f"cannot write in run directory {path}: {e.strerror or e}",
+            "check the free space and permissions of run.root / run.dir",
         ) from None
 
 

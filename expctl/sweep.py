@@ -10,10 +10,12 @@ interrupted sweep resumes from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import sys
 import time
@@ -191,9 +193,9 @@ def multirun(
         print(f"expctl: note: {note}", file=sys.stderr)
     # run.name's built-in default, model-data (conf/config.yaml), would name the first point only
     named = base.run.name != f"{base.model.name}-{base.data.name}"
-    sweep_dir = new_sweep_dir(
-        Path(base.run.root).expanduser().absolute(), base.run.name if named else None
-    )
+    root = Path(base.run.root).expanduser().absolute()
+    root_existed = root.exists()
+    sweep_dir = new_sweep_dir(root, base.run.name if named else None)
     spec = {
         "config_file": str(Path(config_file).absolute()) if config_file else None,
         "config_sha256": _digest(config_file),
@@ -204,8 +206,18 @@ def multirun(
         "n_trials": len(points) if s.sampler == "grid" else s.n_trials or DEFAULT_TRIALS,
         "created": time.time(),
     }
-    SweepDir(sweep_dir).spec.write_text(json.dumps(spec, indent=2) + "\n")
-    open_study(sweep_dir, s, create=True)
+    try:
+        SweepDir(sweep_dir).spec.write_text(json.dumps(spec, indent=2) + "\n")
+        open_study(sweep_dir, s, create=True)
+    except OSError as e:  # a full disk: no half-made sweep stays behind
+        shutil.rmtree(sweep_dir, ignore_errors=True)
+        if not root_existed:
+            with contextlib.suppress(OSError):
+                root.rmdir()
+        raise UserError(
+            f"cannot write the sweep's files under run.root={sweep_dir.parent}: {e.strerror or e}",
+            "free space there, or pick another run.root",
+        ) from None
     print(
         f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
         flush=True,
@@ -381,6 +393,15 @@ def run_one(cfg: Config) -> bool:
     return True
 
 
+def _repair_journal(journal: Path) -> None:
+    """A crash mid-write leaves the journal's last record torn (never committed): drop it before
+    appending, or the next record would be glued to it and the journal unreadable."""
+    data = journal.read_bytes()
+    if data and not data.endswith(b"\n"):
+        journal.write_bytes(data[: data.rfind(b"\n") + 1])
+        log.warning("%s: dropped an incomplete last record (a crash while writing it)", journal)
+
+
 def resume(sweep_dir: str | Path) -> Outcome:
     """Re-run the trials that failed or were lost (in their own directories, resuming their
     checkpoints), and the ones the sweep never got to."""
@@ -394,6 +415,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
         )
     spec = SweepDir(path).read_spec()
     _check_unchanged(spec)
+    _repair_journal(SweepDir(path).journal)
     frozen = SweepDir(path).trials()
     base = (
         config_mod.load(frozen[0].path)

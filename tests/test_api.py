@@ -34,7 +34,8 @@ def _state() -> dict[str, Any]:
     logger = logging.getLogger("expctl")
     return {
         "signals": {
-            s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+            s: signal.getsignal(s)
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGUSR2)
         },
         "environ": dict(os.environ),
         "sys.path": list(sys.path),

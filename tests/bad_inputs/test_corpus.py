@@ -161,6 +161,7 @@ CORPUS: list[tuple[list[str], str]] = [
     # issue 12: a plugin module that is itself broken
     (["run", "imports=[corpus_syntax_error]"], "failed to import at "),
     (["run", "imports=[corpus_raises]"], "RuntimeError: no GPU license found"),
+    (["run", "imports=[corpus_exits]"], "failed to import at "),
 ]
 
 
@@ -196,6 +197,7 @@ def corpus_dir(tmp_path: Path) -> Path:
         (tmp_path / f"import_{name}.yml").write_text(f"imports: ['{module}']\n")
     (tmp_path / "corpus_syntax_error.py").write_text("def broken(:\n    pass\n")
     (tmp_path / "corpus_raises.py").write_text("raise RuntimeError('no GPU license found')\n")
+    (tmp_path / "corpus_exits.py").write_text("raise SystemExit(0)\n")
     return tmp_path
 
 

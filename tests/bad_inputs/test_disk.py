@@ -3,6 +3,7 @@ do not stop us, a read-only mount does): one or two lines, exit 2, no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,47 @@ def read_only(tmp_path: Path) -> Iterator[Path]:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.fixture
+def full(tmp_path: Path) -> Iterator[Path]:
+    disk = tmp_path / "full"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(b"x" * 4096)
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", *SMALL, "run.dir=FULL/d"], "cannot write in run directory"),
+        (["run", *SMALL], "cannot write in run directory"),
+        (["run", "-m", *SMALL, "optim.lr=0.1,0.2"], "cannot write the sweep's files"),
+    ],
+)
+def test_a_full_run_root_is_a_short_error_and_leaves_nothing(
+    args: list[str],
+    expected: str,
+    full: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [a.replace("FULL", str(full)) for a in args]
+    assert cli.main([*args, f"run.root={full / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert expected in err and "No space left on device" in err, err
+    assert len(lines) == 2 and lines[1].startswith("  HINT: ") and "Traceback" not in err
+    assert sorted(p.name for p in full.iterdir()) == ["filler"], "nothing half-made"
 
 
 @pytest.mark.parametrize(

@@ -317,3 +317,44 @@ def test_a_full_disk_ends_the_run_in_one_line_whichever_file_it_hits(
         print(f"{kib} KiB: {last}")
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def _workers_of(run_dir: Path) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+            except OSError:
+                continue
+            argv = cmd.split(b"\0")
+            if b"_worker" in argv and str(run_dir).encode() in argv:
+                out.append(int(p))
+    return out
+
+
+def test_local_workers_die_with_a_killed_launcher_and_the_relaunch_resumes(tmp_path: Path) -> None:
+    """SIGKILL of the launcher alone (torch's agent puts workers in sessions of their own): the
+    workers end with it, so nothing trains beside the relaunch, which resumes."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    run_dir = tmp_path / "orphans"
+    args = [*LOCAL, "train.step=slow", "checkpoint.every=2", f"run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],
+        cwd=tmp_path,
+        env=env(SLOW_STEP_S="0.2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while not checkpoint.list_checkpoints(run_dir) and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(_workers_of(run_dir)) == 2
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 20
+    while _workers_of(run_dir) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(run_dir) == [], "orphaned workers train on"
+    again = expctl(tmp_path, *args, env=env(SLOW_STEP_S="0"))
+    assert "resumed from" in again.stdout
