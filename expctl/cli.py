@@ -129,7 +129,11 @@ class _GroupsHelp(argparse.Action):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = _parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)  # --help prints here
+    except BrokenPipeError:  # `expctl run --help | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     # overrides may come before and after options (`run x=1 -C f.yml y=2`); argparse splits them
     stray = [a for a in extra if a.startswith("-")]
     if stray or (extra and args.command not in ("run", "show")):

@@ -98,16 +98,17 @@ def test_real_process_exit_code_and_no_traceback(args: list[str], tmp_path: Path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_output_piped_into_head_ends_quietly() -> None:
+@pytest.mark.parametrize(("args", "first"), [("list models", "models:"), ("run --help", "usage:")])
+def test_output_piped_into_head_ends_quietly(args: str, first: str) -> None:
     proc = subprocess.run(
-        f"{sys.executable} -m expctl list models | head -1",
+        f"{sys.executable} -m expctl {args} | head -1",
         shell=True,
         env=cli_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert proc.stdout.startswith("models:") and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith(first) and proc.stderr == "", proc.stderr
 
 
 @pytest.mark.slow
