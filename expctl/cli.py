@@ -171,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().print_help()
         return 0
     except UserError as e:
-        print(f"expctl: error: {e}", file=sys.stderr)
+        if args.command != "_worker" or os.environ.get("RANK", "0") == "0":
+            print(f"expctl: error: {e}", file=sys.stderr)  # every rank has it: rank 0 says it
         return EXIT_USER
     except BrokenPipeError:  # `expctl list | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -398,3 +398,25 @@ def test_a_directory_holding_only_bookkeeping_is_free_to_use(tiny: Path) -> None
     cfg, held = rundir.create(frozen(tiny, d))
     assert held is not None and (d / "config.yaml").is_file()
     held.release()
+
+
+def test_a_user_error_in_local_workers_is_said_once(tiny: Path) -> None:
+    """Both workers find the checkpoint of another model unusable; rank 0 says so, once."""
+    run_cli("run", "-C", str(tiny), "train.max_steps=2", "run.dir=a", cwd=tiny.parent)
+    ckpt = checkpoint.list_checkpoints(tiny.parent / "a")[0]
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "model.hidden=[16]",
+        f"checkpoint.resume={ckpt}",
+        "launcher=local",
+        "launcher.nproc=2",
+        "run.dir=b",
+        cwd=tiny.parent,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("expctl: error:") == 1, proc.stderr
+    assert "its model 'model' does not match" in proc.stderr
+    assert not (tiny.parent / "b").exists()
