@@ -27,6 +27,7 @@ from expctl import config as schema
 from expctl import confstore, dist, registry
 from expctl.errors import UserError, choices_text, did_you_mean
 from expctl.explain import explain
+from expctl.yamlfile import read_yaml
 
 GROUPS = ("model", "data", "optim", "sched", "loss", "launcher")
 PRESETS = "experiment"  # conf/experiment/*.yaml (or experiment/ next to the -C file)
@@ -78,7 +79,7 @@ def read_user_file(path: str) -> dict[str, Any]:
             f"-C {path}: no such file{did_you_mean(str(p), near)}",
             "check the path (relative paths start from the current directory)",
         )
-    return schema.read_yaml(p, f"-C {path}")
+    return read_yaml(p, f"-C {path}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ def resolve_option(group: str, option: str, dirs: Sequence[Path]) -> tuple[str, 
             p = root / group / f"{option}{suffix}"
             if not p.is_file():
                 continue
-            doc = schema.read_yaml(p, str(p))
+            doc = read_yaml(p, str(p))
             if "defaults" in doc:
                 raise UserError(
                     f"{p}: a group file holds `name:` and settings, not a defaults list",
@@ -199,9 +200,7 @@ def _preset_layer(name: str, dirs: Sequence[Path], source: str) -> Layer:
         for suffix in (".yaml", ".yml"):
             p = root / PRESETS / f"{name}{suffix}"
             if p.is_file():
-                layer = read_layer(
-                    schema.read_yaml(p, f"experiment={name}"), f"experiment={name}", dirs
-                )
+                layer = read_layer(read_yaml(p, f"experiment={name}"), f"experiment={name}", dirs)
                 if layer.preset:
                     raise UserError(
                         f"experiment={name} picks another experiment ({layer.preset})",
@@ -376,9 +375,7 @@ def compose(
     for folder in dirs:  # `imports: [my_components]` next to the file, here and in workers
         dist.apply_env({registry.IMPORT_PATH: registry.add_import_path(folder)})
     stack = Stack()
-    stack.add(
-        read_layer(schema.read_yaml(builtin_conf_dir() / "config.yaml", BUILTIN), BUILTIN, dirs)
-    )
+    stack.add(read_layer(read_yaml(builtin_conf_dir() / "config.yaml", BUILTIN), BUILTIN, dirs))
     if user is not None:
         layer = read_layer(user, f"-C {config_file}", dirs)
         if layer.preset:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,18 @@ optim: {name: sgd, lr: 0.1, momentum: 0.9}
 sched: {name: null}
 train: {max_epochs: 2, log_every: 4}
 """
+
+# the same run as overrides, for in-process tests: an MLP on 32 synthetic samples, seconds
+SMALL = [
+    "model=mlp",
+    "model.hidden=[8]",
+    "data=synthetic",
+    "data.shape=[6]",
+    "data.num_classes=3",
+    "data.num_samples=32",
+    "data.val_samples=16",
+    "data.batch_size=8",
+]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -144,3 +156,21 @@ def tiny(tmp_path: Path) -> Path:
 def run_dirs(root: Path) -> list[Path]:
     """Run directories (those holding config.yaml) under `root`."""
     return sorted(p.parent for p in root.rglob("config.yaml"))
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, kib: int, read_only: bool = False, fill: bool = False) -> Iterator[Path]:
+    """A real small filesystem at `path` (root mounts it, as in CI; skipped elsewhere): read-only,
+    or filled to the last byte, for full-disk and read-only cases."""
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"{'ro,' if read_only else ''}size={kib}k"
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        if fill:
+            with contextlib.suppress(OSError), open(path / "filler", "wb") as f:
+                while True:
+                    f.write(b"x" * 4096)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)

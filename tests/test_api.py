@@ -11,20 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import conftest
 import pytest
 import torch
 
 import expctl
 
 SMALL = [
-    "model=mlp",
-    "model.hidden=[8]",
-    "data=synthetic",
-    "data.shape=[6]",
-    "data.num_classes=3",
-    "data.num_samples=32",
-    "data.val_samples=16",
-    "data.batch_size=8",
+    *conftest.SMALL,
     "train.max_steps=2",
     "env.EXPCTL_API_PROBE=set-by-the-run",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from expctl import compose, config
+from expctl import compose, config, yamlfile
 from expctl.errors import UserError
 
 
@@ -40,7 +40,7 @@ def test_a_run_config_read_back_is_bounded(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(SMALL_BOMB)
     with pytest.raises(UserError, match=r"config\.yaml: more than 10000 values"):
         config.load(tmp_path)
-    (tmp_path / "config.yaml").write_text("#\n" * (config.YAML_MAX_BYTES // 2 + 1))
+    (tmp_path / "config.yaml").write_text("#\n" * (yamlfile.YAML_MAX_BYTES // 2 + 1))
     with pytest.raises(UserError, match=r"config\.yaml: the file is larger than 1 MiB"):
         config.load(tmp_path)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from expctl import compose, config, confstore, registry
+from expctl import compose, config, confstore, registry, yamlfile
 from expctl.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def test_every_registered_name_is_a_group_option(group: str, name: str) -> None:
         return
     entry = registry.get(config.COMPONENT_KINDS[group], name)
     node = confstore.node_defaults(group, entry)
-    builtin = compose.read_layer(config.read_yaml(REPO / "conf" / "config.yaml", ""), "", [])
+    builtin = compose.read_layer(yamlfile.read_yaml(REPO / "conf" / "config.yaml", ""), "", [])
     tuned = builtin.sections.get(group, {}) if builtin.choices[group] == name else {}
     for p in entry.parameters().values():
         if p.name in tuned:
@@ -232,8 +232,8 @@ def _conf_files() -> list[Path]:
 def test_conf_states_no_default(path: Path) -> None:
     """conf/ holds choices and what differs: no value equal to the schema's or the chosen
     component's default (the two cannot drift apart)."""
-    layer = compose.read_layer(config.read_yaml(path, path.name), path.name, [])
-    base = compose.read_layer(config.read_yaml(_conf_files()[0], "config.yaml"), "", [])
+    layer = compose.read_layer(yamlfile.read_yaml(path, path.name), path.name, [])
+    base = compose.read_layer(yamlfile.read_yaml(_conf_files()[0], "config.yaml"), "", [])
     restated = []
     for group, section in layer.sections.items():
         choice = layer.choices.get(group, base.choices[group])

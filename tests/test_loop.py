@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import conftest
 import pytest
 
 from expctl import compose, rank
@@ -18,14 +19,7 @@ from expctl.metrics import evaluate
 from expctl.train import TrainState
 
 SMALL = [
-    "model=mlp",
-    "model.hidden=[8]",
-    "data=synthetic",
-    "data.shape=[6]",
-    "data.num_classes=3",
-    "data.num_samples=32",
-    "data.val_samples=16",
-    "data.batch_size=8",
+    *conftest.SMALL,
     "sched=none",
     "train.device=cpu",
     "train.log_every=1",

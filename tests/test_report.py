@@ -4,12 +4,11 @@ tmpfs."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import conftest
 import pytest
 
 from expctl.errors import RunError
@@ -20,18 +19,9 @@ FULL = Path("/dev/full")  # every write fails with ENOSPC
 
 @pytest.fixture
 def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs with no space left (needs root to mount, as in CI)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    try:
-        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
-            while True:
-                f.write(b"x" * 4096)
+    """A 64 KiB tmpfs with no space left."""
+    with conftest.tmpfs(tmp_path / "disk", 64, fill=True) as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def test_train_log_on_a_full_disk_is_one_run_error(

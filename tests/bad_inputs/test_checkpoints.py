@@ -7,20 +7,14 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 
 from expctl import cli
 
 TINY = [
-    "model=mlp",
-    "model.hidden=[8]",
-    "data=synthetic",
-    "data.shape=[6]",
-    "data.num_classes=3",
-    "data.num_samples=32",
-    "data.val_samples=16",
-    "data.batch_size=8",
+    *conftest.SMALL,
     "train.max_steps=2",
     "train.device=cpu",
 ]

@@ -6,19 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import conftest
 import pytest
 
 from expctl import cli
 
 SMALL = [
-    "model=mlp",
-    "model.hidden=[8]",
-    "data=synthetic",
-    "data.shape=[6]",
-    "data.num_classes=3",
-    "data.num_samples=32",
-    "data.val_samples=16",
-    "data.batch_size=8",
+    *conftest.SMALL,
     "train.max_steps=2",
 ]
 

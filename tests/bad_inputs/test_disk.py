@@ -3,11 +3,10 @@ do not stop us, a read-only mount does): one or two lines, exit 2, no traceback.
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import conftest
 import pytest
 
 from expctl import cli
@@ -17,29 +16,14 @@ SMALL = ["data=synthetic", "data.num_samples=32", "data.val_samples=16", "train.
 
 @pytest.fixture
 def read_only(tmp_path: Path) -> Iterator[Path]:
-    disk = tmp_path / "ro"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(disk)]).returncode:
-        pytest.skip("cannot mount a read-only tmpfs here (not root)")
-    try:
+    with conftest.tmpfs(tmp_path / "ro", 64, read_only=True) as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 @pytest.fixture
 def full(tmp_path: Path) -> Iterator[Path]:
-    disk = tmp_path / "full"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    try:
-        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
-            while True:
-                f.write(b"x" * 4096)
+    with conftest.tmpfs(tmp_path / "full", 64, fill=True) as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 @pytest.mark.parametrize(

@@ -291,13 +291,7 @@ def test_a_full_disk_ends_the_run_in_one_line_whichever_file_it_hits(
     """The run directory on a tmpfs of `kib` KiB: the first write that finds no space (here
     a log file at 12, the first checkpoint at 20, a later one at 64) ends the run with one
     line and exit 1, no traceback and no "--- Logging error ---"; what was checkpointed loads."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(disk)]
-    ).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    try:
+    with base.tmpfs(tmp_path / "disk", kib) as disk:
         (tmp_path / "tiny.yml").write_text(TINY)
         proc = expctl(
             tmp_path,
@@ -315,8 +309,6 @@ def test_a_full_disk_ends_the_run_in_one_line_whichever_file_it_hits(
         for ckpt in checkpoint.list_checkpoints(disk / "r"):
             checkpoint.load(ckpt)
         print(f"{kib} KiB: {last}")
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def _workers_of(run_dir: Path) -> list[int]:

@@ -1,0 +1,88 @@
+"""Reading a YAML file safely: a size limit, and a limit on the values its aliases expand to
+(counted before any object is built), so a -C file, a group file or a run's config.yaml can
+never keep expctl busy or fill its memory. The one place expctl parses YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from expctl.errors import UserError
+
+YAML_MAX_BYTES = 1 << 20  # a config file holds a few KB; more is a mistake or an attack
+YAML_MAX_VALUES = 10_000  # nodes, aliases (*name) expanded: OmegaConf takes ~1 s per 10000
+
+
+def read_yaml(p: Path, where: str) -> dict[str, Any]:
+    """A YAML file (a -C file, a group file, a run's config.yaml) as a plain dict, interpolations
+    unresolved.
+
+    Raises:
+        UserError: unreadable, over 1 MiB, not YAML, not a mapping, or more than 10000 values
+            once its aliases are expanded (an alias bomb), naming the file and the limit.
+    """
+    from omegaconf import OmegaConf
+
+    try:
+        with open(p, "rb") as f:
+            data = f.read(YAML_MAX_BYTES + 1)
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{where}: cannot read it ({e.__class__.__name__}: {e})") from None
+    if len(data) > YAML_MAX_BYTES:
+        raise UserError(
+            f"{where}: the file is larger than {YAML_MAX_BYTES // 2**20} MiB, the limit for a "
+            "config file",
+            "point -C at the YAML config itself; data belongs in files a dataset reads",
+        )
+    try:
+        _check_expansion(text, where)
+        loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except UserError:
+        raise
+    except Exception as e:  # yaml.YAMLError, omegaconf errors, RecursionError (deep nesting)
+        first = " ".join(str(e).split())[:200] or type(e).__name__
+        raise UserError(f"{where}: not valid YAML: {first}", "fix the YAML syntax") from None
+    out = OmegaConf.to_container(loaded, resolve=False)
+    if not isinstance(out, dict):
+        raise UserError(
+            f"{where}: the file must hold a mapping of keys, not a list or a scalar",
+            "start the file with keys such as `model:` or `train:`",
+        )
+    return {str(k): v for k, v in out.items()}
+
+
+def _check_expansion(text: str, where: str) -> None:
+    """Count the values of a YAML text with its aliases expanded, on PyYAML's node graph (an
+    alias is one shared node there) before any object is built: each node once, no recursion."""
+    import yaml
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)  # pure Python: deep nesting raises
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # expanded, children not yet counted: an ancestor
+    stack: list[tuple[Any, bool]] = [(root, False)] if root is not None else []
+    while stack:
+        node, counted = stack.pop()
+        kids = (
+            [c for pair in node.value for c in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
+        )
+        if counted:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in kids)
+            open_nodes.discard(id(node))
+            if sizes[id(node)] > YAML_MAX_VALUES:
+                raise UserError(
+                    f"{where}: more than {YAML_MAX_VALUES} values once its aliases (*name) are "
+                    f"expanded, the limit for a config file (an alias bomb?)",
+                    "write the values out, or alias small blocks only",
+                )
+        elif id(node) in open_nodes:
+            raise UserError(
+                f"{where}: an alias refers to a block that contains it (a recursive alias)",
+                "remove the alias (*name) inside the block its anchor (&name) marks",
+            )
+        elif id(node) not in sizes:
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack += [(c, False) for c in kids if id(c) not in sizes]
