@@ -2,9 +2,11 @@
 # What ran on the GPU machine (device tool, nvidia-h100-x2), from the repository root:
 #   carry: .whl (hydra-core, omegaconf, antlr4, submitit, shtab wheels), .data (Fashion-MNIST .gz)
 #   bash bench/gpu.sh bn     reported vs saved-model accuracy (bench/bn_parity.py)
+#   bash bench/gpu.sh images JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
 # Prints the harness table (1 and 2 GPUs), the speedrun (expctl and raw) and a profile summary.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab PyYAML || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,6 +17,17 @@ if [ "$part" = bn ]; then
   echo "== reported accuracy vs the saved model's, Fashion-MNIST ResNet-18, 240 steps"
   python3 bench/bn_parity.py --workers 1 2 --extra data.root=.data/fashion-mnist
   python3 bench/bn_parity.py --workers 2 --extra data.root=.data/fashion-mnist train.sync_batchnorm=true
+  exit
+fi
+if [ "$part" = images ]; then
+  echo "== issue 11: ResNet-50 from 20,000 JPEGs (bench/images_bench.py)"
+  python3 bench/images_bench.py make --root /tmp/jpegs
+  echo "-- 1 GPU, 16 cores (taskset 0-15)"
+  CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 bench/images_bench.py run --root /tmp/jpegs --gpus 1 ${ONLY:+--only $ONLY}
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    echo "-- 2 GPUs, all cores"
+    python3 bench/images_bench.py run --root /tmp/jpegs --gpus 2 ${ONLY:+--only $ONLY}
+  fi
   exit
 fi
 if [ "$part" = all ] || [ "$part" = speedrun ]; then

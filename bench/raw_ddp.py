@@ -22,13 +22,15 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
-    from expctl import data, models
+    from expctl import models
+    from expctl.datasets.idx import fashion_mnist
+    from expctl.datasets.synthetic import synthetic
 
     if args.data == "fashion":
-        splits = data.fashion_mnist(root=args.root)
+        splits = fashion_mnist(root=args.root)
     else:
         shape = tuple(int(s) for s in args.shape.split("x"))
-        splits = data.synthetic(shape=shape, num_samples=args.samples, val_samples=0)
+        splits = synthetic(shape=shape, num_samples=args.samples, val_samples=0)
     info = splits.info
     torch.manual_seed(0)
     if args.model == "mlp":

@@ -17,7 +17,8 @@ import torch
 
 
 def main() -> None:
-    from expctl.data import augment, fashion_mnist
+    from expctl.data import augment
+    from expctl.datasets.idx import fashion_mnist
     from expctl.models import speednet
 
     p = argparse.ArgumentParser()

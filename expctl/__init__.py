@@ -14,7 +14,7 @@ from typing import Any
 from expctl.errors import UserError
 
 __version__ = "0.2.0.dev0"
-__all__ = ["run", "load_model", "register", "UserError", "__version__"]
+__all__ = ["run", "load_model", "register", "Splits", "DataInfo", "UserError", "__version__"]
 
 
 def run(config: str | None = None, overrides: Any = (), wait: bool = True) -> Any:
@@ -36,3 +36,13 @@ def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:
     from expctl.registry import register as _register
 
     return _register(kind, name, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    """`expctl.Splits` and `expctl.DataInfo`, the dataset contract (see expctl.data), imported
+    on first use (they need torch)."""
+    if name in ("Splits", "DataInfo"):
+        from expctl import data
+
+        return getattr(data, name)
+    raise AttributeError(f"module 'expctl' has no attribute {name!r}")

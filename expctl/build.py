@@ -13,7 +13,7 @@ from torch import nn
 
 from expctl import registry
 from expctl.config import Config
-from expctl.data import Splits, TrainBatches
+from expctl.data import Loading, Splits, TrainBatches, auto_workers, check_splits
 from expctl.dist import DistEnv
 from expctl.errors import UserError
 from expctl.steps import StepContext
@@ -81,8 +81,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     """Build data, models, optimizers, schedulers, loss and step for this rank."""
     registry.import_user_modules(cfg.imports)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    data_entry = registry.get("datasets", cfg.data.name)
-    splits: Splits = _make("data", cfg.data.name, data_entry.factory, **cfg.data.args)
+    splits = _splits(cfg, device)
     models, model_args = _models(cfg, splits)
     if cfg.train.sync_batchnorm and env.distributed:
         models = _sync_batchnorm(models, env, device)
@@ -104,7 +103,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         env.world_size,
         cfg.train.seed,
         device,
-        num_workers=cfg.data.num_workers,
+        loading=_loading(cfg, env, device, splits),
         resident=resident,
         augment=cfg.data.augment,
     )
@@ -153,6 +152,22 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         val_batch_size=cfg.data.val_batch_size or cfg.data.batch_size,
         limit_val_batches=cfg.train.limit_val_batches,
     )
+
+
+def _splits(cfg: Config, device: torch.device) -> Splits:
+    """The dataset's splits, as its factory returns them (checked against the contract)."""
+    entry = registry.get("datasets", cfg.data.name)
+    runtime = {"device": device} if "device" in entry.runtime else {}
+    made = _make("data", cfg.data.name, entry.factory, **cfg.data.args, **runtime)
+    return check_splits(cfg.data.name, made)
+
+
+def _loading(cfg: Config, env: DistEnv, device: torch.device, splits: Splits) -> Loading:
+    d = cfg.data
+    workers = d.num_workers if d.num_workers is not None else auto_workers(env.local_world_size)
+    pin = d.pin_memory if d.pin_memory != "auto" else device.type == "cuda"
+    pin = pin and getattr(splits.train, "pin_memory", True)  # e.g. not lists of encoded files
+    return Loading(workers, bool(pin), d.persistent_workers, d.prefetch_factor)
 
 
 def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:

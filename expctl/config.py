@@ -167,8 +167,11 @@ class DataConfig:
     name: str
     batch_size: int = _f(128, min=1)  # per worker; the global batch is batch_size x world size
     val_batch_size: int | None = _f(None, min=1)  # null: batch_size
-    num_workers: int = _f(0, min=0)
-    device_resident: Any = _f("auto", choices=("auto", True, False))  # whole split on the device
+    num_workers: int | None = _f(None, min=0)  # DataLoader workers per rank; null: cores/ranks - 1
+    pin_memory: Any = _f("auto", choices=("auto", True, False))  # auto: on CUDA
+    persistent_workers: bool = True  # keep workers between epochs
+    prefetch_factor: int | None = _f(None, min=1)  # batches each worker reads ahead; null: 2
+    device_resident: Any = _f("auto", choices=("auto", True, False))  # in-memory data on the GPU
     augment: str = _f("none", choices=("none", "flip", "crop_flip"))  # on the device, per batch
     args: dict[str, Any] = _f({})
 

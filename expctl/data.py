@@ -1,33 +1,51 @@
-"""Built-in datasets (Fashion-MNIST offline, synthetic) and the per-rank batch iterators.
+"""The dataset contract, and how each rank reads its batches.
 
-A dataset factory returns `Splits`: train and val sets plus `DataInfo` (input shape, classes),
-which fills a model's ``in_channels`` / ``num_classes`` when the config leaves them out.
-In-memory sets (TensorDataset) are batched by indexing whole tensors, optionally on the GPU;
-other datasets go through torch's DataLoader.
+The contract (exported as `expctl.Splits` and `expctl.DataInfo`): a factory registered with
+``@expctl.register("datasets")`` returns ``Splits(train, val, info, test=None)``, where train, val
+and test are map-style torch Datasets (``__len__``, ``__getitem__(i)`` returning a tuple such as
+``(x, y)``) and ``info`` gives the input shape and the number of classes (or regression outputs):
+a model factory's ``in_channels`` / ``num_classes`` / ``input_shape`` arguments that the config
+leaves out are filled from it. A dataset may also define
+``collate(samples) -> batch`` (how DataLoader workers join samples; default: stacking) and
+``on_device(batch, device) -> batch`` (work done on the training device: decoding, normalising).
+
+Two data paths, chosen by the dataset's type and reported in the run's first log line:
+- in memory: a TensorDataset is batched by indexing whole tensors, resident on the GPU when
+  ``data.device_resident`` allows it;
+- streamed: any other dataset is read by DataLoader workers (``data.num_workers``,
+  ``persistent_workers``, ``pin_memory``, ``prefetch_factor``) in the order of a
+  DistributedSampler, never whole in memory. Each sample's random transforms draw from torch's
+  RNG seeded by (seed, epoch, index), so a run's result does not depend on ``num_workers``.
 """
 
 from __future__ import annotations
 
-import gzip
-import zlib
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    Sampler,
+    Subset,
+    TensorDataset,
+    default_collate,
+)
 
 from expctl.errors import UserError
-from expctl.registry import register
 
 
 @dataclass(frozen=True)
 class DataInfo:
     """What models need to know about the data."""
 
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...]  # one sample's input, e.g. (3, 224, 224) or (13,)
     num_classes: int | None = None  # classes, or outputs of a regression
+    classes: tuple[str, ...] | None = None  # class names, in label order (when known)
 
 
 @dataclass
@@ -40,219 +58,138 @@ class Splits:
     test: Dataset[Any] | None = None  # evaluated once, at the end (test/ metrics)
 
 
-# ---------------------------------------------------------------------------------------------
-# Fashion-MNIST
-# ---------------------------------------------------------------------------------------------
-
-FASHION_DIRS = (
-    "/usr/share/datasets/fashion-mnist",
-    "data/fashion-mnist",
-    "data/FashionMNIST/raw",
-    "data",
+CONTRACT = (
+    "a dataset factory returns expctl.Splits(train=Dataset, val=Dataset or None, "
+    "info=expctl.DataInfo(input_shape=(C, H, W), num_classes=K), test=None)"
 )
-FASHION_FILES = {
-    "train_x": "train-images-idx3-ubyte",
-    "train_y": "train-labels-idx1-ubyte",
-    "val_x": "t10k-images-idx3-ubyte",
-    "val_y": "t10k-labels-idx1-ubyte",
-}
-FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 
 
-def _find_fashion(root: str | None, download: bool = False) -> dict[str, Path]:
-    roots = [Path(root).expanduser()] if root else [Path(d) for d in FASHION_DIRS]
-    candidates = []
-    for r in roots:
-        candidates += [r, r / "FashionMNIST" / "raw"]
-    for folder in candidates:
-        found = {}
-        for key, stem in FASHION_FILES.items():
-            for name in (stem, stem + ".gz"):
-                if (folder / name).is_file():
-                    found[key] = folder / name
-                    break
-        if len(found) == len(FASHION_FILES):
-            return found
-    if download:
-        from torchvision.datasets import FashionMNIST
+def check_splits(name: str, made: Any) -> Splits:
+    """`made` if it keeps the dataset contract, else a one-line UserError naming it."""
+    if not isinstance(made, Splits):
+        raise UserError(
+            f"data={name}: the dataset factory returned {type(made).__name__}, not expctl.Splits",
+            CONTRACT,
+        )
+    if not isinstance(made.info, DataInfo):
+        raise UserError(
+            f"data={name}: Splits.info is {type(made.info).__name__}, not expctl.DataInfo", CONTRACT
+        )
+    for split in ("train", "val", "test"):
+        ds = getattr(made, split)
+        if ds is None and split != "train":
+            continue
+        if isinstance(ds, (str, bytes, torch.Tensor)) or not (
+            hasattr(ds, "__len__") and hasattr(ds, "__getitem__")
+        ):
+            raise UserError(
+                f"data={name}: Splits.{split} is {type(ds).__name__}, not a map-style Dataset "
+                "(with __len__ and __getitem__ returning a tuple such as (x, y))",
+                CONTRACT,
+            )
+    if len(made.train) == 0:  # type: ignore[arg-type]
+        raise UserError(f"data={name}: the training split is empty", "check data.root")
+    first = made.train[0]
+    if first is not None and not isinstance(first, (tuple, list)):
+        raise UserError(
+            f"data={name}: a training sample is {type(first).__name__}, not a tuple such as (x, y)",
+            CONTRACT,
+        )
+    return made
 
-        target = Path(root or "data").expanduser()
-        for train in (True, False):
-            FashionMNIST(str(target), train=train, download=True)
-        return _find_fashion(str(target), download=False)
-    where = ", ".join(str(r) for r in roots)
-    raise UserError(
-        f"Fashion-MNIST not found in {where} (looked for {FASHION_FILES['train_x']}[.gz] and 3 more)",
-        "install it with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), point data.root "
-        "at a folder holding the four files, or set data.download=true to fetch them (needs internet)",
+
+# ---------------------------------------------------------------------------------------------
+# how streamed datasets are read
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loading:
+    """DataLoader settings of a streamed dataset (data.num_workers & co, resolved)."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = True
+    prefetch_factor: int | None = None
+
+    def loader_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers:
+            args["persistent_workers"] = self.persistent_workers
+            args["prefetch_factor"] = self.prefetch_factor
+        return args
+
+
+def auto_workers(local_world_size: int) -> int:
+    """DataLoader workers per rank when data.num_workers is null: the cores this process may use
+    shared by the node's ranks, one left to each rank's own process, at most 32."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(32, (cores or 1) // max(1, local_world_size) - 1))
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The RNG seed of one sample's random transforms in one epoch."""
+    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % (2**63)
+
+
+def _hook(dataset: Any, name: str) -> Callable[..., Any] | None:
+    """A dataset's optional `collate` / `on_device`, looked up through Subset views."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return getattr(dataset, name, None)
+
+
+class _Keyed(Dataset[Any]):
+    """Reads sample i of `epoch` from key (epoch, i) with torch's RNG seeded for that sample."""
+
+    def __init__(self, dataset: Dataset[Any], seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            return self.dataset[index]
+
+
+def _streamed(
+    dataset: Dataset[Any],
+    sampler: Sampler[Any] | Sequence[Any],
+    batch_size: int,
+    loading: Loading,
+    seed: int,
+) -> DataLoader[Any]:
+    return DataLoader(
+        _Keyed(dataset, seed),
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=_hook(dataset, "collate") or default_collate,
+        **loading.loader_args(),
     )
 
 
-FASHION_SHAPES = {  # what each file's IDX header may declare: (images or labels, rows, cols)
-    "train_x": (60000, 28, 28),
-    "train_y": (60000,),
-    "val_x": (10000, 28, 28),
-    "val_y": (10000,),
-}
+def _to_device(dataset: Dataset[Any], device: torch.device) -> Callable[[Any], tuple[Any, ...]]:
+    finish = _hook(dataset, "on_device")
+    if finish is not None:
+        return lambda batch: tuple(finish(batch, device))
+    return lambda batch: tuple(t.to(device, non_blocking=True) for t in batch)
 
 
-def _read_idx(path: Path, limit: tuple[int, ...]) -> torch.Tensor:
-    """Read an IDX file of bytes (optionally gzipped) into a uint8 tensor: its header first,
-    checked against `limit` (at most limit[0] items, each of exactly limit[1:]), then exactly
-    the bytes it declares, so a small .gz that expands without end is never read whole."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as f:
-            dims = _idx_header(path, f.read(4 + 4 * len(limit)), limit)
-            size = 1
-            for d in dims:
-                size *= d
-            body, extra = f.read(size), f.read(1)
-    except (OSError, EOFError, zlib.error) as e:
-        raise UserError(
-            f"data file {path} is unreadable or corrupt ({e})", "reinstall or re-download it"
-        ) from None
-    if len(body) != size or extra:
-        raise UserError(
-            f"data file {path} is truncated or corrupt ({len(body)}{'+' if extra else ''} bytes "
-            f"of data, its header declares {size})",
-            "reinstall or re-download it",
-        )
-    return torch.frombuffer(bytearray(body), dtype=torch.uint8).view(*dims)
-
-
-def _idx_header(path: Path, head: bytes, limit: tuple[int, ...]) -> list[int]:
-    """The dimensions an IDX header declares, checked against `limit`."""
-    ndim = len(limit)
-    if len(head) != 4 + 4 * ndim or head[:3] != b"\x00\x00\x08" or head[3] != ndim:
-        raise UserError(
-            f"data file {path} is not an IDX file of {'images' if ndim == 3 else 'labels'} "
-            "(bad header)",
-            "reinstall or re-download it",
-        )
-    dims = [int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    if dims[0] > limit[0] or dims[1:] != list(limit[1:]):
-        raise UserError(
-            f"data file {path} is not Fashion-MNIST's: its header declares "
-            f"{' x '.join(map(str, dims))}, expected {' x '.join(['N', *map(str, limit[1:])])} "
-            f"with N <= {limit[0]}",
-            "point data.root at the four Fashion-MNIST files (reinstall or re-download them)",
-        )
-    return dims
-
-
-def _check_fashion(
-    root: str | None = None, download: bool = False, normalize: str = "standard", **_: Any
-) -> None:
-    if normalize not in ("standard", "tanh"):
-        raise UserError(
-            f"data.normalize: '{normalize}' is not one of: standard, tanh",
-            "standard = mean/std, tanh = [-1, 1]",
-        )
-    if not download:
-        _find_fashion(root)
-
-
-@register("datasets", check=_check_fashion)
-def fashion_mnist(
-    root: str | None = None,
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: int = 0,
-    subset: int | None = None,
-) -> Splits:
-    """Fashion-MNIST (60k/10k 28x28 grey images, 10 classes), normalised, held in memory.
-
-    With `val_split` > 0 the last `val_split` training images validate and the 10k test images
-    are only evaluated at the end (test/ metrics, as a tuning study needs); `subset` keeps the
-    first N training images (quick runs).
-    """
-    files = _find_fashion(root, download)
-    mean, std = (FASHION_MEAN, FASHION_STD) if normalize == "standard" else (0.5, 0.5)
-
-    def images(key: str) -> torch.Tensor:
-        x = _read_idx(files[key], FASHION_SHAPES[key]).unsqueeze(1).float().div_(255.0)
-        return x.sub_(mean).div_(std)
-
-    def labels(key: str) -> torch.Tensor:
-        return _read_idx(files[key], FASHION_SHAPES[key]).long()
-
-    train_x, val_x = images("train_x"), images("val_x")
-    train_y, val_y = labels("train_y"), labels("val_y")
-    for x, y, key in ((train_x, train_y, "train_y"), (val_x, val_y, "val_y")):
-        if len(x) != len(y):
-            raise UserError(
-                f"data file {files[key]} has {len(y)} labels for {len(x)} images", "reinstall it"
-            )
-    info = DataInfo((1, 28, 28), 10)
-    if not 0 <= val_split < len(train_x) - 1:
-        raise UserError(
-            f"data.val_split={val_split} must be in [0, {len(train_x) - 1})", "e.g. 5000"
-        )
-    test = None
-    if val_split:
-        test = TensorDataset(val_x, val_y)
-        val_x, val_y = train_x[-val_split:], train_y[-val_split:]
-        train_x, train_y = train_x[:-val_split], train_y[:-val_split]
-    if subset is not None:
-        train_x, train_y = train_x[:subset], train_y[:subset]
-    return Splits(TensorDataset(train_x, train_y), TensorDataset(val_x, val_y), info, test)
-
-
-# ---------------------------------------------------------------------------------------------
-# synthetic
-# ---------------------------------------------------------------------------------------------
-
-
-@register("datasets")
-def synthetic(
-    task: str = "classification",
-    shape: Sequence[int] = (3, 32, 32),
-    num_classes: int = 10,
-    num_samples: int = 4096,
-    val_samples: int = 1024,
-    noise: float = 0.1,
-    seed: int = 0,
-) -> Splits:
-    """Deterministic random data: labels (or targets) from a fixed random linear teacher."""
-    if task not in ("classification", "regression"):
-        raise UserError(f"data.task: '{task}' is not one of: classification, regression")
-    if num_samples < 1 or val_samples < 0 or num_classes < 1:
-        raise UserError("data: num_samples and num_classes must be >= 1, val_samples >= 0")
-    g = torch.Generator().manual_seed(seed)
-    dim = 1
-    for s in shape:
-        dim *= int(s)
-    teacher = torch.randn(dim, num_classes, generator=g) / dim**0.5
-    bias = torch.randn(num_classes, generator=g)
-
-    def make(n: int) -> TensorDataset:
-        x = torch.randn(n, *shape, generator=g)
-        out = x.reshape(n, dim) @ teacher + bias
-        if task == "classification":
-            return TensorDataset(x, out.argmax(1))
-        return TensorDataset(x, out + noise * torch.randn(n, num_classes, generator=g))
-
-    train, val = make(num_samples), make(val_samples) if val_samples else None
-    return Splits(train, val, DataInfo(tuple(int(s) for s in shape), num_classes))
-
-
-# ---------------------------------------------------------------------------------------------
-# per-rank iteration
-# ---------------------------------------------------------------------------------------------
-
-
-class _Order(Sampler[int]):
-    """The indices of the current epoch; one DataLoader (and its persistent workers) reads it."""
+class _Order(Sampler[tuple[int, int]]):
+    """The (epoch, index) keys of the current epoch; one DataLoader (and its persistent
+    workers) reads it."""
 
     def __init__(self) -> None:
-        self.indices: list[int] = []
+        self.keys: list[tuple[int, int]] = []
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.keys)
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.keys)
 
 
 AUGMENTS = ("none", "flip", "crop_flip")
@@ -281,7 +218,7 @@ class TrainBatches:
     Order comes from DistributedSampler (seed + epoch), so it depends only on the seed, the epoch
     and the world size: a resumed run sees exactly the batches the interrupted one would have.
     In-memory datasets are batched by indexing whole tensors (resident on the GPU when asked);
-    others go through one DataLoader whose workers persist across epochs.
+    others are streamed by one DataLoader whose workers persist across epochs.
     """
 
     def __init__(
@@ -292,7 +229,7 @@ class TrainBatches:
         world_size: int,
         seed: int,
         device: torch.device,
-        num_workers: int = 0,
+        loading: Loading = Loading(),
         resident: bool = False,
         augment: str = "none",
     ) -> None:
@@ -302,6 +239,7 @@ class TrainBatches:
             device,
             augment,
         )
+        self.loading, self.seed = loading, seed
         n = len(dataset)  # type: ignore[arg-type]
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
@@ -319,15 +257,22 @@ class TrainBatches:
         if isinstance(dataset, TensorDataset):
             self.tensors = tuple(t.to(device) if resident else t for t in dataset.tensors)
         else:
-            self._loader = DataLoader(
-                dataset,
-                batch_size=batch_size,
-                sampler=self._order,
-                num_workers=num_workers,
-                pin_memory=device.type == "cuda",
-                drop_last=True,
-                persistent_workers=num_workers > 0,
+            self._loader = _streamed(dataset, self._order, batch_size, loading, seed)
+        self._finish = _to_device(dataset, device)
+
+    def describe(self) -> str:
+        """How batches reach the model, for the run's first log line."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.tensors is not None:
+            where = self.tensors[0].device
+            return f"data {n} samples in memory on {where}" + (
+                "" if where == self.device else f", copied per batch to {self.device}"
             )
+        extra = _hook(self.dataset, "describe")
+        return (
+            f"data {n} samples streamed by {self.loading.num_workers} DataLoader worker(s) per "
+            f"rank{f' ({extra()})' if extra else ''}"
+        )
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
         """Yield this rank's batches of `epoch`, skipping the first `start` (a resumed epoch)."""
@@ -338,8 +283,8 @@ class TrainBatches:
             batches = _index_batches(self.tensors, indices, self.batch_size, self.device)
         else:
             assert self._loader is not None
-            self._order.indices = indices
-            batches = (tuple(t.to(self.device, non_blocking=True) for t in b) for b in self._loader)
+            self._order.keys = [(epoch, i) for i in indices]
+            batches = map(self._finish, self._loader)
         for batch in batches:
             if self.augment != "none":
                 batch = (augment(batch[0], self.augment), *batch[1:])
@@ -360,9 +305,15 @@ def _index_batches(
 
 
 def val_batches(
-    dataset: Dataset[Any], batch_size: int, rank: int, world_size: int, device: torch.device
+    dataset: Dataset[Any],
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    loading: Loading = Loading(),
 ) -> Iterator[tuple[torch.Tensor, ...]]:
-    """This rank's share of the validation set, without padding: every sample counted once."""
+    """This rank's share of a validation or test set, without padding: every sample counted
+    once (streamed sets by fresh DataLoader workers, which end with the pass)."""
     n = len(dataset)  # type: ignore[arg-type]
     indices = list(range(rank, n, world_size))
     if isinstance(dataset, TensorDataset):
@@ -372,8 +323,6 @@ def val_batches(
             sel = idx[start : start + batch_size]
             yield tuple(t.index_select(0, sel).to(device, non_blocking=True) for t in tensors)
         return
-    loader = DataLoader(
-        dataset, batch_size=batch_size, sampler=indices, pin_memory=device.type == "cuda"
-    )
-    for batch in loader:
-        yield tuple(t.to(device, non_blocking=True) for t in batch)
+    once = Loading(loading.num_workers, loading.pin_memory, False, loading.prefetch_factor)
+    keys = [(-1, i) for i in indices]
+    yield from map(_to_device(dataset, device), _streamed(dataset, keys, batch_size, once, 0))

@@ -77,7 +77,14 @@ def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]
     for m in parts.models.values():
         m.eval()
     with torch.no_grad():
-        batches = val_batches(data, parts.val_batch_size, env.rank, env.world_size, ctx.device)
+        batches = val_batches(
+            data,
+            parts.val_batch_size,
+            env.rank,
+            env.world_size,
+            ctx.device,
+            parts.batches.loading,
+        )
         for batch in itertools.islice(batches, parts.limit_val_batches):
             for k, (s, n) in parts.step.val_step(ctx, batch).items():
                 acc = sums.setdefault(k, [0.0, 0.0])

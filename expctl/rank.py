@@ -51,15 +51,15 @@ def main(
             with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
                 parts = build(cfg, env, device)
             rows = _restore(cfg, env, parts, state, run_dir)
-        except UserError:
+            hooks.on_start(run_dir)
+            return run_dir, _train(cfg, env, parts, state, ctl, hooks, run_dir, rows, device)
+        except UserError:  # a bad value or file, met before anything was saved: leave nothing
             if env.is_main:
                 setup_logging(None, True)  # release train.log
                 if held is not None:
                     held.release()
                 rundir.discard_if_unstarted(run_dir)
             raise
-        hooks.on_start(run_dir)
-        return run_dir, _train(cfg, env, parts, state, ctl, hooks, run_dir, rows, device)
     except Preempted as e:
         log.warning("stop signal: checkpoint of step %d saved in %s", state.step, cfg.run.dir)
         hooks.on_stop(state.step, ln.signal)
@@ -148,7 +148,7 @@ def _log_start(
 ) -> None:
     log.info(
         "run %s | %s x %d rank(s) on %s%s | precision %s | global batch %d (%d per rank x %d accum)"
-        " | %d steps left%s",
+        " | %d steps left | %s%s",
         run_dir,
         env.source,
         env.world_size,
@@ -159,6 +159,7 @@ def _log_start(
         cfg.data.batch_size,
         cfg.train.grad_accum,
         parts.total_steps - state.step,
+        parts.batches.describe(),
         f" | validation limited to {parts.limit_val_batches} batch(es) per rank"
         if parts.limit_val_batches
         else "",

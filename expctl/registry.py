@@ -33,7 +33,12 @@ _SECTIONS = {
     "losses": "loss",
     "steps": "train.step",
 }
-_BUILTIN_MODULES = ("expctl.models", "expctl.data", "expctl.optim", "expctl.steps")
+_BUILTIN_MODULES = (
+    "expctl.models",
+    *(f"expctl.datasets.{m}" for m in ("idx", "vision", "images", "arrays", "synthetic")),
+    "expctl.optim",
+    "expctl.steps",
+)
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,31 @@ def tmpfs(path: Path, kib: int, read_only: bool = False, fill: bool = False) -> 
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def image_tree(root: Path, classes: int = 3, per_class: int = 12, seed: int = 0) -> Path:
+    """Class-per-folder images written with Pillow: JPEG and PNG, grey, RGB, RGBA, CMYK and
+    palette images of varied sizes (14-40 px), each class a different mean colour."""
+    import random
+
+    from PIL import Image
+
+    rng = random.Random(seed)
+    modes = [("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")]
+    for c in range(classes):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            mode, fmt = modes[(i + c) % len(modes)]
+            size = (rng.randint(14, 40), rng.randint(14, 40))
+            shade = 40 + 80 * c + rng.randint(-20, 20)
+            image = Image.new("RGB", size, (shade, 255 - shade, (shade * 3) % 256))
+            for _ in range(20):  # some texture
+                x, y = rng.randrange(size[0]), rng.randrange(size[1])
+                image.putpixel((x, y), (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
+            image = image.convert(mode)
+            suffix = ".jpg" if fmt == "JPEG" else ".png"
+            image.save(
+                folder / f"img_{i:03d}{suffix}", fmt, **({"quality": 90} if fmt == "JPEG" else {})
+            )
+    return root

@@ -70,14 +70,14 @@ def _idx_gz(path: Path, dims: tuple[int, ...], body: int, extra_mib: int = 0) ->
 def test_a_gzip_bomb_is_read_only_as_far_as_its_header_declares(tmp_path: Path) -> None:
     """A small .gz whose stream goes on past what its header declares (48 MiB here, GiBs in
     the wild) is refused after reading the declared bytes, never read whole."""
-    from expctl import data
+    from expctl.datasets import idx as data
 
     path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", (10, 28, 28), 7840, extra_mib=48)
     assert path.stat().st_size < 1 << 20
     tracemalloc.start()
     try:
         with pytest.raises(UserError, match=r"train-images-idx3-ubyte\.gz is truncated or corrupt"):
-            data._read_idx(path, data.FASHION_SHAPES["train_x"])
+            data.read_idx(path, data.IDX_SHAPES["train_x"])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -95,21 +95,21 @@ def test_a_gzip_bomb_is_read_only_as_far_as_its_header_declares(tmp_path: Path) 
 def test_an_idx_header_beyond_fashion_mnist_is_refused_before_reading(
     tmp_path: Path, dims: tuple[int, ...], expected: str
 ) -> None:
-    from expctl import data
+    from expctl.datasets import idx as data
 
     path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", dims, 16)
     with pytest.raises(UserError, match=expected) as e:
-        data._read_idx(path, data.FASHION_SHAPES["train_x"])
+        data.read_idx(path, data.IDX_SHAPES["train_x"])
     assert str(path) in e.value.message
 
 
 def test_the_real_fashion_mnist_files_are_read_whole() -> None:
-    from expctl import data
+    from expctl.datasets import idx as data
 
     try:
-        files = data._find_fashion(None)
+        files = data.find_idx("fashion_mnist", None)
     except UserError:
         pytest.skip("Fashion-MNIST is not installed (.ci/setup installs it)")
-    x = data._read_idx(files["val_x"], data.FASHION_SHAPES["val_x"])
-    y = data._read_idx(files["val_y"], data.FASHION_SHAPES["val_y"])
+    x = data.read_idx(files["val_x"], data.IDX_SHAPES["val_x"])
+    y = data.read_idx(files["val_y"], data.IDX_SHAPES["val_y"])
     assert tuple(x.shape) == (10000, 28, 28) and tuple(y.shape) == (10000,)

@@ -327,7 +327,7 @@ BAD = [
     (["trian.max_epochs=1"], "Did you mean 'train.max_epochs'"),
     (["precision=bf16"], "Did you mean 'train.precision'"),
     (["max_epochs=2"], "Did you mean 'train.max_epochs'"),
-    (["data.root=/nonexistent"], "Fashion-MNIST not found in /nonexistent"),
+    (["data.root=/nonexistent"], "data=fashion_mnist: not found under /nonexistent"),
     (["optim=sgd", "optim.momentum=fast"], "optim.momentum: expected float"),
     (["optim.lr=nan"], "optim.lr=nan: not a finite number"),
     (["launcher.rdzv_timeout=inf"], "launcher.rdzv_timeout=inf: not a finite number"),

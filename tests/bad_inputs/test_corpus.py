@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import image_tree
 
 from expctl import cli
+
+TINY_IMAGES = ["data=image_folder", "data.image_size=8", "data.batch_size=4", "model=mlp"]
 
 CORPUS: list[tuple[list[str], str]] = [
     (["run", "-C", "missing.yml"], "no such file"),
@@ -36,7 +39,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "train.precision=fp8"], "not one of: auto, 32, bf16, 16"),
     (["run", "train.device=tpu"], "not one of: auto, cpu, cuda"),
     (["run", "optim.lr=fast"], "optim.lr: expected float"),
-    (["run", "data.root=/nonexistent/fm"], "Fashion-MNIST not found"),
+    (["run", "data.root=/nonexistent/fm"], "data=fashion_mnist: not found under /nonexistent/fm"),
     (["run", "data.root=corrupt_data"], "truncated or corrupt"),
     (["run", "imports=[no_such_module_xyz]"], "cannot import module"),
     (["run", "launcher.nproc=2"], "launcher=local"),
@@ -90,7 +93,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "launcher=slurm", "+launcher.sbatch.comment='a;b'"], "sbatch values may only hold"),
     (["run", "+env.BAD-NAME=1"], "not an environment variable name"),
     (["run", "imports=['os;rm']"], "cannot import module"),
-    (["run", "data.root='$(reboot)'"], "Fashion-MNIST not found in $(reboot)"),
+    (["run", "data.root='$(reboot)'"], "not found under $(reboot)"),
     (["run", "-C", "../nope/../x.yml"], "no such file"),
     (["show", "-C", "broken.yml"], "not valid YAML"),
     (["sweep", "table", "."], "not a sweep directory"),
@@ -162,6 +165,28 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "imports=[corpus_syntax_error]"], "failed to import at "),
     (["run", "imports=[corpus_raises]"], "RuntimeError: no GPU license found"),
     (["run", "imports=[corpus_exits]"], "failed to import at "),
+    # issue 11: real data, your own files
+    (["run", "data=image_folder", "data.root=nowhere"], "data.root: nowhere does not exist"),
+    (["run", "data=image_folder", "data.root=empty_images"], "holds no class folders"),
+    (["run", "data=image_folder", "data.root=no_images", "data.val_split=1"], "folder(s) dog in"),
+    (["run", "data=image_folder", "data.root=images", "data.val=valid"], "data.val: no folder"),
+    (["run", "data=image_folder", "data.root=images", "data.train=trian"], "data.train: no folder"),
+    (["run", "data=image_folder", "data.root=images/train"], "what validates?"),
+    (["run", *TINY_IMAGES, "data.root=corrupt_images"], "cannot be decoded"),
+    (["run", *TINY_IMAGES, "data.root=images", "data.preset=rotate"], "not one of: imagenet"),
+    (["run", *TINY_IMAGES, "data.root=images", "data.decode=gpu"], "needs a CUDA device"),
+    (["run", "data=cifar10", "data.root=nowhere"], "cifar-10-batches-py/data_batch_1"),
+    (["run", "data=mnist", "data.root=nowhere"], "data=mnist: not found under nowhere"),
+    (["run", "data=emnist", "data.root=nowhere"], "data=emnist: not found under nowhere"),
+    (["run", "data=flowers102", "data.root=nowhere"], "flowers-102/ with jpg/"),
+    (["run", "data=eurosat", "data.root=nowhere"], "eurosat/2750/"),
+    (["run", "data=fashion_mnist", "data.val_split=70000"], "does not split 60000"),
+    (["run", "data=arrays"], "needs argument 'train'"),
+    (["run", "data=arrays", "data.train=missing.csv"], "missing.csv does not exist"),
+    (["run", "data=arrays", "data.train=notes.txt"], "is not a .csv, .npy or .npz file"),
+    (["run", "data=arrays", "data.train=table.csv", "data.target=nope"], "no column 'nope'"),
+    (["run", "data=arrays", "data.train=table.csv", "data.task=ranking"], "not one of"),
+    (["run", "imports=[corpus_bad_dataset]", "data=pair"], "returned tuple, not expctl.Splits"),
 ]
 
 
@@ -198,7 +223,31 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "corpus_syntax_error.py").write_text("def broken(:\n    pass\n")
     (tmp_path / "corpus_raises.py").write_text("raise RuntimeError('no GPU license found')\n")
     (tmp_path / "corpus_exits.py").write_text("raise SystemExit(0)\n")
+    _image_inputs(tmp_path)
     return tmp_path
+
+
+def _image_inputs(tmp_path: Path) -> None:
+    """Image folders (good, empty, with an empty class, all corrupt), a table and a dataset
+    plugin that breaks the contract."""
+    image_tree(tmp_path / "images" / "train", classes=2, per_class=4)
+    image_tree(tmp_path / "images" / "val", classes=2, per_class=2)
+    (tmp_path / "empty_images").mkdir()
+    image_tree(tmp_path / "no_images" / "cat", classes=1, per_class=2)
+    (tmp_path / "no_images" / "dog").mkdir()
+    (tmp_path / "no_images" / "dog" / "notes.txt").write_text("no image here")
+    for split in ("train", "val"):
+        bad = image_tree(tmp_path / "corrupt_images" / split, classes=2, per_class=2)
+        for p in bad.rglob("*.*"):
+            p.write_bytes(p.read_bytes()[:40])
+    (tmp_path / "table.csv").write_text("a,b,y\n1,2,0\n3,4,1\n")
+    (tmp_path / "corpus_bad_dataset.py").write_text(
+        "import expctl, torch\n"
+        "@expctl.register('datasets')\n"
+        "def pair():\n"
+        "    ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4).long())\n"
+        "    return ds, ds\n"
+    )
 
 
 # the "billion laughs": 9**9 strings from 400 bytes, once its aliases are expanded

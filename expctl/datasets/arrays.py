@@ -1,0 +1,274 @@
+"""``data=arrays``: features and targets from your own .csv, .npy or .npz files, in memory.
+
+- CSV: one row per sample, a header row optional; the target is the column named (or numbered)
+  by ``target``, by default the last; ``features`` picks columns (default: all the others).
+  Class labels may be words (sorted, then numbered).
+- .npy: one 2-D array, the target in column ``target`` (default: the last).
+- .npz: arrays ``x`` and ``y`` (or ``X``/``y``, ``features``/``targets``); a single .npz may hold
+  all splits as ``x_train``, ``y_train``, ``x_val``, ``y_val``, ``x_test``, ``y_test``.
+
+Classification targets are integer labels (``num_classes`` = the number of distinct ones);
+regression targets are floats (``num_classes`` = the number of target columns, the model's
+outputs). Features are standardised with the training split's mean and std unless
+``standardize=false``.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from expctl.data import DataInfo, Splits
+from expctl.datasets.tensors import carve
+from expctl.errors import UserError
+from expctl.registry import register
+
+TASKS = ("classification", "regression")
+SUFFIXES = (".csv", ".npy", ".npz")
+MAX_BYTES = 8 * 2**30  # one file read whole into memory
+
+
+def _path(key: str, value: str) -> Path:
+    path = Path(value).expanduser()
+    if path.suffix.lower() not in SUFFIXES:
+        raise UserError(
+            f"data.{key}: {value} is not a .csv, .npy or .npz file", "convert it to one of them"
+        )
+    if not path.is_file():
+        raise UserError(
+            f"data.{key}: {value} does not exist",
+            "check the path (relative to the current directory)",
+        )
+    if path.stat().st_size > MAX_BYTES:
+        raise UserError(
+            f"data.{key}: {value} is larger than {MAX_BYTES >> 30} GiB",
+            "stream it with a dataset plugin",
+        )
+    return path
+
+
+def _check(
+    train: str = "",
+    val: str | None = None,
+    test: str | None = None,
+    task: str = "classification",
+    **_: Any,
+) -> None:
+    if task not in TASKS:
+        raise UserError(f"data.task: '{task}' is not one of: {', '.join(TASKS)}", "set data.task")
+    for key, value in (("train", train), ("val", val), ("test", test)):
+        if value:
+            _path(key, value)
+
+
+def _column(target: str | int | None, header: list[str] | None, width: int, where: Path) -> int:
+    if target is None:
+        return width - 1
+    if isinstance(target, int) or (isinstance(target, str) and target.lstrip("-").isdigit()):
+        index = int(target)
+        if -width <= index < width:
+            return index % width
+    elif header and target in header:
+        return header.index(target)
+    raise UserError(
+        f"data.target: no column {target!r} in {where} "
+        f"(columns: {', '.join(header) if header else f'0..{width - 1}'})",
+        "name a column of the file (or its number); default: the last",
+    )
+
+
+def _read_csv(
+    path: Path, target: str | int | None, features: list[Any] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        rows = [r for r in csv.reader(f) if r]
+    if not rows:
+        raise UserError(f"data: {path} is empty", "give a CSV with one row per sample")
+    header = None
+    if not all(_is_number(v) for v in rows[0][:-1]) or (
+        len(rows) > 1 and _is_number(rows[1][-1]) and not _is_number(rows[0][-1])
+    ):
+        header, rows = [h.strip() for h in rows[0]], rows[1:]
+    width = len(header or rows[0])
+    bad = next((i for i, r in enumerate(rows) if len(r) != width), None)
+    if bad is not None:
+        raise UserError(
+            f"data: {path} row {bad + 1 + bool(header)} has {len(rows[bad])} values, not {width}",
+            "fix the file",
+        )
+    y_col = _column(target, header, width, path)
+    cols = (
+        [_column(c, header, width, path) for c in features]
+        if features
+        else [c for c in range(width) if c != y_col]
+    )
+    try:
+        x = np.array([[float(r[c]) for c in cols] for r in rows], dtype=np.float32)
+    except ValueError as e:
+        raise UserError(
+            f"data: {path} has a non-numeric feature value ({e})",
+            "features must be numbers; pick columns with data.features",
+        ) from None
+    return x, np.array([r[y_col].strip() for r in rows])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _read(
+    path: Path, target: str | int | None, features: list[Any] | None, split: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(features, targets) of one split from `path`; None when an .npz lacks that split."""
+    if path.suffix.lower() == ".csv":
+        return _read_csv(path, target, features)
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"data: {path} is not a readable NumPy file ({e})",
+            "save it with numpy.save / numpy.savez",
+        ) from None
+    if isinstance(loaded, np.ndarray):
+        if loaded.ndim != 2:
+            raise UserError(
+                f"data: {path} holds a {loaded.ndim}-D array",
+                "save one 2-D array: a row per sample, the target in one column",
+            )
+        y_col = _column(target, None, loaded.shape[1], path)
+        return np.delete(loaded, y_col, axis=1).astype(np.float32), loaded[:, y_col]
+    keys = set(loaded.files)
+    for x_key, y_key in (
+        (f"x_{split}", f"y_{split}"),
+        ("x", "y"),
+        ("X", "y"),
+        ("features", "targets"),
+    ):
+        if {x_key, y_key} <= keys:
+            return loaded[x_key].astype(np.float32), loaded[y_key]
+    if split != "train" and "x_train" in keys:
+        return None
+    raise UserError(
+        f"data: {path} holds arrays {', '.join(sorted(keys)) or '(none)'}",
+        "name them x and y (or x_train, y_train, x_val, y_val, x_test, y_test)",
+    )
+
+
+@register("datasets", check=_check)
+def arrays(
+    train: str,
+    val: str | None = None,
+    test: str | None = None,
+    task: str = "classification",
+    target: str | int | None = None,
+    features: list[str | int] | None = None,
+    val_split: float = 0,
+    standardize: bool = True,
+) -> Splits:
+    """Your own table: features and targets from .csv, .npy or .npz files (see the module doc)."""
+    _check(train, val, test, task)
+    first = _path("train", train)
+    found: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
+        "train": _read(first, target, features, "train")
+    }
+    for split, value in (("val", val), ("test", test)):
+        found[split] = (
+            _read(_path(split, value), target, features, split)
+            if value
+            else (
+                _read(first, target, features, split)
+                if first.suffix == ".npz" and split != "train"
+                else None
+            )
+        )
+    train_xy = found["train"]
+    assert train_xy is not None
+    if val_split:  # hold part of train out; the given val (or test) file is then the test set
+        keep, held = carve(len(train_xy[0]), val_split)
+        found["test"] = found["test"] if found["test"] is not None else found["val"]
+        found["val"] = train_xy[0][held], train_xy[1][held]
+        found["train"] = train_xy = train_xy[0][keep], train_xy[1][keep]
+    elif found["val"] is None:  # the test file (if any) validates
+        found["val"], found["test"] = found["test"], None
+    classes, encode = _targets(task, train_xy[1])
+    sets = {k: _tensors(v, encode, standardize, train_xy[0], k) for k, v in found.items() if v}
+    y = sets["train"].tensors[1]
+    outputs = len(classes) if classes is not None else (1 if y.dim() == 1 else y.shape[1])
+    info = DataInfo(tuple(sets["train"].tensors[0].shape[1:]), outputs, classes)
+    return Splits(sets["train"], sets.get("val"), info, sets.get("test"))
+
+
+def _targets(task: str, y: np.ndarray) -> tuple[tuple[str, ...] | None, Any]:
+    """Class names and the encoder of target arrays (None for regression)."""
+    if task == "regression":
+
+        def to_float(v: np.ndarray) -> torch.Tensor:
+            try:
+                out = torch.as_tensor(v.astype(np.float32))
+            except ValueError as e:
+                raise UserError(
+                    f"data: a regression target is not a number ({e})",
+                    "or set data.task=classification",
+                ) from None
+            return out.unsqueeze(1) if out.dim() == 1 else out
+
+        return None, to_float
+    if y.ndim != 1:
+        raise UserError(
+            f"data: classification targets must be one column, got shape {y.shape}",
+            "or set data.task=regression",
+        )
+    values = [str(v) for v in y]
+    numeric = all(_is_number(v) and float(v) == int(float(v)) for v in values)
+    names = sorted(set(values), key=lambda v: (float(v) if numeric else 0, v))
+    if numeric:
+        n = int(max(float(v) for v in values)) + 1
+        if min(float(v) for v in values) < 0:
+            raise UserError("data: integer class labels must be >= 0", "number classes from 0")
+        names = [str(i) for i in range(n)]
+    index = {v: i for i, v in enumerate(names)}
+
+    def to_labels(v: np.ndarray) -> torch.Tensor:
+        key = [str(int(float(s))) if numeric and _is_number(str(s)) else str(s) for s in v]
+        unknown = sorted(set(key) - set(index))
+        if unknown:
+            raise UserError(
+                f"data: class label(s) {', '.join(unknown[:5])} do not occur in the training split",
+                "give every split the same classes",
+            )
+        return torch.tensor([index[k] for k in key], dtype=torch.long)
+
+    return tuple(names), to_labels
+
+
+def _tensors(
+    xy: tuple[np.ndarray, np.ndarray], encode: Any, standardize: bool, ref: np.ndarray, split: str
+) -> TensorDataset:
+    x, y = xy
+    if x.shape[1:] != ref.shape[1:]:
+        raise UserError(
+            f"data.{split}: features of shape {x.shape[1:]}, the training split has {ref.shape[1:]}",
+            "give every split the same columns",
+        )
+    if len(x) != len(y):
+        raise UserError(
+            f"data.{split}: {len(x)} feature rows, {len(y)} targets", "give one target per row"
+        )
+    if not np.isfinite(x).all():
+        raise UserError(
+            f"data.{split}: the features hold NaN or infinite values", "clean or impute them first"
+        )
+    xt = torch.as_tensor(x)
+    if standardize:
+        mean, std = ref.mean(axis=0), ref.std(axis=0)
+        xt = (xt - torch.as_tensor(mean)) / torch.as_tensor(np.where(std > 0, std, 1.0))
+    return TensorDataset(xt.float(), encode(y))

@@ -1,0 +1,319 @@
+"""Real data: datasets read from files in their own on-disk formats, your own images and tables,
+the dataset contract, and the streamed data path (DataLoader workers, DDP shards)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import expctl, image_tree, run_dirs
+from torch.utils.data import Dataset
+
+from expctl.data import Loading, TrainBatches, check_splits, val_batches
+from expctl.datasets.arrays import arrays
+from expctl.datasets.idx import fashion_mnist, find_idx
+from expctl.datasets.images import CorruptImage, ImageFiles, image_folder
+from expctl.datasets.vision import cifar10
+from expctl.errors import UserError
+
+CPU = torch.device("cpu")
+
+
+class Indexed(Dataset[Any]):
+    """Sample i is (i as a float tensor, a random draw): which samples a rank read, and what its
+    random transforms drew."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([float(i)]), torch.rand(1)
+
+
+def _epoch(workers: int, rank: int, epoch: int, n: int = 103) -> list[torch.Tensor]:
+    batches = TrainBatches(Indexed(n), 5, rank, 2, 7, CPU, Loading(workers))
+    return list(batches.epoch(epoch))
+
+
+def test_streamed_ranks_read_each_sample_once_per_epoch() -> None:
+    seen: list[int] = []
+    for rank in (0, 1):
+        for x, _ in _epoch(2, rank, epoch=0):
+            seen += x.view(-1).long().tolist()
+    assert len(seen) == len(set(seen)) == 2 * (103 // 2 // 5) * 5  # 100: full batches only
+    again = [int(v) for x, _ in _epoch(2, 0, epoch=1) for v in x.view(-1)]
+    assert again != seen[:50], "each epoch has its own order"
+
+
+def test_streamed_random_transforms_do_not_depend_on_num_workers() -> None:
+    """Seeded per (seed, epoch, index): the same draws with 0, 1 or 2 DataLoader workers."""
+    draws = {}
+    for workers in (0, 1, 2):
+        draws[workers] = torch.cat([r for _, r in _epoch(workers, 1, epoch=2)])
+    assert torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])
+    assert len(set(draws[0].view(-1).tolist())) == draws[0].numel(), "each sample its own draw"
+
+
+def test_validation_is_streamed_whole_with_workers() -> None:
+    got = [
+        int(v)
+        for rank in (0, 1)
+        for x, _ in val_batches(Indexed(11), 4, rank, 2, CPU, Loading(2))
+        for v in x.view(-1)
+    ]
+    assert sorted(got) == list(range(11))
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_factory_returning_the_wrong_type_is_named_with_the_contract() -> None:
+    with pytest.raises(UserError, match=r"returned tuple, not expctl.Splits") as e:
+        check_splits("mine", (Indexed(3), Indexed(3)))
+    assert "expctl.DataInfo(input_shape=" in (e.value.hint or "")
+    import expctl
+
+    with pytest.raises(UserError, match=r"Splits.train is Tensor, not a map-style Dataset"):
+        check_splits("mine", expctl.Splits(torch.zeros(3), None, expctl.DataInfo((1,), 2)))  # type: ignore[arg-type]
+    with pytest.raises(UserError, match=r"a training sample is int, not a tuple"):
+        check_splits("mine", expctl.Splits([1, 2], None, expctl.DataInfo((1,), 2)))  # type: ignore[arg-type]
+
+
+PLUGIN = """
+import torch
+from torch import nn
+import expctl
+
+@expctl.register("datasets")
+def blobs(n: int = 96) -> expctl.Splits:
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 3
+    x = torch.randn(n, 5, generator=g) + 3 * nn.functional.one_hot(y, 5).float()
+    ds = torch.utils.data.TensorDataset(x, y)
+    return expctl.Splits(ds, ds, expctl.DataInfo(input_shape=(5,), num_classes=3))
+
+@expctl.register("models")
+def tiny_net(input_shape=(1,), num_classes: int = 10) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], num_classes))
+"""
+
+
+@pytest.mark.slow
+def test_a_plugin_dataset_fills_the_model_arguments_it_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user model whose factory takes num_classes gets 3 from the data, not its default 10."""
+    (tmp_path / "blobs_plugin.py").write_text(PLUGIN)
+    (tmp_path / "c.yml").write_text(
+        "imports: [blobs_plugin]\nmodel: {name: tiny_net}\ndata: {name: blobs, batch_size: 16}\n"
+        "train: {max_epochs: 1}\n"
+    )
+    expctl("run", "-C", "c.yml", cwd=tmp_path)
+    import expctl as api
+
+    (run,) = run_dirs(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)  # where blobs_plugin.py is
+    model = api.load_model(run)
+    assert model(torch.zeros(2, 5)).shape == (2, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision datasets from their own files
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fashion_mnist_from_debians_files() -> None:
+    try:
+        find_idx("fashion_mnist", None)
+    except UserError:
+        pytest.skip("Debian's dataset-fashion-mnist is not installed")
+    s = fashion_mnist(val_split=5000)
+    assert (len(s.train), len(s.val), len(s.test)) == (55000, 5000, 10000)  # type: ignore[arg-type]
+    labels = torch.cat([s.train.tensors[1], s.val.tensors[1]])  # type: ignore[union-attr]
+    assert torch.bincount(labels).tolist() == [6000] * 10  # the genuine training split
+    assert torch.bincount(s.test.tensors[1]).tolist() == [1000] * 10  # type: ignore[union-attr]
+    assert s.info.input_shape == (1, 28, 28) and s.info.classes[0] == "T-shirt/top"  # type: ignore[index]
+    x = s.train.tensors[0]  # type: ignore[union-attr]
+    assert abs(float(x.mean())) < 0.02 and abs(float(x.std()) - 1) < 0.02  # standardised
+
+
+def _cifar_batch(path: Path, images: np.ndarray, labels: list[int]) -> None:
+    with open(path, "wb") as f:
+        pickle.dump({"data": images.reshape(len(labels), -1), "labels": labels}, f)
+
+
+def test_cifar10_from_its_python_batches(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    train_labels = []
+    for i in range(1, 6):
+        labels = [(i + j) % 10 for j in range(4)]
+        train_labels += labels
+        _cifar_batch(
+            folder / f"data_batch_{i}", rng.integers(0, 256, (4, 3, 32, 32), np.uint8), labels
+        )
+    pixel = np.zeros((3, 3, 32, 32), np.uint8)
+    pixel[1, 2, 5, 7] = 255  # image 1, blue channel, row 5, column 7
+    _cifar_batch(folder / "test_batch", pixel, [3, 1, 4])
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    s = cifar10(root=str(tmp_path), normalize="none")
+    assert (len(s.train), len(s.val), s.test) == (20, 3, None)  # type: ignore[arg-type]
+    assert s.train.tensors[1].tolist() == train_labels  # type: ignore[union-attr]
+    x, y = s.val.tensors  # type: ignore[union-attr]
+    assert y.tolist() == [3, 1, 4] and x[1, 2, 5, 7] == 1.0 and float(x.sum()) == 1.0
+    assert s.info.input_shape == (3, 32, 32) and s.info.num_classes == 10
+    carved = cifar10(root=str(tmp_path), val_split=5)
+    assert (len(carved.train), len(carved.val), len(carved.test)) == (15, 5, 3)  # type: ignore[arg-type]
+
+
+def test_cifar10_missing_names_the_files_expected(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"cifar-10-batches-py/data_batch_1"):
+        cifar10(root=str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# image folders
+# ---------------------------------------------------------------------------------------------
+
+
+def test_image_folder_splits_classes_and_modes(tmp_path: Path) -> None:
+    image_tree(tmp_path / "train", classes=3, per_class=10)
+    image_tree(tmp_path / "val", classes=3, per_class=4, seed=1)
+    s = image_folder(root=str(tmp_path), image_size=16)
+    assert (len(s.train), len(s.val), s.test) == (30, 12, None)  # type: ignore[arg-type]
+    assert s.info.classes == ("class_0", "class_1", "class_2") and s.info.input_shape == (3, 16, 16)
+    labels = sorted(int(s.val[i][1]) for i in range(12))  # type: ignore[index]
+    assert labels == [0] * 4 + [1] * 4 + [2] * 4
+    for i in range(10):  # every mode (grey, CMYK, RGBA, palette) comes out as RGB uint8
+        x, _ = s.train[i]  # type: ignore[index]
+        assert x.shape == (3, 16, 16) and x.dtype == torch.uint8
+    one = image_folder(root=str(tmp_path / "train"), val_split=0.2, channels=1, image_size=8)
+    assert (len(one.train), len(one.val)) == (24, 6)  # type: ignore[arg-type]
+    assert one.train[0][0].shape == (1, 8, 8)  # type: ignore[index]
+
+
+def test_image_folder_normalises_on_the_device_with_computed_stats(tmp_path: Path) -> None:
+    image_tree(tmp_path, classes=2, per_class=8)
+    s = image_folder(root=str(tmp_path), val_split=4, normalize="computed", image_size=12)
+    x, y = s.val.on_device(s.val.collate([s.val[i] for i in range(4)]), CPU)  # type: ignore[union-attr]
+    assert x.dtype == torch.float32 and x.shape == (4, 3, 12, 12) and y.shape == (4,)
+    assert abs(float(x.mean())) < 1.0
+
+
+def test_a_corrupt_image_is_named_or_skipped(tmp_path: Path) -> None:
+    image_tree(tmp_path, classes=2, per_class=3)
+    bad = tmp_path / "class_1" / "img_001.jpg"  # exists: JPEG, cut short
+    bad.write_bytes(bad.read_bytes()[:60])
+    s = image_folder(root=str(tmp_path), val=None, image_size=8)
+    index = [p for p, _ in s.train.samples].index(str(bad))  # type: ignore[attr-defined]
+    with pytest.raises(CorruptImage, match=r"class_1/img_001.jpg cannot be decoded"):
+        s.train[index]  # type: ignore[index]
+    skip = image_folder(root=str(tmp_path), val=None, image_size=8, on_corrupt="skip")
+    batch = skip.train.collate([skip.train[i] for i in range(len(skip.train))])  # type: ignore[union-attr, arg-type]
+    assert batch[0].shape[0] == 5  # 6 files, the corrupt one dropped
+
+
+def test_a_corrupt_image_met_in_a_worker_keeps_its_one_line_message(tmp_path: Path) -> None:
+    image_tree(tmp_path, classes=2, per_class=2)
+    for p in tmp_path.rglob("*.*"):
+        p.write_bytes(b"not an image")
+    s = image_folder(root=str(tmp_path), val=None, image_size=8)
+    with pytest.raises(CorruptImage) as e:
+        list(TrainBatches(s.train, 2, 0, 1, 0, CPU, Loading(1)).epoch(0))
+    assert "Traceback" not in str(e.value) and "cannot be decoded" in str(e.value)
+    assert len(str(e.value).splitlines()) == 2
+
+
+def test_the_gpu_decode_path_on_the_cpu(tmp_path: Path) -> None:
+    """decode=gpu's batch path (bytes in workers, batched decode_jpeg, crop/resize/flip on the
+    device) run with decode_jpeg on the CPU: JPEGs decoded there, PNGs in the worker."""
+    image_tree(tmp_path, classes=2, per_class=5)
+    cpu = image_folder(root=str(tmp_path), val_split=4, image_size=16, normalize="none")
+    samples = cpu.val.samples  # type: ignore[union-attr]
+    gpu = ImageFiles(samples, 16, 3, False, "imagenet", cpu.val.normalize, decode="gpu")  # type: ignore[union-attr]
+    x_gpu, y_gpu = gpu.on_device(gpu.collate([gpu[i] for i in range(4)]), CPU)
+    x_cpu, y_cpu = cpu.val.on_device(cpu.val.collate([cpu.val[i] for i in range(4)]), CPU)  # type: ignore[union-attr]
+    assert torch.equal(y_gpu, y_cpu) and x_gpu.shape == x_cpu.shape == (4, 3, 16, 16)
+    assert float((x_gpu - x_cpu).abs().mean()) < 12, "the same crops, resized by another library"
+    broken = tmp_path / "class_0" / "img_000.jpg"
+    broken.write_bytes(broken.read_bytes()[:300] + b"\x00" * 50)
+    odd = ImageFiles(
+        [(str(broken), 0)] * 2, 16, 3, True, "imagenet", cpu.val.normalize, "gpu", "skip"
+    )  # type: ignore[union-attr]
+    with pytest.raises(CorruptImage):
+        odd.on_device(odd.collate([odd[0], odd[1]]), CPU)
+
+
+@pytest.mark.slow
+def test_image_folder_trains_ddp_with_workers_bitwise_equal_to_none(tmp_path: Path) -> None:
+    """2 DDP workers on a folder of JPEGs and PNGs: num_workers=2 and num_workers=0 give the same
+    weights and metrics, bit for bit."""
+    image_tree(tmp_path / "imgs" / "train", classes=3, per_class=24)
+    image_tree(tmp_path / "imgs" / "val", classes=3, per_class=6, seed=1)
+    results = []
+    for workers in (2, 0):
+        run = tmp_path / f"run{workers}"
+        expctl(
+            "run", "model=cnn", "model.width=8", "data=image_folder", "data.root=imgs",
+            "data.image_size=16", "data.batch_size=6", f"data.num_workers={workers}",
+            "launcher=local", "launcher.nproc=2", "train.max_epochs=2", "sched=none",
+            f"run.dir={run}", cwd=tmp_path,
+        )  # fmt: skip
+        result = json.loads((run / "result.json").read_text())
+        state = torch.load(sorted((run / "checkpoints").glob("*.pt"))[-1], weights_only=False)
+        results.append((result, state["models"]["model"]))
+        log = (run / "train.log").read_text().splitlines()[0]
+        assert f"streamed by {workers} DataLoader worker(s) per rank" in log
+    (r2, w2), (r0, w0) = results
+    assert {k: v for k, v in r2.items() if not k.startswith("time/")} == {
+        k: v for k, v in r0.items() if not k.startswith("time/")
+    }
+    assert all(torch.equal(w2[k], w0[k]) for k in w0)
+
+
+# ---------------------------------------------------------------------------------------------
+# arrays
+# ---------------------------------------------------------------------------------------------
+
+
+def test_arrays_from_a_csv_with_words_as_classes(tmp_path: Path) -> None:
+    rows = ["height,weight,species"] + [
+        f"{10 + i % 7},{3.5 * (i % 3) + i % 5},{['cat', 'dog', 'eel'][i % 3]}" for i in range(30)
+    ]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    s = arrays(train=str(tmp_path / "t.csv"), val_split=0.2)
+    assert s.info.classes == ("cat", "dog", "eel") and s.info.input_shape == (2,)
+    assert (len(s.train), len(s.val)) == (24, 6)  # type: ignore[arg-type]
+    x = torch.cat([s.train.tensors[0], s.val.tensors[0]])  # type: ignore[union-attr]
+    assert x.shape == (30, 2) and abs(float(s.train.tensors[0].mean())) < 1e-5  # train's stats  # type: ignore[union-attr]
+    y = torch.cat([s.train.tensors[1], s.val.tensors[1]]).tolist()  # type: ignore[union-attr]
+    assert sorted(y) == sorted(i % 3 for i in range(30))
+    pick = arrays(train=str(tmp_path / "t.csv"), target="height", features=["weight"], val_split=3)
+    assert pick.info.input_shape == (1,) and pick.info.num_classes == 17
+
+
+@pytest.mark.slow
+def test_arrays_npz_regression_trains_a_linear_model(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 4)).astype(np.float32)
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.01 * rng.normal(size=600)
+    np.savez(tmp_path / "d.npz", x_train=x[:500], y_train=y[:500], x_val=x[500:], y_val=y[500:])
+    expctl(
+        "run", "data=arrays", "data.train=d.npz", "data.task=regression", "model=linear",
+        "loss=mse", "optim=adam", "optim.lr=0.05", "sched=none", "data.batch_size=50",
+        "train.max_epochs=15", "run.dir=reg", cwd=tmp_path,
+    )  # fmt: skip
+    metrics = json.loads((tmp_path / "reg" / "result.json").read_text())
+    assert metrics["val/loss"] < 0.05, metrics  # the variance of y is ~14.3
