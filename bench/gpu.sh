@@ -21,12 +21,12 @@ if [ "$part" = bn ]; then
 fi
 if [ "$part" = images ]; then
   echo "== issue 11: ResNet-50 from 20,000 JPEGs (bench/images_bench.py)"
-  python3 bench/images_bench.py make --root /tmp/jpegs
+  [ -d /tmp/jpegs/train ] || python3 bench/images_bench.py make --root /tmp/jpegs
   echo "-- 1 GPU, 16 cores (taskset 0-15)"
-  CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 bench/images_bench.py run --root /tmp/jpegs --gpus 1 ${ONLY:+--only $ONLY}
+  CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 bench/images_bench.py run --root /tmp/jpegs --gpus 1 --steps ${STEPS:-80} --warmup 20 ${ONLY:+--only $ONLY} | tee "$OUT/images1.md"
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     echo "-- 2 GPUs, all cores"
-    python3 bench/images_bench.py run --root /tmp/jpegs --gpus 2 ${ONLY:+--only $ONLY}
+    python3 bench/images_bench.py run --root /tmp/jpegs --gpus 2 --steps ${STEPS:-80} --warmup 20 ${ONLY:+--only $ONLY} | tee "$OUT/images2.md"
   fi
   exit
 fi

@@ -284,11 +284,82 @@ class TrainBatches:
         else:
             assert self._loader is not None
             self._order.keys = [(epoch, i) for i in indices]
-            batches = map(self._finish, self._loader)
+            batches = iter(self._loader)
+            batches = (
+                ahead(batches, self._finish, self.device)
+                if self.device.type == "cuda"
+                else map(self._finish, batches)
+            )
         for batch in batches:
             if self.augment != "none":
                 batch = (augment(batch[0], self.augment), *batch[1:])
             yield batch
+
+
+_END = object()
+
+
+def ahead(
+    batches: Iterator[Any],
+    finish: Callable[[Any], tuple[Any, ...]],
+    device: torch.device,
+    depth: int = 2,
+) -> Iterator[tuple[Any, ...]]:
+    """`finish` (copy to the device, decode, normalise) applied to the next `depth` batches by a
+    thread, while the training step runs (torch releases the GIL in its kernels); on CUDA the
+    thread works on its own stream and the training stream waits for each batch's event."""
+    import contextlib
+    import queue
+    import threading
+
+    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    cuda = device.type == "cuda"
+    side = torch.cuda.Stream(device) if cuda else None
+
+    def put(item: Any) -> bool:
+        """Hand `item` over unless the consumer has gone; False once it has."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def feed() -> None:
+        try:
+            if cuda:
+                torch.cuda.set_device(device)  # a new thread starts on device 0
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                for batch in batches:
+                    out = finish(batch)
+                    done = torch.cuda.Event() if cuda else None
+                    if done is not None:
+                        done.record(side)
+                    if not put((out, done)):
+                        return
+            put(_END)
+        except BaseException as e:  # re-raised in the training thread
+            put(e)
+
+    thread = threading.Thread(target=feed, name="expctl-feed", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            out, done = item
+            if done is not None:
+                main = torch.cuda.current_stream(device)
+                main.wait_event(done)
+                for t in out:
+                    if isinstance(t, torch.Tensor) and t.is_cuda:
+                        t.record_stream(main)  # its memory is not reused before the step used it
+            yield out
+    finally:
+        stop.set()
+        thread.join()  # the loader's iterator is done with before the next epoch starts one
 
 
 def _index_batches(

@@ -14,7 +14,7 @@ import torch
 from conftest import expctl, image_tree, run_dirs
 from torch.utils.data import Dataset
 
-from expctl.data import Loading, TrainBatches, check_splits, val_batches
+from expctl.data import Loading, TrainBatches, ahead, check_splits, val_batches
 from expctl.datasets.arrays import arrays
 from expctl.datasets.idx import fashion_mnist, find_idx
 from expctl.datasets.images import CorruptImage, ImageFiles, image_folder
@@ -70,6 +70,23 @@ def test_validation_is_streamed_whole_with_workers() -> None:
         for v in x.view(-1)
     ]
     assert sorted(got) == list(range(11))
+
+
+def test_batches_finished_ahead_by_a_thread_keep_order_errors_and_stop_early() -> None:
+    import threading
+
+    def finish(batch: int) -> tuple[int, ...]:
+        if batch == 7:
+            raise CorruptImage("image x.jpg cannot be decoded")
+        return (batch * 10,)
+
+    assert list(ahead(iter(range(7)), finish, CPU)) == [(i * 10,) for i in range(7)]
+    with pytest.raises(CorruptImage, match="x.jpg"):
+        list(ahead(iter(range(20)), finish, CPU))
+    early = ahead(iter(range(1000)), finish, CPU, depth=1)
+    assert next(early) == (0,)
+    early.close()  # the consumer leaves: the thread ends instead of waiting forever
+    assert not any(t.name == "expctl-feed" for t in threading.enumerate())
 
 
 # ---------------------------------------------------------------------------------------------

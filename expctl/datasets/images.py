@@ -85,12 +85,23 @@ def _centre(width: int, height: int, fraction: float) -> tuple[float, float, flo
 
 
 def pil_sample(image: Any, size: int, channels: int, train: bool, preset: str) -> torch.Tensor:
-    """A Pillow image as a uint8 (channels, size, size) tensor, cropped, resized and flipped."""
+    """A Pillow image as a uint8 (channels, size, size) tensor, cropped, resized and flipped.
+
+    A JPEG not yet decoded is decoded at the smallest of 1, 1/2, 1/4, 1/8 scale that still
+    gives the crop at least `size` pixels a side (libjpeg's DCT scaling: much faster)."""
     from PIL import Image
     from torchvision.transforms.v2.functional import pil_to_tensor
 
-    image = image.convert("RGB" if channels == 3 else "L")  # grey, RGBA, CMYK, palette: all fine
-    box, flip = crop_box(image.width, image.height, size, train, preset)
+    mode = "RGB" if channels == 3 else "L"
+    width, height = image.size
+    box, flip = crop_box(width, height, size, train, preset)
+    if image.format == "JPEG" and image.mode in ("RGB", "L") and getattr(image, "tile", None):
+        bw, bh = max(box[2] - box[0], 1.0), max(box[3] - box[1], 1.0)
+        image.draft(mode, (math.ceil(width * size / bw), math.ceil(height * size / bh)))
+        sx, sy = image.size[0] / width, image.size[1] / height
+        box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+    if image.mode != mode:
+        image = image.convert(mode)  # grey, RGBA, CMYK, palette: all fine
     out = pil_to_tensor(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
     return out.flip(-1) if flip else out
 
@@ -164,13 +175,18 @@ class ImageFiles(Dataset[Any]):
         from PIL import Image
 
         image = Image.open(io.BytesIO(data))
-        if self.decode == "gpu" and data[:2] == b"\xff\xd8" and image.mode in ("RGB", "L"):
-            box, flip = crop_box(image.width, image.height, self.size, self.train, self.preset)
+        if self.decode != "gpu":
+            pixels = pil_sample(image, self.size, self.channels, self.train, self.preset)
+            image.load()  # (done by now) a truncated file fails in the worker, named
+            return (pixels,)
+        box, flip = crop_box(image.width, image.height, self.size, self.train, self.preset)
+        if data[:2] == b"\xff\xd8" and image.mode in ("RGB", "L"):
             raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             return raw, torch.tensor(box), flip  # decoded on the GPU by on_device
-        image.load()  # decode now: a truncated file fails here, in the worker
-        pixels = pil_sample(image, self.size, self.channels, self.train, self.preset)
-        return (pixels,) if self.decode != "gpu" else (pixels, torch.zeros(4), False)
+        from torchvision.transforms.v2.functional import pil_to_tensor  # PNG & co: whole, here
+
+        whole = pil_to_tensor(image.convert("RGB" if self.channels == 3 else "L"))
+        return whole, torch.tensor(box), flip
 
     def collate(self, samples: list[Any]) -> Any:
         """Stack the samples (skipped corrupt ones dropped); with GPU decoding, a list of
@@ -189,18 +205,14 @@ class ImageFiles(Dataset[Any]):
             return self.normalize(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
         images, boxes, flips, labels, paths = batch
         encoded = [i for i, img in enumerate(images) if img.dim() == 1]
-        out: list[torch.Tensor | None] = [
-            img.to(device, non_blocking=True).float() for img in images
-        ]
         decoded = self._decode([images[i] for i in encoded], [paths[i] for i in encoded], device)
+        full: list[torch.Tensor | None] = list(images)
         for i, img in zip(encoded, decoded, strict=True):
-            out[i] = (
-                None if img is None else self._crop_resize(img, boxes[i].tolist(), bool(flips[i]))
-            )
-        keep = [i for i, img in enumerate(out) if img is not None]
+            full[i] = img
+        keep = [i for i, img in enumerate(full) if img is not None]
         if not keep:
-            raise CorruptImage(f"all {len(out)} images of a batch are corrupt")
-        x = torch.stack([out[i] for i in keep])  # type: ignore[misc]
+            raise CorruptImage(f"all {len(full)} images of a batch are corrupt")
+        x = self._crop_resize([full[i] for i in keep], boxes[keep], flips[keep], device)  # type: ignore[misc]
         return self.normalize(x), labels[keep].to(device, non_blocking=True)
 
     @property
@@ -236,14 +248,33 @@ class ImageFiles(Dataset[Any]):
                 out.append(None)
         return out
 
-    def _crop_resize(self, img: torch.Tensor, box: list[float], flip: bool) -> torch.Tensor:
-        """The box of a decoded uint8 image, resized to size x size (float, 0-255)."""
-        x0, y0, x1, y1 = (int(round(v)) for v in box)
-        crop = img[:, y0 : max(y1, y0 + 1), x0 : max(x1, x0 + 1)].unsqueeze(0).float()
-        out = torch.nn.functional.interpolate(
-            crop, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False
-        ).squeeze(0)
-        return out.flip(-1) if flip else out
+    def _crop_resize(
+        self,
+        images: list[torch.Tensor],
+        boxes: torch.Tensor,
+        flips: torch.Tensor,
+        device: torch.device,
+    ) -> torch.Tensor:
+        """Each image's box resized to size x size, all in one call: the images zero-padded into
+        one batch, then torchvision's roi_align, whose adaptive sampling (ceil(box / size)
+        points a side per output pixel) averages like an antialiasing filter; then the flips."""
+        from torchvision.ops import roi_align
+
+        height = max(int(img.shape[1]) for img in images)
+        width = max(int(img.shape[2]) for img in images)
+        padded = torch.zeros(
+            len(images), self.channels, height, width, dtype=torch.uint8, device=device
+        )
+        for i, img in enumerate(images):
+            padded[i, :, : img.shape[1], : img.shape[2]].copy_(img, non_blocking=True)
+        index = torch.arange(len(images), dtype=boxes.dtype)[:, None]
+        rois = torch.cat([index, boxes], dim=1).to(device, non_blocking=True)
+        size = (self.size, self.size)
+        out = roi_align(
+            padded.float(), rois, size, spatial_scale=1.0, sampling_ratio=-1, aligned=True
+        )
+        flip = flips.to(device, non_blocking=True)[:, None, None, None]
+        return torch.where(flip, out.flip(-1), out)
 
 
 # ---------------------------------------------------------------------------------------------
