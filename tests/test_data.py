@@ -264,6 +264,9 @@ def test_the_gpu_decode_path_on_the_cpu(tmp_path: Path) -> None:
     x_cpu, y_cpu = cpu.val.on_device(cpu.val.collate([cpu.val[i] for i in range(4)]), CPU)  # type: ignore[union-attr]
     assert torch.equal(y_gpu, y_cpu) and x_gpu.shape == x_cpu.shape == (4, 3, 16, 16)
     assert float((x_gpu - x_cpu).abs().mean()) < 12, "the same crops, resized by another library"
+    train = ImageFiles(samples, 16, 3, True, "imagenet", cpu.val.normalize, decode="gpu")  # type: ignore[union-attr]
+    x, y = train.on_device(train.collate([train[i] for i in range(4)]), CPU)  # random crops
+    assert x.shape == (4, 3, 16, 16) and torch.equal(y, y_cpu)
     broken = tmp_path / "class_0" / "img_000.jpg"
     broken.write_bytes(broken.read_bytes()[:300] + b"\x00" * 50)
     odd = ImageFiles(

@@ -182,11 +182,11 @@ class ImageFiles(Dataset[Any]):
         box, flip = crop_box(image.width, image.height, self.size, self.train, self.preset)
         if data[:2] == b"\xff\xd8" and image.mode in ("RGB", "L"):
             raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            return raw, torch.tensor(box), flip  # decoded on the GPU by on_device
+            return raw, torch.tensor(box, dtype=torch.float32), flip  # decoded by on_device
         from torchvision.transforms.v2.functional import pil_to_tensor  # PNG & co: whole, here
 
         whole = pil_to_tensor(image.convert("RGB" if self.channels == 3 else "L"))
-        return whole, torch.tensor(box), flip
+        return whole, torch.tensor(box, dtype=torch.float32), flip
 
     def collate(self, samples: list[Any]) -> Any:
         """Stack the samples (skipped corrupt ones dropped); with GPU decoding, a list of
@@ -267,8 +267,8 @@ class ImageFiles(Dataset[Any]):
         )
         for i, img in enumerate(images):
             padded[i, :, : img.shape[1], : img.shape[2]].copy_(img, non_blocking=True)
-        index = torch.arange(len(images), dtype=boxes.dtype)[:, None]
-        rois = torch.cat([index, boxes], dim=1).to(device, non_blocking=True)
+        index = torch.arange(len(images), dtype=torch.float32)[:, None]
+        rois = torch.cat([index, boxes.float()], dim=1).to(device, non_blocking=True)
         size = (self.size, self.size)
         out = roi_align(
             padded.float(), rois, size, spatial_scale=1.0, sampling_ratio=-1, aligned=True
