@@ -285,8 +285,9 @@ class TrainBatches:
             assert self._loader is not None
             self._order.keys = [(epoch, i) for i in indices]
             batches = iter(self._loader)
+            threads = _hook(self.dataset, "finish_threads") or 1
             batches = (
-                ahead(batches, self._finish, self.device)
+                ahead(batches, self._finish, self.device, int(threads))  # type: ignore[arg-type]
                 if self.device.type == "cuda"
                 else map(self._finish, batches)
             )
@@ -303,63 +304,54 @@ def ahead(
     batches: Iterator[Any],
     finish: Callable[[Any], tuple[Any, ...]],
     device: torch.device,
-    depth: int = 2,
+    threads: int = 1,
 ) -> Iterator[tuple[Any, ...]]:
-    """`finish` (copy to the device, decode, normalise) applied to the next `depth` batches by a
-    thread, while the training step runs (torch releases the GIL in its kernels); on CUDA the
-    thread works on its own stream and the training stream waits for each batch's event."""
-    import contextlib
-    import queue
+    """`finish` (copy to the device, decode, normalise) applied by `threads` threads to the
+    batches ahead of the one training, in order (torch releases the GIL in its kernels, so they
+    work while the step runs). On CUDA each thread works on its own stream, and the training
+    stream waits for each batch's event before using it."""
     import threading
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
 
-    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
     cuda = device.type == "cuda"
-    side = torch.cuda.Stream(device) if cuda else None
+    local = threading.local()
 
-    def put(item: Any) -> bool:
-        """Hand `item` over unless the consumer has gone; False once it has."""
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def run(batch: Any) -> tuple[tuple[Any, ...], Any]:
+        if not cuda:
+            return finish(batch), None
+        if not hasattr(local, "stream"):
+            torch.cuda.set_device(device)  # a new thread starts on device 0
+            local.stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(local.stream):
+            out = finish(batch)
+            done = torch.cuda.Event()
+            done.record(local.stream)
+        return out, done
 
-    def feed() -> None:
-        try:
-            if cuda:
-                torch.cuda.set_device(device)  # a new thread starts on device 0
-            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-                for batch in batches:
-                    out = finish(batch)
-                    done = torch.cuda.Event() if cuda else None
-                    if done is not None:
-                        done.record(side)
-                    if not put((out, done)):
-                        return
-            put(_END)
-        except BaseException as e:  # re-raised in the training thread
-            put(e)
+    def take(future: Future[Any]) -> tuple[Any, ...]:
+        out, done = future.result()  # re-raises the thread's error here
+        if done is not None:
+            main = torch.cuda.current_stream(device)
+            main.wait_event(done)
+            for t in out:
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    t.record_stream(main)  # its memory is not reused before the step used it
+        return out
 
-    thread = threading.Thread(target=feed, name="expctl-feed", daemon=True)
-    thread.start()
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="expctl-feed")
+    pending: deque[Future[Any]] = deque()
     try:
-        while (item := ready.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
-            out, done = item
-            if done is not None:
-                main = torch.cuda.current_stream(device)
-                main.wait_event(done)
-                for t in out:
-                    if isinstance(t, torch.Tensor) and t.is_cuda:
-                        t.record_stream(main)  # its memory is not reused before the step used it
-            yield out
+        for batch in batches:  # read here: a DataLoader's iterator is not thread-safe
+            pending.append(pool.submit(run, batch))
+            if len(pending) > threads:
+                yield take(pending.popleft())
+        while pending:
+            yield take(pending.popleft())
     finally:
-        stop.set()
-        thread.join()  # the loader's iterator is done with before the next epoch starts one
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
 
 
 def _index_batches(

@@ -80,10 +80,11 @@ def test_batches_finished_ahead_by_a_thread_keep_order_errors_and_stop_early() -
             raise CorruptImage("image x.jpg cannot be decoded")
         return (batch * 10,)
 
-    assert list(ahead(iter(range(7)), finish, CPU)) == [(i * 10,) for i in range(7)]
-    with pytest.raises(CorruptImage, match="x.jpg"):
-        list(ahead(iter(range(20)), finish, CPU))
-    early = ahead(iter(range(1000)), finish, CPU, depth=1)
+    for threads in (1, 3):
+        assert list(ahead(iter(range(7)), finish, CPU, threads)) == [(i * 10,) for i in range(7)]
+        with pytest.raises(CorruptImage, match="x.jpg"):
+            list(ahead(iter(range(20)), finish, CPU, threads))
+    early = ahead(iter(range(1000)), finish, CPU, threads=2)
     assert next(early) == (0,)
     early.close()  # the consumer leaves: the thread ends instead of waiting forever
     assert not any(t.name == "expctl-feed" for t in threading.enumerate())
