@@ -285,9 +285,8 @@ class TrainBatches:
             assert self._loader is not None
             self._order.keys = [(epoch, i) for i in indices]
             batches = iter(self._loader)
-            threads = _hook(self.dataset, "finish_threads") or 1
             batches = (
-                ahead(batches, self._finish, self.device, int(threads))  # type: ignore[arg-type]
+                ahead(batches, self._finish, self.device)
                 if self.device.type == "cuda"
                 else map(self._finish, batches)
             )

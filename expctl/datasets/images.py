@@ -216,12 +216,6 @@ class ImageFiles(Dataset[Any]):
         return self.normalize(x), labels[keep].to(device, non_blocking=True)
 
     @property
-    def finish_threads(self) -> int:
-        """Threads finishing batches ahead of the step: nvJPEG's batched decoding does part of
-        its work on the calling thread's CPU, so several batches are decoded at once."""
-        return 4 if self.decode == "gpu" else 1
-
-    @property
     def pin_memory(self) -> bool:
         """Whether batches are worth pinning: not a list of encoded files."""
         return self.decode != "gpu"
@@ -364,7 +358,10 @@ def _normalizer(
 
 
 def _pick_decode(decode: str, device: Any) -> str:
-    """decode=auto: nvJPEG on the GPU when training on CUDA, Pillow in the workers otherwise."""
+    """decode=auto: Pillow in the DataLoader workers. Measured on 2 x H200 with 16 and 32 cores
+    (bench/RESULTS.md), torchvision's batched nvJPEG decoding (about 1,900 img/s per GPU on
+    ~500x375 JPEGs, one or four decoding threads alike) is slower than 15 Pillow workers, so
+    auto never picks the GPU; decode=gpu remains for machines with few cores per GPU."""
     if decode != "auto":
         if decode == "gpu" and (device is None or torch.device(device).type != "cuda"):
             raise UserError(
@@ -372,7 +369,7 @@ def _pick_decode(decode: str, device: Any) -> str:
                 "use data.decode=auto or cpu",
             )
         return decode
-    return "gpu" if device is not None and torch.device(device).type == "cuda" else "cpu"
+    return "cpu"
 
 
 @dataclass(frozen=True)
@@ -505,7 +502,8 @@ def image_folder(
     crop + flip, flip = centre crop + flip, center = centre crop); evaluation always resizes the
     short side to image_size/0.875 and takes the centre. `channels`: 3 (RGB; grey, RGBA, CMYK and
     palette images are converted) or 1 (grey). `normalize`: imagenet, computed (from 256 training
-    images) or none; `mean`/`std` override it. `decode`: auto (GPU nvJPEG on CUDA), cpu, gpu.
+    images) or none; `mean`/`std` override it. `decode`: auto (= cpu: Pillow in the workers,
+    measured faster), cpu, gpu (nvJPEG in the training process).
     `on_corrupt`: error (stop, naming the file) or skip (drop it from its batch, with a warning).
     """
     folders = _folders(root, train, val, test, val_split)
