@@ -64,7 +64,7 @@ def plot(sweep_dir: str | Path) -> Plots:
     figures: dict[str, tuple[str | None, Callable[[], Any]]] = {
         "intermediate_values": (
             None if drawn else "no trial has reported a validation yet",
-            lambda: _intermediate(vis.plot_intermediate_values(study), s, len(drawn)),
+            lambda: progress_figure(vis.plot_intermediate_values(study), s, len(drawn)),
         ),
         "slice": (
             why or (None if varying else _FIXED),
@@ -173,7 +173,7 @@ def _varies(key: str, trials: list[Any]) -> bool:
     return len(values) > 1
 
 
-def _intermediate(ax: Any, s: SweepConfig, n: int) -> Any:
+def progress_figure(ax: Any, s: SweepConfig, n: int) -> Any:
     """Optuna's figure, labelled in the sweep's words; its legend only while it stays legible."""
     from matplotlib.ticker import MaxNLocator
 

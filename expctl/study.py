@@ -143,8 +143,24 @@ def finish(
             mark(ref, "failed", error=f"no metric {s.metric!r} in the result", **ended)
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             return
+        _report_last(study, ref, s, metrics, float(value))
         mark(ref, "completed", **ended)
         study.tell(number, float(value), skip_if_finished=True)
+
+
+def _report_last(
+    study: Any, ref: TrialRef, s: SweepConfig, metrics: dict[str, Any], value: float
+) -> None:
+    """The final metric as the trial's last intermediate value, unless a validation at that
+    budget reported it: a trial that ended inside an epoch (train.max_steps) has a point too."""
+    import optuna
+
+    budget = metrics.get(s.budget)
+    trial = study.get_trials(deepcopy=False)[ref.number]
+    if trial.state.is_finished() or not isinstance(budget, int):
+        return
+    if budget not in trial.intermediate_values:
+        optuna.trial.Trial(study, ref.trial_id(_storage(Path(ref.sweep_dir)))).report(value, budget)
 
 
 class TrialHooks(Hooks):
