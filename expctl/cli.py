@@ -234,27 +234,16 @@ def _run(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from expctl import ledger, plots, results, sweep
 
-    given = [
-        o
-        for o, v in (
-            ("--json", args.json),
-            ("--csv", args.csv),
-            ("--sort", args.sort),
-            ("--filter", args.filter),
-        )
-        if v
-    ]
+    given = [o for o in ("--json", "--csv", "--sort", "--filter") if getattr(args, o[2:])]
     if given and args.action != "table":
         raise UserError(
             f"{given[0]} applies to `expctl sweep table` only, not `sweep {args.action}`",
             f"expctl sweep table {given[0]} ... {args.sweep_dir}",
         )
-    if args.action == "table" and (args.json or args.csv):
-        res = results.load(args.sweep_dir).select(args.sort, args.filter)
-        print(
-            results.to_json(res) if args.json else results.to_csv(res),
-            end="\n" if args.json else "",
-        )
+    if args.action == "table" and args.json:
+        print(results.to_json(results.load(args.sweep_dir).select(args.sort, args.filter)))
+    elif args.action == "table" and args.csv:
+        print(results.to_csv(results.load(args.sweep_dir).select(args.sort, args.filter)), end="")
     elif args.action == "table":
         print(results.table(args.sweep_dir, args.sort, args.filter))
     elif args.action == "best":
