@@ -3,6 +3,7 @@
     import expctl
     result = expctl.run("my.yml", overrides=["optim.lr=0.05"])
     model = expctl.load_model(result.run_dir)
+    table = expctl.sweep_results("runs/sweep-...").to_pandas()
 
 Importing expctl imports neither torch nor Hydra; they load when a run starts.
 """
@@ -14,7 +15,16 @@ from typing import Any
 from expctl.errors import UserError
 
 __version__ = "0.2.0.dev0"
-__all__ = ["run", "load_model", "register", "Splits", "DataInfo", "UserError", "__version__"]
+__all__ = [
+    "run",
+    "load_model",
+    "sweep_results",
+    "register",
+    "Splits",
+    "DataInfo",
+    "UserError",
+    "__version__",
+]
 
 
 def run(config: str | None = None, overrides: Any = (), wait: bool = True) -> Any:
@@ -29,6 +39,13 @@ def load_model(run_dir: Any, checkpoint: Any = None, device: str = "cpu") -> Any
     from expctl.api import load_model as _load
 
     return _load(run_dir, checkpoint, device)
+
+
+def sweep_results(sweep_dir: Any) -> Any:
+    """Every trial of a sweep: params, metrics, status, run directory (see expctl.results.load)."""
+    from expctl.results import load  # no torch: reading a sweep trains nothing
+
+    return load(sweep_dir)
 
 
 def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ from expctl import compose, launch, registry
 from expctl import config as config_mod
 from expctl.errors import UserError
 from expctl.launch import Result
+from expctl.layout import RunDir
 
 
 def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = True) -> Result:
@@ -101,7 +102,7 @@ def load_model(
 
     run_dir = Path(run_dir)
     cfg = config_mod.load(run_dir)
-    registry.import_user_modules(cfg.imports)
+    registry.import_user_modules(cfg.imports, RunDir(run_dir).read_imports())
     if checkpoint is not None:
         path, payload = Path(checkpoint), ckpt.load(Path(checkpoint), device)
     else:

@@ -76,6 +76,21 @@ def _parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="a sweep's trials: table | best | resume | plot SWEEP_DIR")
     sw.add_argument("action", choices=("table", "best", "resume", "plot"))
     sw.add_argument("sweep_dir")
+    form = sw.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="table: as JSON")
+    form.add_argument("--csv", action="store_true", help="table: as CSV, one row per trial")
+    sw.add_argument(
+        "--sort",
+        metavar="KEY",
+        help="table: by a column (--sort=-KEY: descending); default: best first",
+    )
+    sw.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="table: only trials with this value (e.g. status=failed); repeatable",
+    )
     lst = sub.add_parser(
         "list", help="registered models, datasets, optimizers, schedulers, losses, steps"
     )
@@ -217,14 +232,24 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from expctl import ledger, sweep
+    from expctl import ledger, plots, results, sweep
 
-    if args.action == "table":
-        print(ledger.table(args.sweep_dir))
+    given = [o for o in ("--json", "--csv", "--sort", "--filter") if getattr(args, o[2:])]
+    if given and args.action != "table":
+        raise UserError(
+            f"{given[0]} applies to `expctl sweep table` only, not `sweep {args.action}`",
+            f"expctl sweep table {given[0]} ... {args.sweep_dir}",
+        )
+    if args.action == "table" and args.json:
+        print(results.to_json(results.load(args.sweep_dir).select(args.sort, args.filter)))
+    elif args.action == "table" and args.csv:
+        print(results.to_csv(results.load(args.sweep_dir).select(args.sort, args.filter)), end="")
+    elif args.action == "table":
+        print(results.table(args.sweep_dir, args.sort, args.filter))
     elif args.action == "best":
         print(ledger.best(args.sweep_dir).describe())
     elif args.action == "plot":
-        print(f"expctl: wrote {ledger.plot(args.sweep_dir)}")
+        print(plots.plot(args.sweep_dir).describe())
     else:
         return EXIT_FAILED if sweep.resume(args.sweep_dir).failed else 0
     return 0

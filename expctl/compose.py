@@ -27,6 +27,7 @@ from expctl import config as schema
 from expctl import confstore, dist, registry
 from expctl.errors import UserError, choices_text, did_you_mean
 from expctl.explain import explain
+from expctl.layout import RunDir, read_imports
 from expctl.yamlfile import read_yaml
 
 GROUPS = ("model", "data", "optim", "sched", "loss", "launcher")
@@ -372,7 +373,10 @@ def compose(
     cli = parse_command_line(overrides)
     user = read_user_file(config_file) if config_file else None
     dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
-    for folder in dirs:  # `imports: [my_components]` next to the file, here and in workers
+    # a run's config.yaml or a sweep's best.yml: where its `imports:` were found, beside it
+    found = read_imports(dirs[0] / RunDir.IMPORTS) if dirs else {}
+    folders = [*dirs, *(Path(f["path"]) for f in found.values())]
+    for folder in folders:  # `imports: [my_components]` next to the file, here and in workers
         dist.apply_env({registry.IMPORT_PATH: registry.add_import_path(folder)})
     stack = Stack()
     stack.add(read_layer(read_yaml(builtin_conf_dir() / "config.yaml", BUILTIN), BUILTIN, dirs))
@@ -385,7 +389,7 @@ def compose(
     for name in cli.presets:
         stack.add(_preset_layer(name, dirs, f"experiment={name}:"))
     imports = cli.imports or stack.body.get("imports") or []
-    registry.import_user_modules(imports if isinstance(imports, list) else [])
+    registry.import_user_modules(imports if isinstance(imports, list) else [], found)
     for group, option in cli.choices.items():
         name, preset = resolve_option(group, option, dirs)
         stack.add(Layer("the command line", {group: name}, {group: preset} if preset else {}))

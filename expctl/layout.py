@@ -2,12 +2,15 @@
 
     RUN_DIR/                        SWEEP_DIR/
       config.yaml   frozen config     sweep.json    the sweep's spec (space, -C file, its sha256)
+      imports.json  where imports:    journal.log   the Optuna study (the ledger)
+                    modules were      best.yml      the best trial's config (`sweep best`)
+                    found             imports.json  the best trial's imports.json, beside it
       .lock         held while a launch trains it (flock; who holds it)
-      trial.json    sweep trial id    journal.log   the Optuna study (the ledger)
-      metrics.jsonl one event a line  best.yml      the best trial's config (`sweep best`)
-      result.json   final metrics     sweep.png     `sweep plot`
-      train.log     rank 0's log      slurm/        submitit files of job arrays
-      jobs.jsonl    Slurm job events  trial_000/    a run directory per trial
+      trial.json    sweep trial id    plot_*.png    `sweep plot`
+      metrics.jsonl one event a line  slurm/        submitit files of job arrays
+      result.json   final metrics     trial_000/    a run directory per trial
+      train.log     rank 0's log
+      jobs.jsonl    Slurm job events
       checkpoints/  step_*.pt (+ .sha256)
       tb/           TensorBoard
       slurm/        submitit files of launcher=slurm
@@ -55,6 +58,25 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def read_imports(path: Path) -> dict[str, dict[str, str]]:
+    """An imports.json: for each module of a config's ``imports:``, the ``file`` it was imported
+    from and the search ``path`` folder holding it, when the run was created ({} without one; a
+    warning when it cannot be read)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("cannot read %s (%s): ignored", path, e)
+        return {}
+    if not isinstance(data, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("path"), str) for v in data.values()
+    ):
+        log.warning("%s does not map modules to where they were found: ignored", path)
+        return {}
+    return {str(k): {"file": str(v.get("file", "")), "path": v["path"]} for k, v in data.items()}
+
+
 @dataclass(frozen=True)
 class RunDir:
     """A run directory's files."""
@@ -62,6 +84,7 @@ class RunDir:
     path: Path
 
     CONFIG = "config.yaml"
+    IMPORTS = "imports.json"  # beside any config file expctl writes: see `read_imports`
     LOCK = ".lock"
     TRIAL = "trial.json"
     METRICS = "metrics.jsonl"
@@ -78,6 +101,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.path / self.CONFIG
+
+    @property
+    def imports(self) -> Path:
+        return self.path / self.IMPORTS
 
     @property
     def lock(self) -> Path:
@@ -151,6 +178,10 @@ class RunDir:
             return {}
         return data
 
+    def read_imports(self) -> dict[str, dict[str, str]]:
+        """Where the run's ``imports:`` modules were found (see `read_imports`)."""
+        return read_imports(self.imports)
+
     def checkpoint_files(self) -> list[Path]:
         """The checkpoint files, newest first."""
         if not self.checkpoints.is_dir():
@@ -167,7 +198,7 @@ class SweepDir:
     SPEC = "sweep.json"
     JOURNAL = "journal.log"
     BEST = "best.yml"
-    PLOT = "sweep.png"
+    IMPORTS = RunDir.IMPORTS  # best.yml's, as a run directory holds one beside config.yaml
     SLURM = "slurm"
 
     def __init__(self, path: str | Path) -> None:
@@ -186,8 +217,12 @@ class SweepDir:
         return self.path / self.BEST
 
     @property
-    def plot(self) -> Path:
-        return self.path / self.PLOT
+    def imports(self) -> Path:
+        return self.path / self.IMPORTS
+
+    def plot(self, name: str) -> Path:
+        """The PNG of `expctl sweep plot` named after the Optuna function that draws it."""
+        return self.path / f"plot_{name}.png"
 
     @property
     def slurm(self) -> Path:
@@ -196,6 +231,13 @@ class SweepDir:
     def trial(self, number: int) -> RunDir:
         """The run directory of trial `number`."""
         return RunDir(self.path / f"trial_{number:03d}")
+
+    @staticmethod
+    def number_of(run_dir: str | Path) -> int | None:
+        """The number of the trial in `run_dir` (trial_012 -> 12), None for another folder."""
+        name = Path(run_dir).name
+        digits = name.removeprefix("trial_")
+        return int(digits) if name.startswith("trial_") and digits.isdigit() else None
 
     def trials(self) -> list[RunDir]:
         """The trials' run directories that hold a frozen config, by number."""

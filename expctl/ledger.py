@@ -1,4 +1,4 @@
-"""Reading a sweep: `expctl sweep table | best | resume | plot SWEEP_DIR`.
+"""Reading a sweep: its trials by number, ended, running or not started yet; the best one.
 
 The ledger is the sweep's Optuna journal (SWEEP_DIR/journal.log): per trial its status, the
 overrides that define it, the metric it reported, its wall time and, when it failed, the first
@@ -7,6 +7,7 @@ line of the error. It can be read while trials still run.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -14,11 +15,12 @@ import shutil
 import socket
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from expctl import config as config_mod
+from expctl.compose import parse_override
 from expctl.config import SweepConfig
 from expctl.errors import UserError
 from expctl.layout import RunDir, SweepDir
@@ -36,26 +38,32 @@ STATES = {
 }
 
 
+STATUSES = ("pending", "running", "completed", "stopped", "failed", "lost")
+
+
 @dataclass
 class Row:
-    """One trial of the ledger."""
+    """One trial of the sweep: a configuration (and seed) with its number, which names its
+    directory (trial N lives in SWEEP_DIR/trial_00N), whether it ran yet or not."""
 
     number: int
-    status: str
+    status: str  # one of STATUSES; `pending`: not started yet
     overrides: str
-    config: str  # the swept values as JSON: trials with equal `config` are repeats
-    value: float | None
-    best: float | None
+    config: str  # the swept values as the ledger holds them (JSON): equal for repeats
+    value: float | None  # the sweep's metric: the final one, else the last validation's
+    best: float | None  # the best value of the metric over the trial's validations
     epoch: int | None
     wall_s: float | None
     error: str
     run_dir: str
-    params: dict[str, Any]
+    params: dict[str, Any]  # the swept values as Python values (`[8]` is a list)
     step: int | None = None  # optimizer steps done when the trial ended
     seed_idx: int = 0  # which repeat of its configuration (train.seed = the base seed + seed_idx)
+    metrics: dict[str, float] = field(default_factory=dict)  # result.json's, e.g. test/acc
+    optuna_trial: int | None = None  # its latest attempt in the Optuna study; None: not started
 
 
-def _settings(sweep_dir: Path) -> Any:
+def settings(sweep_dir: Path) -> Any:
     sweep = SweepDir(sweep_dir)
     if not sweep.journal.is_file():
         raise UserError(
@@ -68,10 +76,47 @@ def _settings(sweep_dir: Path) -> Any:
     return SweepConfig()
 
 
+def planned(spec: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
+    """The sweep's trials by number: (its grid point, or {} for a point the sampler picks when
+    the trial starts; its seed index), repeats of a configuration next to each other."""
+    points = spec.get("points") or [{}] * int(spec.get("n_trials") or 0)
+    return [(p, i) for p in points for i in range(int(spec.get("repeat") or 1))]
+
+
+def label(params: dict[str, Any], seed_idx: int) -> str:
+    """A trial's overrides as the table shows them: `optim.lr=0.1 seed#1`."""
+    text = " ".join(f"{k}={v}" for k, v in params.items())
+    return (text + (f" seed#{seed_idx}" if seed_idx else "")).strip() or "(base)"
+
+
+def typed(params: dict[str, Any]) -> dict[str, Any]:
+    """Swept values as Python values: grid points and choices are kept as Hydra override text
+    (`0.01`, `[8]`), read back here by Hydra's own grammar."""
+    return {
+        k: parse_override(f"k={v}").value() if isinstance(v, str) else v for k, v in params.items()
+    }
+
+
 def rows(sweep_dir: str | Path) -> list[Row]:
-    """Every live trial (retried ones replaced by their retry), in trial order."""
+    """Every trial of the sweep by number: the latest attempt of each one the journal holds
+    (a retry replaces the attempt it repeats, in the same directory), then the ones it has not
+    started yet (`pending`)."""
     path = Path(sweep_dir)
-    s = _settings(path)
+    s = settings(path)
+    latest: dict[int, Any] = {}
+    for t in _journal_trials(path, s):  # in attempt order: a retry comes after what it retries
+        latest[_number(t)] = t
+    states = _job_states([t.user_attrs for t in latest.values()])
+    out = [_row(n, t, s, states) for n, t in latest.items()]
+    spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
+    for n, (params, seed_idx) in enumerate(planned(spec)):
+        if n not in latest:
+            out.append(_unstarted(path, n, params, seed_idx, sampled=not spec.get("points")))
+    return sorted(out, key=lambda r: r.number)
+
+
+def _journal_trials(path: Path, s: SweepConfig) -> list[Any]:
+    """The journal's trials, with a warning for trial folders it holds no record of."""
     journal = SweepDir(path).journal
     try:
         trials = open_study(path, s).get_trials(deepcopy=False)
@@ -90,45 +135,68 @@ def rows(sweep_dir: str | Path) -> list[Row]:
         log.warning(
             "%s holds no record of %s: the journal lost them", journal, ", ".join(missing[:5])
         )
-    retried = {int(t.user_attrs["retry_of"]) for t in trials if "retry_of" in t.user_attrs}
-    open_attrs = [
-        t.user_attrs for t in trials if t.user_attrs.get("status") in ("running", "pending")
-    ]
+    return list(trials)
+
+
+def _number(trial: Any) -> int:
+    """The trial's number: its directory's (an attempt's Optuna number differs after a retry)."""
+    number = SweepDir.number_of(trial.user_attrs.get("run_dir", ""))
+    return trial.number if number is None else number
+
+
+def _job_states(attrs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Slurm's view of the jobs of trials still marked pending or running."""
+    open_attrs = [a for a in attrs if a.get("status") in ("running", "pending")]
     jobs = [j for j in map(_job_of, open_attrs) if j is not None]
-    states = {}
-    if jobs and shutil.which("squeue"):
-        states = job_states(jobs)
-    out = []
-    for t in trials:
-        if t.number in retried:
-            continue
-        a = t.user_attrs
-        status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
-        if status in ("running", "pending") and not _alive(a, states):
-            status = "lost"
-        run = RunDir(a["run_dir"]) if a.get("run_dir") else None
-        history = run.metric_series(s.metric)[1] if run else []
-        best = (max(history) if s.mode == "max" else min(history)) if history else None
-        wall = a["ended"] - a["started"] if "ended" in a and "started" in a else None
-        value = t.value if t.value is not None else (history[-1] if history else None)
-        out.append(
-            Row(
-                t.number,
-                status,
-                a.get("overrides", ""),
-                a.get("config", "{}"),
-                value,
-                best,
-                a.get("epoch"),
-                wall,
-                a.get("error", ""),
-                a.get("run_dir", ""),
-                dict(t.params),
-                a.get("step"),
-                int(a.get("seed_idx", 0)),
-            )
-        )
-    return out
+    return job_states(jobs) if jobs and shutil.which("squeue") else {}
+
+
+def _row(number: int, t: Any, s: SweepConfig, states: dict[str, dict[str, str]]) -> Row:
+    a = t.user_attrs
+    status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
+    if status in ("running", "pending") and not _alive(a, states):
+        status = "lost"
+    run = RunDir(a["run_dir"]) if a.get("run_dir") else None
+    history = run.metric_series(s.metric)[1] if run else []
+    result = run.read_result() if run else {}
+    return Row(
+        number=number,
+        status=status,
+        overrides=a.get("overrides", ""),
+        config=a.get("config", "{}"),
+        value=t.value if t.value is not None else (history[-1] if history else None),
+        best=(max(history) if s.mode == "max" else min(history)) if history else None,
+        epoch=a.get("epoch"),
+        wall_s=a["ended"] - a["started"] if "ended" in a and "started" in a else None,
+        error=a.get("error", ""),
+        run_dir=a.get("run_dir", ""),
+        params=typed(dict(t.params)),
+        step=a.get("step"),
+        seed_idx=int(a.get("seed_idx", 0)),
+        metrics={
+            k: float(v)
+            for k, v in result.items()
+            if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)
+        },
+        optuna_trial=t.number,
+    )
+
+
+def _unstarted(path: Path, n: int, params: dict[str, Any], seed_idx: int, sampled: bool) -> Row:
+    return Row(
+        number=n,
+        status="pending",
+        overrides="(sampled when it starts)" if sampled else label(params, seed_idx),
+        config=json.dumps(params, sort_keys=True),
+        value=None,
+        best=None,
+        epoch=None,
+        wall_s=None,
+        error="",
+        run_dir=str(SweepDir(path).trial(n).path),
+        params=typed(params),
+        seed_idx=seed_idx,
+    )
 
 
 def _job_of(attrs: dict[str, Any]) -> str | None:
@@ -154,82 +222,49 @@ def _alive(attrs: dict[str, Any], states: dict[str, dict[str, str]]) -> bool:
         return False
 
 
-def table(sweep_dir: str | Path) -> str:
-    """One row per trial (or per configuration, with repeats: mean ± std), best first.
-
-    `epochs` counts whole epochs and `steps` optimizer steps, so a trial that ended inside an
-    epoch (train.max_steps) shows its progress; sampled floats are shown to 4 significant digits.
-    """
-    path = Path(sweep_dir)
-    s = _settings(path)
-    rs = rows(path)
-    lines = [f"sweep {path}  ({len(rs)} trial(s); {s.metric}, {s.mode})"]
-    tail = f"{'epochs':>6} {'steps':>6} {'wall s':>7}  overrides"
-    if _repeated(rs):
-        lines.append(f"{'runs':>5}  {'status':<9} {'mean':>12} {'± std':>8} {tail}")
-        for g in sorted(_groups(rs), key=lambda g: _key(_mean(g), s.mode)):
-            status = "/".join(sorted({r.status for r in g}))
-            lines.append(
-                f"{len(g):>5}  {status:<9} {_f(_mean(g)):>12} {_f(_std(g)):>8} "
-                f"{_i(_most(r.epoch for r in g)):>6} {_i(_most(r.step for r in g)):>6} "
-                f"{_f(sum(r.wall_s or 0 for r in g)):>7}  {_short(_label(g[0]), g[0].params)}"
-            )
-        return "\n".join(lines)
-    lines.append(f"{'trial':>5}  {'status':<9} {s.metric:>12} {'best':>8} {tail}")
-    for r in sorted(rs, key=lambda r: (_key(r.value, s.mode), r.number)):
-        text = (
-            f"{r.number:>5}  {r.status:<9} {_f(r.value):>12} {_f(r.best):>8} {_i(r.epoch):>6} "
-            f"{_i(r.step):>6} {_f(r.wall_s):>7}  {_short(r.overrides, r.params)}"
-        )
-        if r.error:
-            text += f"  | {r.error}"
-        lines.append(text)
-    return "\n".join(lines)
-
-
-def _groups(rs: list[Row]) -> list[list[Row]]:
+def groups(rs: list[Row]) -> list[list[Row]]:
     """Trials by configuration (repeats of one differ only in their seed), in trial order."""
-    groups: dict[str, list[Row]] = {}
+    by_config: dict[str, list[Row]] = {}
     for r in rs:
-        groups.setdefault(r.config, []).append(r)
-    return list(groups.values())
+        by_config.setdefault(r.config, []).append(r)
+    return list(by_config.values())
 
 
-def _repeated(rs: list[Row]) -> bool:
-    return any(len(g) > 1 for g in _groups(rs))
+def repeated(rs: list[Row]) -> bool:
+    return any(len(g) > 1 for g in groups(rs))
 
 
-def _label(r: Row) -> str:
+def config_label(r: Row) -> str:
     """The trial's overrides without its seed: the configuration's."""
     return r.overrides.rsplit(" seed#", 1)[0] or "(base)"
 
 
-def _done(g: list[Row]) -> list[Row]:
+def done(g: list[Row]) -> list[Row]:
     return [r for r in g if r.status == "completed" and r.value is not None]
 
 
-def _mean(g: list[Row]) -> float | None:
-    vals = [r.value for r in _done(g) if r.value is not None]
+def mean(g: list[Row]) -> float | None:
+    vals = [r.value for r in done(g) if r.value is not None]
     return statistics.fmean(vals) if vals else None
 
 
-def _std(g: list[Row]) -> float:
-    vals = [r.value for r in _done(g) if r.value is not None]
+def std(g: list[Row]) -> float:
+    vals = [r.value for r in done(g) if r.value is not None]
     return statistics.stdev(vals) if len(vals) > 1 else 0.0
 
 
-def _key(value: float | None, mode: str) -> float:
+def sort_key(value: float | None, mode: str) -> float:
     """Sort key, best first: missing or non-finite values last."""
     if value is None or not math.isfinite(value):
         return math.inf
     return -value if mode == "max" else value
 
 
-def _most(values: Iterable[int | None]) -> int | None:
+def most(values: Iterable[int | None]) -> int | None:
     return max((v for v in values if v is not None), default=None)
 
 
-def _short(text: str, params: dict[str, Any]) -> str:
+def short(text: str, params: dict[str, Any]) -> str:
     """`text` with sampled floats to 4 significant digits (for display: the ledger and best.yml
     keep them exact)."""
     for k, v in params.items():
@@ -238,11 +273,11 @@ def _short(text: str, params: dict[str, Any]) -> str:
     return text
 
 
-def _f(v: float | None) -> str:
+def fmt_float(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
-def _i(v: int | None) -> str:
+def fmt_int(v: int | None) -> str:
     return "-" if v is None else str(v)
 
 
@@ -260,7 +295,7 @@ class Best:
     @property
     def label(self) -> str:
         """The configuration's overrides (without a repeat's seed)."""
-        return _label(self.trials[0])
+        return config_label(self.trials[0])
 
     @property
     def seeds(self) -> str:
@@ -275,7 +310,7 @@ class Best:
                 f"best trial {top.number}: {self.value:.6g}  {top.overrides}\n"
                 f"  directory {top.run_dir}\n  config    {self.path}"
             )
-        trials = ", ".join(f"{r.number} ({_f(r.value)})" for r in self.trials)
+        trials = ", ".join(f"{r.number} ({fmt_float(r.value)})" for r in self.trials)
         return (
             f"best configuration: {self.metric}={self.value:.6g} ± {self.std:.2g} over "
             f"{self.seeds}  {self.label}\n  trials    {trials}\n  config    {self.path}"
@@ -284,13 +319,13 @@ class Best:
 
 def _best(rs: list[Row], mode: str) -> tuple[list[Row], float, float | None, int] | None:
     """The best configuration's completed trials, its value, spread and number of trials."""
-    repeated = _repeated(rs)
-    groups = _groups(rs) if repeated else [[r] for r in rs]
-    scored = [(g, m) for g in groups if (m := _mean(g)) is not None]
+    seeds = repeated(rs)
+    candidates = groups(rs) if seeds else [[r] for r in rs]
+    scored = [(g, m) for g in candidates if (m := mean(g)) is not None]
     if not scored:
         return None
-    g, value = min(scored, key=lambda gm: _key(gm[1], mode))
-    return _done(g), value, _std(g) if repeated else None, len(g)
+    g, value = min(scored, key=lambda gm: sort_key(gm[1], mode))
+    return done(g), value, std(g) if seeds else None, len(g)
 
 
 def best(sweep_dir: str | Path) -> Best:
@@ -299,83 +334,27 @@ def best(sweep_dir: str | Path) -> Best:
     from omegaconf import OmegaConf  # lazy: keeps `sweep table` light
 
     path = Path(sweep_dir)
-    s = _settings(path)
+    s = settings(path)
     found = _best(rows(path), s.mode)
     if found is None:
         raise UserError(f"{path}: no completed trial yet", f"see `expctl sweep table {path}`")
-    done, value, std, runs = found
-    top = Best(done, value, std, runs, s.metric, SweepDir(path).best)
-    cfg = config_mod.load(done[0].run_dir).to_dict()
+    top = Best(*found, s.metric, SweepDir(path).best)
+    first = top.trials[0]
+    cfg = config_mod.load(first.run_dir).to_dict()
     cfg["run"]["dir"] = None
-    cfg["train"]["seed"] -= done[0].seed_idx
+    cfg["train"]["seed"] -= first.seed_idx
     cfg.pop("sweep", None)
-    if std is None:
-        header = f"# best trial {done[0].number} of {path} ({s.metric}={value:.6g}): {done[0].overrides}\n"
+    if top.std is None:
+        header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {first.overrides}\n"
     else:
-        numbers = ", ".join(str(r.number) for r in done)
+        numbers = ", ".join(str(r.number) for r in top.trials)
         header = (
-            f"# best configuration of {path} ({s.metric}={value:.6g} ± {std:.2g} over trials "
-            f"{numbers}): {_label(done[0])}\n"
+            f"# best configuration of {path} ({s.metric}={top.value:.6g} ± {top.std:.2g} over "
+            f"trials {numbers}): {top.label}\n"
         )
     top.path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    imports = RunDir(first.run_dir).imports  # -C best.yml finds the trial's modules anywhere
+    SweepDir(path).imports.unlink(missing_ok=True)
+    if imports.is_file():
+        shutil.copyfile(imports, SweepDir(path).imports)
     return top
-
-
-def plot(sweep_dir: str | Path) -> Path:
-    """PNG of every trial's metric against its budget; stopped trials marked, best in bold."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        raise UserError("expctl sweep plot needs matplotlib", "pip install matplotlib") from None
-    path = Path(sweep_dir)
-    s = _settings(path)
-    rs = rows(path)
-    found = _best(rs, s.mode)
-    top = [r.number for r in found[0]] if found else []
-    fig, ax = plt.subplots(figsize=(8, 5))
-    budget: list[float] = []
-    for r in rs:
-        xs, ys = RunDir(r.run_dir).metric_series(s.metric, x=s.budget)
-        if not xs:
-            continue
-        budget += xs
-        bold = r.number in top
-        line = ax.plot(
-            xs,
-            ys,
-            label=f"#{r.number} {_short(r.overrides, r.params)}"[:48],
-            marker="o",  # a trial validated once is a point, not a line
-            markersize=5 if bold else 3,
-            linewidth=3.0 if bold else 1.0,
-            alpha=1.0 if bold else 0.7,
-            zorder=3 if bold else 2,
-        )[0]
-        if r.status == "stopped":
-            ax.plot(
-                xs[-1], ys[-1], marker="x", markersize=10, color=line.get_color(), linestyle="none"
-            )
-        elif r.status == "failed":
-            ax.plot(
-                xs[-1], ys[-1], marker="o", markersize=8, fillstyle="none", color=line.get_color()
-            )
-    if budget:  # at least one unit wide: points validated at one budget only stay readable
-        lo, hi = min(budget), max(budget)
-        if hi - lo < 1:
-            lo, hi = lo - 0.5, hi + 0.5
-        ax.set_xlim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(s.budget)
-    ax.set_ylabel(s.metric)
-    best_text = f" (#{', #'.join(map(str, top))})" if top else ""
-    ax.set_title(f"{path.name}: x = stopped early, bold = best{best_text}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    out = SweepDir(path).plot
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out

@@ -228,18 +228,22 @@ def check_module_name(module: str) -> None:
         )
 
 
-def import_user_modules(modules: Iterable[str]) -> None:
+def import_user_modules(
+    modules: Iterable[str], found: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
     """Import the modules a config lists under ``imports:`` (their decorators register names),
-    searching the current directory and the -C file's folder (EXPCTL_IMPORT_PATH) after the
+    searching the current directory, the -C file's folder (EXPCTL_IMPORT_PATH) and, last, the
+    folders a run recorded for them (`found`, from its imports.json: see `origins`), after the
     standard library and site-packages."""
     import os
     import sys
 
-    modules = list(modules)
+    modules, found = list(modules), found or {}
     for mod in modules:
         check_module_name(mod)
     search_working_dir_last()
     extra = [str(Path.cwd()), *os.environ.get(IMPORT_PATH, "").split(os.pathsep)]
+    extra += [found[mod]["path"] for mod in modules if mod in found]
     for folder in extra:
         if folder and folder not in sys.path:
             sys.path.append(folder)
@@ -248,16 +252,44 @@ def import_user_modules(modules: Iterable[str]) -> None:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
             if e.name and (mod == e.name or mod.startswith(e.name + ".")):
-                raise UserError(
-                    f"imports: cannot import module '{mod}' (no module named '{e.name}')",
-                    "list importable module names (e.g. 'my_pkg.components'): they are found in "
-                    "the current directory, next to the -C file, and on PYTHONPATH",
-                ) from None
+                raise _not_found(mod, e.name, found.get(mod)) from None
             raise _import_failed(mod, e) from None
         except UserError:
             raise
         except (Exception, SystemExit) as e:  # the user's module is broken: where, in one line
             raise _import_failed(mod, e) from None
+
+
+def _not_found(mod: str, name: str, was: Mapping[str, str] | None) -> UserError:
+    if was is not None:
+        return UserError(
+            f"imports: cannot import module '{mod}': the run imported it from "
+            f"{was.get('file') or was['path']}, which is gone",
+            f"put it back there, or make '{mod}' importable (PYTHONPATH, the current directory)",
+        )
+    return UserError(
+        f"imports: cannot import module '{mod}' (no module named '{name}')",
+        "list importable module names (e.g. 'my_pkg.components'): they are found in "
+        "the current directory, next to the -C file, and on PYTHONPATH",
+    )
+
+
+def origins(modules: Iterable[str]) -> dict[str, dict[str, str]]:
+    """Where each imported module of `modules` was found: its ``file`` and the ``path`` folder
+    that holds it (what goes on the module search path to import it by name again)."""
+    import sys
+
+    out = {}
+    for mod in modules:
+        file = getattr(sys.modules.get(mod), "__file__", None)
+        if not file:
+            continue  # not imported here, or a namespace package
+        where = Path(file).absolute()
+        root = where.parent
+        for _ in range(mod.count(".") + (where.name == "__init__.py")):
+            root = root.parent
+        out[mod] = {"file": str(where), "path": str(root)}
+    return out
 
 
 def _import_failed(mod: str, e: BaseException) -> UserError:

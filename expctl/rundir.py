@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as config_mod
+from expctl import registry
 from expctl.config import Config
 from expctl.errors import UserError
 from expctl.layout import RunDir
@@ -155,6 +156,7 @@ def create(
             held.release()
         if created:
             RunDir(path).lock.unlink(missing_ok=True)
+            RunDir(path).imports.unlink(missing_ok=True)
             _remove_if_empty(path)
             if not root_existed:
                 _remove_if_empty(root)
@@ -174,7 +176,7 @@ def _lock(path: Path) -> RunLock:
 
 # what expctl may leave in a run directory before it holds a config (a lock, a Slurm job that
 # never started training, a sweep trial's identity): such a folder is still free to use
-_BOOKKEEPING = {RunDir.LOCK, RunDir.JOBS, RunDir.TRIAL, RunDir.SLURM}
+_BOOKKEEPING = {RunDir.LOCK, RunDir.JOBS, RunDir.TRIAL, RunDir.SLURM, RunDir.IMPORTS}
 
 
 def _make(path: Path) -> bool:
@@ -237,7 +239,15 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
         raise UserError(
             f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir"
         )
-    tmp = path / f".{RunDir.CONFIG}.tmp-{os.getpid()}"
+    found = registry.origins(cfg.imports)  # load_model and -C config.yaml find them anywhere
+    if found:
+        _write(RunDir(path).imports, json.dumps(found, indent=2) + "\n")
+    _write(target, text)
+
+
+def _write(target: Path, text: str) -> None:
+    """Write `target` whole or not at all (a reader never sees half of it)."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text)
         os.chmod(tmp, 0o640)

@@ -1,9 +1,9 @@
 """A sweep's Optuna study: opening it on the journal file, and what trials write to it.
 
-A trial knows it is one from RUN_DIR/trial.json (`TrialRef`: its sweep and number), never from
-the user's config. `TrialHooks` is its one bookkeeping path, local and Slurm alike: rank 0
-marks it running, reports each validation to the pruner (ASHA / median) and records how it
-ended with `finish`. The sweep driver only marks trials pending and records a failure that no
+A trial knows it is one from RUN_DIR/trial.json (`TrialRef`: its sweep and the number of its
+attempt in the study), never from the user's config. `TrialHooks` is its one bookkeeping path,
+local and Slurm alike: rank 0 marks it running, reports each validation to the study (and to
+the pruner, ASHA / median, when one is set) and records how it ended with `finish`. The sweep driver only marks trials pending and records a failure that no
 rank could (a worker that never started).
 """
 
@@ -76,7 +76,9 @@ def _storage(sweep_dir: Path) -> Any:
 
 @dataclass(frozen=True)
 class TrialRef:
-    """Which sweep trial a run directory holds (RUN_DIR/trial.json, written by the sweep)."""
+    """Which attempt of a sweep trial a run directory holds (RUN_DIR/trial.json, written by the
+    sweep): `number` is the attempt's in the Optuna study; the trial's own number is its
+    directory's (a retry of trial_001 is a later attempt)."""
 
     sweep_dir: str
     number: int
@@ -141,8 +143,24 @@ def finish(
             mark(ref, "failed", error=f"no metric {s.metric!r} in the result", **ended)
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             return
+        _report_last(study, ref, s, metrics, float(value))
         mark(ref, "completed", **ended)
         study.tell(number, float(value), skip_if_finished=True)
+
+
+def _report_last(
+    study: Any, ref: TrialRef, s: SweepConfig, metrics: dict[str, Any], value: float
+) -> None:
+    """The final metric as the trial's last intermediate value, unless a validation at that
+    budget reported it: a trial that ended inside an epoch (train.max_steps) has a point too."""
+    import optuna
+
+    budget = metrics.get(s.budget)
+    trial = study.get_trials(deepcopy=False)[ref.number]
+    if trial.state.is_finished() or not isinstance(budget, int):
+        return
+    if budget not in trial.intermediate_values:
+        optuna.trial.Trial(study, ref.trial_id(_storage(Path(ref.sweep_dir)))).report(value, budget)
 
 
 class TrialHooks(Hooks):
@@ -162,10 +180,10 @@ class TrialHooks(Hooks):
             mark(self.ref, "running", started=time.time())
 
     def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
-        if not self.is_main or self.s.pruner == "none":
-            return False
+        """Report the metric to the study (every trial: `sweep plot` draws it), then ask the
+        pruner, if any, whether to stop."""
         value = metrics.get(self.s.metric)
-        if value is None:
+        if not self.is_main or value is None:
             return False
         import optuna
 
@@ -177,14 +195,9 @@ class TrialHooks(Hooks):
             self._trial_id = self.ref.trial_id(storage)
         trial = optuna.trial.Trial(self._study, self._trial_id)
         trial.report(float(value), epoch if self.s.budget == "epoch" else step)
-        stop = bool(trial.should_prune())
+        stop = self.s.pruner != "none" and bool(trial.should_prune())
         if stop:
-            log.info(
-                "sweep: trial %d stopped early at epoch %d (%s)",
-                self.ref.number,
-                epoch,
-                self.s.pruner,
-            )
+            log.info("sweep: this trial stopped early at epoch %d (%s)", epoch, self.s.pruner)
         return stop
 
     def on_end(self, metrics: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl import compose, ledger, rundir, slurm
+from expctl import compose, ledger, results, rundir, slurm
 from expctl import config as config_mod
 from expctl.config import Config
 from expctl.errors import Interrupted, UserError
@@ -247,59 +247,61 @@ def _check_unchanged(spec: dict[str, Any]) -> None:
         )
 
 
-def _trial_configs(
-    sweep_dir: Path, base: Config, todo: list[tuple[dict[str, Any], int, int | None]]
-) -> list[Config]:
-    """Ask the study for each (params, seed index, trial dir to reuse) and freeze its config."""
+@dataclass(frozen=True)
+class Slot:
+    """A trial to start: its number (its directory, trial_NNN), grid point ({}: the sampler
+    picks one), seed index, and whether it retries a failed or lost attempt in its directory."""
+
+    number: int
+    params: dict[str, Any]
+    seed_idx: int = 0
+    retry: bool = False
+
+
+def _trial_configs(sweep_dir: Path, base: Config, todo: list[Slot]) -> list[Config]:
+    """Ask the study for each slot's trial and freeze its config into its directory."""
     spec = SweepDir(sweep_dir).read_spec()
     _check_unchanged(spec)
     dims = [Dimension(**d) for d in spec["dims"]]
     study = open_study(sweep_dir, base.sweep)
     out = []
-    for params, seed_idx, reuse in todo:
-        if params:
-            study.enqueue_trial(params, skip_if_exists=False)
+    for slot in todo:
+        if slot.params:
+            study.enqueue_trial(slot.params, skip_if_exists=False)
         trial = study.ask({d.key: d.distribution() for d in dims})
         chosen = dict(trial.params)
         overrides = [*spec["plain"], *(_override(k, v) for k, v in chosen.items())]
-        if seed_idx:
-            overrides.append(f"train.seed={base.train.seed + seed_idx}")
-        number = reuse if reuse is not None else trial.number
-        trial_dir = SweepDir(sweep_dir).trial(number).path
-        label = " ".join(_override(k, v) for k, v in chosen.items()) + (
-            f" seed#{seed_idx}" if seed_idx else ""
-        )
+        if slot.seed_idx:
+            overrides.append(f"train.seed={base.train.seed + slot.seed_idx}")
+        trial_dir = SweepDir(sweep_dir).trial(slot.number).path
         attrs = {
-            "overrides": label or "(base)",
+            "overrides": ledger.label(chosen, slot.seed_idx),
             "config": json.dumps(chosen, sort_keys=True),
             "status": "pending",
             "run_dir": str(trial_dir),
-            "seed_idx": seed_idx,
+            "seed_idx": slot.seed_idx,
         }
-        if reuse is not None:
-            attrs["retry_of"] = reuse
+        if slot.retry:
+            attrs["retry_of"] = slot.number
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
         cfg = compose.compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
-        if reuse is not None:  # a retry continues the failed trial's own checkpoints
+        if slot.retry:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
         frozen, held = rundir.create(cfg)
         if held is not None:  # the trial's launch takes it when it starts
             held.release()
-        TrialRef(str(sweep_dir), trial.number).write(trial_dir)  # the trial's identity
+        TrialRef(str(sweep_dir), trial.number).write(trial_dir)  # the attempt's identity
         out.append(frozen)
     return out
 
 
-def run_trials(
-    sweep_dir: Path, base: Config, todo: list[tuple[dict[str, Any], int, int | None]] | None = None
-) -> Outcome:
+def run_trials(sweep_dir: Path, base: Config, todo: list[Slot] | None = None) -> Outcome:
     """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array (whose
     trials have not ended when this returns: none counts as failed)."""
-    spec = SweepDir(sweep_dir).read_spec()
     if todo is None:
-        configs = spec["points"] or [{}] * spec["n_trials"]
-        todo = [(p, i, None) for p in configs for i in range(spec["repeat"])]
+        plan = ledger.planned(SweepDir(sweep_dir).read_spec())
+        todo = [Slot(n, p, i) for n, (p, i) in enumerate(plan)]
     if base.launcher.name == "slurm":
         from expctl import launch  # lazy: it loads torch, which `sweep table` never needs
 
@@ -324,7 +326,7 @@ def run_trials(
                 break
     except KeyboardInterrupt:  # the interrupted trial resumes from its checkpoints
         raise Interrupted(f"expctl sweep resume {sweep_dir}") from None
-    print(ledger.table(sweep_dir))
+    print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)
     return _outcome(sweep_dir)
@@ -386,7 +388,7 @@ def run_one(cfg: Config) -> bool:
             finish(ref, cfg.sweep, {}, error=e)
         log.error(
             "trial %s failed: %s",
-            ref.number,
+            SweepDir.number_of(cfg.run.dir or ""),
             str(e).splitlines()[0] if str(e) else type(e).__name__,
         )
         return False
@@ -423,22 +425,14 @@ def resume(sweep_dir: str | Path) -> Outcome:
         else compose.compose(spec["config_file"], spec["plain"])
     )
     study = open_study(path, base.sweep)
-    todo: list[tuple[dict[str, Any], int, int | None]] = []
-    live = ledger.rows(path)
-    for r in live:
-        if r.status not in ("failed", "lost"):
-            continue
-        trial = study.get_trials(deepcopy=False)[r.number]
-        if not trial.state.is_finished():
-            study.tell(r.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        todo.append((r.params, int(trial.user_attrs.get("seed_idx", 0)), r.number))
-    done_configs = [json.loads(r.config) for r in live]
-    if spec["points"]:
-        for p in spec["points"]:
-            for i in range(spec["repeat"] - done_configs.count(p)):
-                todo.append((p, i, None))
-    else:
-        todo += [({}, 0, None)] * max(0, spec["n_trials"] * spec["repeat"] - len(live))
+    todo: list[Slot] = []
+    for r in ledger.rows(path):
+        if r.status in ("failed", "lost"):
+            assert r.optuna_trial is not None, "a trial that ended was started"
+            study.tell(r.optuna_trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            todo.append(Slot(r.number, json.loads(r.config), r.seed_idx, retry=True))
+        elif r.optuna_trial is None:  # never started
+            todo.append(Slot(r.number, json.loads(r.config), r.seed_idx))
     if not todo:
         print(f"expctl: nothing to resume in {path}: every trial completed or was stopped")
         return _outcome(path)

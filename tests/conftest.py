@@ -75,7 +75,10 @@ class _Warm:
         cls, args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         if cls.proc is None or cls.proc.poll() is not None:
-            clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
+            # the expctl of this checkout, not the one the interpreter has installed (a worktree)
+            clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"} | {
+                "PYTHONPATH": str(REPO)
+            }
             cls.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("warm_cli.py"))],
                 stdin=subprocess.PIPE,
@@ -151,6 +154,33 @@ def tiny(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yml"
     path.write_text(TINY)
     return path
+
+
+NEIGHBOUR = """\
+\"\"\"A user's model module beside the -C file (imports: [neighbour_models]).\"\"\"
+from torch import nn
+
+from expctl import register
+
+
+@register("models", "neighbour_mlp")
+def neighbour_mlp(input_shape: tuple[int, ...] = (20,), num_classes: int = 4) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], 8), nn.ReLU(), nn.Linear(8, num_classes))
+"""
+
+
+@pytest.fixture
+def neighbour(tmp_path: Path) -> Path:
+    """`project/my.yml` (TINY with `imports: [neighbour_models]` and that module's model) and
+    `project/neighbour_models.py` beside it, found only as the -C file's neighbour; returns
+    my.yml. `elsewhere/` is another working directory."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (project / "neighbour_models.py").write_text(NEIGHBOUR)
+    body = TINY.replace("model: {name: mlp, hidden: [32]}", "model: {name: neighbour_mlp}")
+    (project / "my.yml").write_text("imports: [neighbour_models]\n" + body)
+    return project / "my.yml"
 
 
 def run_dirs(root: Path) -> list[Path]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +90,35 @@ def test_a_local_launch_gives_back_the_callers_signal_handlers(host: None) -> No
     assert result["step"] == 2
     _same(before, _state())
     assert signal.getsignal(signal.SIGTERM) is _mine
+
+
+@pytest.mark.slow
+def test_load_model_finds_the_module_that_sat_beside_the_config_file(neighbour: Path) -> None:
+    """The run found `imports: [neighbour_models]` beside its -C file (and was started from
+    another directory); Python started in a third one loads its model, and once the module is
+    gone the error names it and where it was."""
+    root = neighbour.parent.parent
+    proc = conftest.expctl("run", "-C", str(neighbour), "train.max_steps=2", cwd=root / "elsewhere")
+    run_dir = re.search(r"results in (\S+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    code = f"import expctl; m = expctl.load_model({run_dir!r}); print(m[1].out_features)"
+
+    def load() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=root,
+            env=conftest.cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    loaded = load()
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "8", loaded.stderr
+    module = neighbour.with_name("neighbour_models.py")
+    module.rename(module.with_name("renamed.py"))
+    gone = load()
+    assert gone.returncode != 0
+    assert (
+        f"cannot import module 'neighbour_models': the run imported it from {module}, "
+        "which is gone" in gone.stderr
+    ), gone.stderr

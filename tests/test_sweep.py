@@ -3,7 +3,9 @@ commands, failures, resume, and the same on Slurm."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 import re
 import statistics
@@ -117,7 +119,7 @@ def test_tpe_samples_log_interval_and_choices(tiny: Path) -> None:
         lr = r.params["optim.lr"]
         assert 0.001 <= lr <= 0.5
         frozen = (Path(r.run_dir) / "config.yaml").read_text()
-        assert f"lr: {lr}" in frozen and r.params["model.hidden"] in ("[8]", "[16]")
+        assert f"lr: {lr}" in frozen and r.params["model.hidden"] in ([8], [16])
 
 
 def test_ddp_trials_are_pruned_on_every_rank(tiny: Path) -> None:
@@ -174,8 +176,8 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
         cwd=tiny.parent,
         check=False,
     )
-    assert [r.status for r in ledger.rows(sweep_dir_of(proc.stdout))] == ["failed"]
-    assert proc.returncode == 1 and "1 of 1 trial(s) failed" in proc.stderr
+    assert [r.status for r in ledger.rows(sweep_dir_of(proc.stdout))] == ["failed", "pending"]
+    assert proc.returncode == 1 and "1 of 2 trial(s) failed" in proc.stderr
 
 
 def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
@@ -276,36 +278,89 @@ def test_table_rounds_sampled_values_and_counts_steps(short_sweep: Path) -> None
     assert exact and exact.group(1) in {str(r.params["optim.lr"]) for r in rows}
 
 
-def test_plot_shows_trials_with_a_single_validation(
-    short_sweep: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import matplotlib.figure
+def test_table_as_json_and_csv_sorted_and_filtered(short_sweep: Path) -> None:
+    rows = ledger.rows(short_sweep)
+    as_json = json.loads(
+        run_cli("sweep", "table", "--json", str(short_sweep), cwd=short_sweep).stdout
+    )
+    assert as_json["metric"] == "val/acc" and as_json["mode"] == "max"
+    by_number = {t["trial"]: t for t in as_json["trials"]}
+    assert sorted(by_number) == [r.number for r in rows] == [0, 1]
+    for r in rows:
+        t = by_number[r.number]
+        assert t["status"] == "completed" and t["params"] == {"optim.lr": r.params["optim.lr"]}
+        assert t["value"] == r.value == t["metrics"]["val/acc"] and t["step"] == 6
+        assert Path(t["run_dir"]).name == f"trial_{r.number:03d}"
+    text = run_cli("sweep", "table", "--csv", "--sort=-optim.lr", str(short_sweep), cwd=short_sweep)
+    table = list(csv.DictReader(io.StringIO(text.stdout)))
+    assert [float(x["optim.lr"]) for x in table] == sorted(
+        (r.params["optim.lr"] for r in rows), reverse=True
+    )
+    assert list(table[0])[:3] == ["trial", "status", "optim.lr"] and "val/acc" in table[0]
+    assert {x["trial"] for x in table} == {"0", "1"}
+    none = run_cli(
+        "sweep", "table", "--json", "--filter", "status=failed", str(short_sweep), cwd=short_sweep
+    )
+    assert json.loads(none.stdout)["trials"] == []
+    some = run_cli(
+        "sweep",
+        "table",
+        "--filter",
+        "status=failed",
+        "--filter",
+        "status=completed",
+        "--sort",
+        "trial",
+        str(short_sweep),
+        cwd=short_sweep,
+    ).stdout
+    assert "(2 of 2 trial(s): 2 completed;" in some
+    assert [line.split()[0] for line in some.splitlines()[2:]] == ["0", "1"]
 
-    figures = []
-    save = matplotlib.figure.Figure.savefig
 
-    def spy(fig: matplotlib.figure.Figure, *args: object, **kwargs: object) -> None:
-        figures.append(fig)
-        save(fig, *args, **kwargs)  # type: ignore[arg-type]
+def test_sweep_results_in_python(short_sweep: Path) -> None:
+    import expctl
 
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
-    ledger.plot(short_sweep)
-    (ax,) = figures[0].axes
-    trials = [x for x in ax.get_lines() if str(x.get_label()).startswith("#")]
-    assert len(trials) == 2 and all(len(x.get_xdata()) == 1 for x in trials)  # type: ignore[arg-type]
-    assert all(x.get_marker() not in (None, "", " ", "None") for x in trials), "points are drawn"
-    lo, hi = ax.get_xlim()
-    assert hi - lo >= 1, (lo, hi)
-    assert all(lo < x < hi for t in trials for x in t.get_xdata())  # type: ignore[union-attr]
+    results = expctl.sweep_results(short_sweep)
+    assert [r.number for r in results] == [0, 1] and results.metric == "val/acc"
+    records = results.records()
+    assert records[0]["trial"] == 0 and isinstance(records[0]["optim.lr"], float)
+    assert records[0]["val/acc"] == results.rows[0].value
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(expctl.UserError, match="needs pandas"):
+            results.to_pandas()
+    else:
+        frame = results.to_pandas()
+        assert list(frame.index) == [0, 1] and frame["val/acc"].tolist() == [
+            r.value for r in results
+        ]
+
+
+def test_plot_writes_what_two_trials_allow_and_says_what_it_skipped(short_sweep: Path) -> None:
+    out = run_cli("sweep", "plot", str(short_sweep), cwd=short_sweep).stdout
+    for name in ("intermediate_values", "slice"):
+        png = short_sweep / f"plot_{name}.png"
+        assert f"wrote {png}" in out and _is_png(png)
+    assert "skipped plot_param_importances: one swept parameter" in out
+    assert "skipped plot_parallel_coordinate" in out
+    assert not (short_sweep / "plot_param_importances.png").exists()
+
+
+def _is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
 
 
 def test_resume_reruns_a_lost_trial_and_the_rest(tiny: Path) -> None:
+    """A 4-point grid killed during trial 1 lists all 4 (2 never started); resumed, each trial's
+    number is its directory's and no number is skipped."""
     args = [
         "run",
         "-C",
         str(tiny),
         "-m",
-        "optim.lr=0.1,0.2,0.3",
+        "optim.lr=0.1,0.2,0.3,0.01",
         "imports=[faulty]",
         "train.step=kill_at_step",
         "checkpoint.every=5",
@@ -314,7 +369,11 @@ def test_resume_reruns_a_lost_trial_and_the_rest(tiny: Path) -> None:
     assert killed.returncode == -9
     sweep = sweep_dir_of(killed.stdout)
     statuses = [r.status for r in ledger.rows(sweep)]
-    assert statuses == ["completed", "lost"], statuses  # trial 1 died with the driver at step 8
+    assert statuses == ["completed", "lost", "pending", "pending"], statuses  # died at step 8
+    table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
+    assert "(4 trial(s): 2 pending, 1 completed, 1 lost;" in table, table
+    assert re.search(r"\n +3  pending .* optim\.lr=0\.01\n", table), table
+    assert f"3 trial(s) not run to the end: `expctl sweep resume {sweep}`" in table
     original = tiny.read_text()
     tiny.write_text(original.replace("momentum: 0.9", "momentum: 0.5"))
     edited = run_cli("sweep", "resume", str(sweep), cwd=tiny.parent, check=False)
@@ -322,9 +381,16 @@ def test_resume_reruns_a_lost_trial_and_the_rest(tiny: Path) -> None:
     tiny.write_text(original)
     run_cli("sweep", "resume", str(sweep), cwd=tiny.parent)
     rows = ledger.rows(sweep)
-    assert [r.status for r in rows] == ["completed"] * 3 and len({r.run_dir for r in rows}) == 3
-    resumed = next(r for r in rows if r.run_dir.endswith("trial_001"))
-    assert "resumed from" in (Path(resumed.run_dir) / "train.log").read_text()
+    assert [r.status for r in rows] == ["completed"] * 4
+    assert [Path(r.run_dir).name for r in rows] == [f"trial_{n:03d}" for n in range(4)]
+    assert [r.number for r in rows] == [0, 1, 2, 3] and rows[1].optuna_trial != 1, "a retry"
+    assert sorted(p.name for p in sweep.glob("trial_*")) == [f"trial_{n:03d}" for n in range(4)]
+    assert [r.overrides for r in rows] == [f"optim.lr={x}" for x in ("0.1", "0.2", "0.3", "0.01")]
+    assert "resumed from" in (sweep / "trial_001" / "train.log").read_text()
+    listed = json.loads(run_cli("sweep", "table", "--json", str(sweep), cwd=tiny.parent).stdout)
+    assert {(t["trial"], Path(t["run_dir"]).name) for t in listed["trials"]} == {
+        (n, f"trial_{n:03d}") for n in range(4)
+    }
 
 
 def test_two_sweeps_started_together_never_collide(tiny: Path) -> None:
@@ -404,12 +470,8 @@ def test_median_rule_and_the_plot(tiny: Path) -> None:
     rows = {r.overrides: r for r in ledger.rows(sweep)}
     assert rows["optim.lr=1e-05"].status == "stopped" and rows["optim.lr=0.3"].status == "completed"
     out = run_cli("sweep", "plot", str(sweep), cwd=tiny.parent).stdout
-    png = sweep / "sweep.png"
-    assert (
-        str(png) in out
-        and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        and png.stat().st_size > 10_000
-    )
+    png = sweep / "plot_intermediate_values.png"
+    assert str(png) in out and _is_png(png)
 
 
 def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -> None:
@@ -431,3 +493,90 @@ def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -
     assert (sweep / "journal.log").read_bytes() == journal
     relative = run_cli("sweep", "table", str(sweep.relative_to(tiny.parent)), cwd=tiny.parent)
     assert "warning" not in relative.stderr, relative.stderr
+
+
+def test_a_three_parameter_tpe_sweep_plots_every_view(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "-m",
+        "experiment=debug",
+        "sweep=tpe",
+        "sweep.n_trials=4",
+        "optim.lr=tag(log, interval(0.001, 0.5))",
+        "optim.momentum=interval(0.0, 0.9)",
+        "model.hidden=choice([8],[16])",
+        cwd=tiny.parent,
+    )
+    sweep = sweep_dir_of(proc.stdout)
+    out = run_cli("sweep", "plot", str(sweep), cwd=tiny.parent).stdout
+    names = ("intermediate_values", "slice", "param_importances", "parallel_coordinate")
+    for name in names:
+        png = sweep / f"plot_{name}.png"
+        assert f"wrote {png}" in out and _is_png(png), out
+    assert "skipped" not in out
+
+    import matplotlib.figure
+
+    from expctl import plots
+
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig: matplotlib.figure.Figure, *args: object, **kwargs: object) -> None:
+        figures.append(fig)
+        save(fig, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    plots.plot(sweep)
+    scales = {ax.get_xlabel(): ax.get_xscale() for ax in figures[1].axes if ax.get_xlabel()}
+    assert scales["optim.lr"] == "log" and scales["optim.momentum"] == "linear", scales
+
+
+@pytest.mark.filterwarnings("ignore:.*is experimental")
+def test_the_progress_plot_stays_legible_with_50_trials() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import optuna
+    from optuna.visualization.matplotlib import plot_intermediate_values
+
+    from expctl import plots
+    from expctl.config import SweepConfig
+
+    def study(n: int) -> optuna.Study:
+        s = optuna.create_study()
+        for i in range(n):
+            done = optuna.trial.TrialState.COMPLETE
+            values = {e: i / (e + 1) for e in range(1, 4)}
+            s.add_trial(optuna.trial.create_trial(state=done, value=i, intermediate_values=values))
+        return s
+
+    few = plots.progress_figure(plot_intermediate_values(study(3)), SweepConfig(), 3)
+    assert few.get_legend() is not None and few.get_xlabel() == "epoch"
+    assert "stopped" not in few.get_title()
+    many = plots.progress_figure(plot_intermediate_values(study(50)), SweepConfig(), 50)
+    assert many.get_legend() is None and "50 trials" in many.get_title()
+    assert all(t == int(t) for t in many.get_xticks()), "whole epochs"
+
+
+def test_best_yml_runs_from_another_directory_with_its_neighbour_module(neighbour: Path) -> None:
+    """The sweep found `imports: [neighbour_models]` beside its -C file; its best.yml, run from
+    a directory where nothing is beside it, still finds the module."""
+    root = neighbour.parent.parent
+    proc = run_cli(
+        "run",
+        "-C",
+        str(neighbour),
+        "-m",
+        "optim.lr=0.05,0.1",
+        "train.max_steps=2",
+        cwd=root / "elsewhere",
+    )
+    sweep = sweep_dir_of(proc.stdout)
+    run_cli("sweep", "best", str(sweep), cwd=root)
+    again = run_cli("run", "-C", str(sweep / "best.yml"), "train.max_steps=2", cwd=root)
+    assert "results in" in again.stdout and "neighbour_mlp" in again.stdout

@@ -4,6 +4,7 @@ directory, no job)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -187,6 +188,21 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=arrays", "data.train=table.csv", "data.target=nope"], "no column 'nope'"),
     (["run", "data=arrays", "data.train=table.csv", "data.task=ranking"], "not one of"),
     (["run", "imports=[corpus_bad_dataset]", "data=pair"], "returned tuple, not expctl.Splits"),
+    # issue 16: reading a sweep (`swept`: a sweep whose 2 trials have not started)
+    (["sweep", "table", "swept", "--filter", "status=complete"], "Did you mean 'completed'?"),
+    (["sweep", "table", "swept", "--filter", "stauts=failed"], "Did you mean 'status'?"),
+    (["sweep", "table", "swept", "--filter", "status"], "expected KEY=VALUE"),
+    (["sweep", "table", "swept", "--sort=-optm.lr"], "--sort optm.lr: no such column"),
+    (["sweep", "table", "--csv", "swept", "--sort", "wall"], "Did you mean 'wall_s'?"),
+    (["sweep", "best", "swept", "--json"], "applies to `expctl sweep table` only"),
+    (["sweep", "best", "swept"], "no completed trial yet"),
+    (["sweep", "table", "--json", "."], "not a sweep directory"),
+    (["sweep", "plot", "."], "not a sweep directory"),
+    # issue 16: a run's `imports:` module deleted from where the run found it
+    (
+        ["run", "-C", "gone_run/config.yaml"],
+        "imported it from /moved/gone_module_xyz.py, which is gone",
+    ),
 ]
 
 
@@ -224,6 +240,11 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "corpus_raises.py").write_text("raise RuntimeError('no GPU license found')\n")
     (tmp_path / "corpus_exits.py").write_text("raise SystemExit(0)\n")
     _image_inputs(tmp_path)
+    _sweep_not_started(tmp_path / "swept")
+    (tmp_path / "gone_run").mkdir()
+    (tmp_path / "gone_run" / "config.yaml").write_text("imports: [gone_module_xyz]\n")
+    where = {"file": "/moved/gone_module_xyz.py", "path": "/moved"}
+    (tmp_path / "gone_run" / "imports.json").write_text(json.dumps({"gone_module_xyz": where}))
     return tmp_path
 
 
@@ -248,6 +269,20 @@ def _image_inputs(tmp_path: Path) -> None:
         "    ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4).long())\n"
         "    return ds, ds\n"
     )
+
+
+def _sweep_not_started(path: Path) -> None:
+    """A grid sweep over optim.lr=0.1,0.2 whose driver stopped before its first trial."""
+    from expctl.config import SweepConfig
+    from expctl.layout import SweepDir
+    from expctl.study import open_study
+
+    path.mkdir()
+    points = [{"optim.lr": "0.1"}, {"optim.lr": "0.2"}]
+    spec = {"config_file": None, "plain": [], "points": points, "repeat": 1, "n_trials": 2}
+    spec["dims"] = [{"key": "optim.lr", "values": ["0.1", "0.2"]}]
+    SweepDir(path).spec.write_text(json.dumps(spec))
+    open_study(path, SweepConfig(), create=True)
 
 
 # the "billion laughs": 9**9 strings from 400 bytes, once its aliases are expanded
