@@ -80,6 +80,11 @@ def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
     return state.epoch >= t.max_epochs or state.step >= total_steps or _stalled(t.early_stop, state)
 
 
+def _step_validation(t: TrainConfig, state: TrainState) -> bool:
+    """Whether train.val_every_steps asks for a validation at this step."""
+    return bool(t.val_every_steps) and state.step % (t.val_every_steps or 1) == 0
+
+
 def _stalled(es: EarlyStopConfig, state: TrainState) -> bool:
     return es.monitor is not None and state.early_stall >= es.patience
 
@@ -111,7 +116,7 @@ def fit(
             _step_schedulers(parts, "step")
             if state.step % t.log_every == 0:
                 _log_train(t, parts, state, meter, loop)
-            if t.val_every_steps and state.step % t.val_every_steps == 0:
+            if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
                 _validate(t, ck, parts, state, loop)
             if ck.every and state.step % ck.every == 0 and loop.saved_at != state.step:
                 _save(ck, parts, state, loop)
@@ -135,7 +140,7 @@ def _end_epoch(
     _step_schedulers(parts, "epoch")
     last = finished(t, state, parts.total_steps)
     status = "completed"
-    if state.epoch % t.val_every == 0 or last:
+    if state.epoch % t.val_every == 0 or last or _step_validation(t, state):
         _validate(t, ck, parts, state, loop)
         if loop.ctl.broadcast(loop.hooks.on_validation(state.val, state.epoch, state.step)):
             status = "stopped"  # the sweep's pruner (rank 0) stopped this trial

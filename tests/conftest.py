@@ -76,6 +76,9 @@ class _Warm:
     ) -> subprocess.CompletedProcess[str]:
         if cls.proc is None or cls.proc.poll() is not None:
             clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
+            # the expctl of this checkout, also where an editable install points elsewhere
+            # (a git worktree beside the main checkout)
+            clean["PYTHONPATH"] = str(REPO)
             cls.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("warm_cli.py"))],
                 stdin=subprocess.PIPE,
