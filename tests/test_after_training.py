@@ -81,7 +81,7 @@ def _stop_epoch(values: list[float], patience: int, min_delta: float) -> int:
 
 def test_early_stopping_ends_both_ddp_workers_at_the_same_epoch(tmp_path: Path) -> None:
     """Two gloo workers stop where the rule, replayed on metrics.jsonl, says, before
-    max_epochs; the first log line names the local launcher; re-running trains nothing."""
+    max_epochs; the first log line names the local launcher; running it again trains nothing."""
     args = [
         "run",
         *SMALL,
@@ -103,8 +103,8 @@ def test_early_stopping_ends_both_ddp_workers_at_the_same_epoch(tmp_path: Path) 
     log = (run / "train.log").read_text()
     assert "local x 2 rank(s)" in log and "torchrun" not in log
     assert "early stop: val/loss has not improved" in log
-    again = run_cli(*args, cwd=tmp_path)
-    assert "already completed" in again.stdout
+    inline = [a for a in args if not a.startswith("launcher")]  # a resumable change
+    assert "already completed" in run_cli(*inline, cwd=tmp_path).stdout
 
 
 def test_validation_every_n_steps_lands_in_metrics_jsonl(tmp_path: Path) -> None:
