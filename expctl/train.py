@@ -128,7 +128,10 @@ def fit(
                 break
         if state.batch >= per_epoch:
             status = _end_epoch(t, ck, parts, state, loop)
-    return _finish(t, ck, parts, state, loop, meter, status)
+    if meter.count:
+        state.train = meter.reduce(loop.env, "train/")
+        _check_finite(t, state, loop.run_dir)
+    return _finish(t, ck, parts, state, loop, status)
 
 
 def _end_epoch(
@@ -150,19 +153,10 @@ def _end_epoch(
 
 
 def _finish(
-    t: TrainConfig,
-    ck: CheckpointConfig,
-    parts: Parts,
-    state: TrainState,
-    loop: Loop,
-    meter: Meter,
-    status: str,
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop, status: str
 ) -> dict[str, Any]:
     """Validate, checkpoint and test the final weights; write result.json."""
     sync_buffers(parts.models, loop.env)  # after the last step: validate and test the saved model
-    if meter.count:
-        state.train = meter.reduce(loop.env, "train/")
-        _check_finite(t, state, loop.run_dir)
     if loop.validated_at != state.step and (not state.val or state.batch):
         _validate(t, ck, parts, state, loop)  # stopped mid-epoch (max_steps): the final weights
     if loop.saved_at != state.step and status == "completed":
