@@ -4,6 +4,7 @@
     result = expctl.run("my.yml", overrides=["optim.lr=0.05"])
     model = expctl.load_model(result.run_dir)
     table = expctl.sweep_results("runs/sweep-...").to_pandas()
+    scores = expctl.evaluate(result.run_dir, split="test")    # RUN_DIR/eval/NAME.json
 
 Importing expctl imports neither torch nor Hydra; they load when a run starts.
 """
@@ -18,6 +19,7 @@ __version__ = "0.2.0.dev0"
 __all__ = [
     "run",
     "load_model",
+    "evaluate",
     "sweep_results",
     "register",
     "Splits",
@@ -34,11 +36,26 @@ def run(config: str | None = None, overrides: Any = (), wait: bool = True) -> An
     return _run(config, overrides, wait)
 
 
-def load_model(run_dir: Any, checkpoint: Any = None, device: str = "cpu") -> Any:
+def load_model(
+    run_dir: Any, checkpoint: Any = None, device: str = "cpu", which: str | None = None
+) -> Any:
     """Load a run's trained model(s) (see expctl.api.load_model)."""
     from expctl.api import load_model as _load
 
-    return _load(run_dir, checkpoint, device)
+    return _load(run_dir, checkpoint, device, which)
+
+
+def evaluate(
+    run_dir: Any,
+    split: str = "val",
+    which: str | None = None,
+    overrides: Any = (),
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Score a run's checkpoint on a split or other data (see expctl.api.evaluate)."""
+    from expctl.api import evaluate as _evaluate
+
+    return _evaluate(run_dir, split, which, overrides, name)
 
 
 def sweep_results(sweep_dir: Any) -> Any:

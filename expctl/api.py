@@ -1,8 +1,10 @@
-"""The Python API: train from a config inside a larger program, and load what a run trained."""
+"""The Python API: train from a config inside a larger program, load what a run trained, and
+score it again on any split or data."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import random
@@ -15,7 +17,7 @@ from typing import Any
 
 from expctl import compose, launch, registry
 from expctl import config as config_mod
-from expctl.errors import UserError
+from expctl.errors import UserError, did_you_mean
 from expctl.launch import Result
 from expctl.layout import RunDir
 
@@ -86,35 +88,86 @@ def caller_state_kept() -> Iterator[None]:
 
 
 def load_model(
-    run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu"
+    run_dir: str | Path,
+    checkpoint: str | Path | None = None,
+    device: str = "cpu",
+    which: str | None = None,
 ) -> Any:
     """The trained model of a run (a dict of models for multi-model runs), in eval mode.
 
     Args:
         run_dir: the run directory printed at the start of the run.
-        checkpoint: a specific checkpoint file; default the newest valid one.
+        checkpoint: a specific checkpoint file (the same as `which=PATH`).
         device: where to put the weights.
+        which: ``best`` (by the run's checkpoint.monitor), ``last`` (the newest valid one) or a
+            checkpoint's path; default: best when the run monitored a metric, else last.
 
     Raises:
-        UserError: no run directory or no loadable checkpoint.
+        UserError: no run directory or no such loadable checkpoint.
     """
     from expctl import checkpoint as ckpt  # lazy: torch loads only when a model does
 
+    if checkpoint is not None and which is not None:
+        raise UserError(
+            "load_model: pass checkpoint= or which=, not both", "which=PATH is the same"
+        )
     run_dir = Path(run_dir)
     cfg = config_mod.load(run_dir)
     registry.import_user_modules(cfg.imports, RunDir(run_dir).read_imports())
-    if checkpoint is not None:
-        path, payload = Path(checkpoint), ckpt.load(Path(checkpoint), device)
-    else:
-        found = ckpt.newest_valid(run_dir, device)
-        if found is None:
-            raise UserError(
-                f"{run_dir}: no loadable checkpoint", "train the run first, or pass checkpoint=PATH"
-            )
-        path, payload = found
+    _, payload = ckpt.pick(run_dir, str(checkpoint) if checkpoint is not None else which, device)
     built = registry.get("models", cfg.model.name).factory(**payload["model_args"])
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
         m.load_state_dict(payload["models"][name])
         m.to(device).eval()
     return models["model"] if list(models) == ["model"] else models
+
+
+SPLITS = ("val", "test", "train")
+
+
+def evaluate(
+    run_dir: str | Path,
+    split: str = "val",
+    which: str | None = None,
+    overrides: Sequence[str] = (),
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Score a run's checkpoint on a split of its data (or of other data: ``data.*``
+    overrides) with its launcher's ranks (``launcher=local launcher.nproc=2`` overrides it);
+    writes RUN_DIR/eval/NAME.json and returns that record.
+
+    Args:
+        split: val, test or train.
+        which: best, last or a checkpoint's path, as for `load_model`.
+        overrides: Hydra-style overrides of the run's frozen config.
+        name: the result's name; default ``SPLIT-CHECKPOINT`` (plus a digest of the overrides).
+
+    Raises:
+        UserError: not a run, no such checkpoint or split, a bad override.
+    """
+    from expctl import checkpoint as ckpt  # lazy: torch loads only when a model does
+    from expctl.rank import Evaluation
+
+    run = RunDir(Path(run_dir).expanduser().absolute())
+    if not run.is_run():
+        raise UserError(
+            f"{run_dir}: not a run directory (no {RunDir.CONFIG})",
+            "pass the folder printed at the start of a run",
+        )
+    if split not in SPLITS:
+        raise UserError(
+            f"split '{split}' is not one of: {', '.join(SPLITS)}.{did_you_mean(split, SPLITS)}",
+            "use --split val, test or train",
+        )
+    with caller_state_kept():
+        notes: list[str] = []
+        cfg = compose.compose(str(run.config), overrides, notes=notes)
+        for note in notes:
+            print(f"expctl: note: {note}", file=sys.stderr, flush=True)
+        path, payload = ckpt.pick(run.path, which)
+        digest = hashlib.sha256("\0".join(overrides).encode()).hexdigest()[:6]
+        name = name or f"{split}-{path.stem}" + (f"-{digest}" if overrides else "")
+        config_mod.check_name("--name", name)
+        ev = Evaluation(str(path.absolute()), int(payload["step"]), split, name, list(overrides))
+        return launch.launch(cfg.replace("run", dir=str(run.path)), evaluation=ev).metrics

@@ -34,6 +34,8 @@ class Parts:
     total_steps: int  # optimizer steps of the whole run
     model_args: dict[str, Any]  # what the model factory got, data-inferred values included
     sched_interval: str = "epoch"  # when the schedulers step: each "epoch" or each "step"
+    sched_monitor: str | None = None  # ... or after each validation, on this metric
+    sched_length: int | None = None  # the run's length the schedule was built for, if it was
     val_batch_size: int = 256  # batch size of validation and test
     limit_val_batches: int | None = None  # score only this many batches per rank (debug runs)
 
@@ -109,7 +111,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
     optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
-    schedulers = _schedulers(cfg, optimizers, total_steps)
+    schedulers, sched_length = _schedulers(cfg, optimizers, total_steps)
     loss_fn = _make(
         "loss", cfg.loss.name, registry.get("losses", cfg.loss.name).factory, **cfg.loss.args
     )
@@ -149,6 +151,8 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         total_steps,
         model_args,
         sched_interval=cfg.sched.interval,
+        sched_monitor=cfg.sched.monitor,
+        sched_length=sched_length,
         val_batch_size=cfg.data.val_batch_size or cfg.data.batch_size,
         limit_val_batches=cfg.train.limit_val_batches,
     )
@@ -278,19 +282,21 @@ def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.opt
 
 def _schedulers(
     cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int | None]:
+    """The schedulers, and the run's length they were built for (None: they do not know it)."""
     if cfg.sched.name is None:
-        return {}
+        return {}, None
     entry = registry.get("schedulers", cfg.sched.name)
     args = dict(cfg.sched.args)
     length = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
-    for key in ("total_steps", "T_max"):  # the run's length, in the unit of sched.interval
-        if key in entry.inferred and args.get(key) is None:
-            args[key] = length
-    return {
+    inferred = [k for k in ("total_steps", "T_max") if k in entry.inferred and args.get(k) is None]
+    for key in inferred:  # the run's length, in the unit of sched.interval
+        args[key] = length
+    made = {
         k: _make("sched", str(cfg.sched.name), entry.factory, opt, **args)
         for k, opt in optimizers.items()
     }
+    return made, length if inferred else None
 
 
 def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:

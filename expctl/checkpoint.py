@@ -5,16 +5,24 @@
     format: 1, step, epoch, batch (micro-batches done in `epoch`), world_size,
     models / optimizers / schedulers: {name: state_dict}, scaler: state_dict | None,
     rng: [per-rank RNG states], val / train: last validation / train metrics,
+    early_best / early_stall: early stopping's best value and validations without improvement,
+    train_s: training time of all attempts so far, sched_length: the run's length the schedule
+    was built for (null: it does not depend on it),
     metrics_rows: rows of metrics.jsonl written before it (the rest are logged again on resume)
 
-next to ``step_000001234.pt.sha256``. Loading uses ``torch.load(weights_only=True)``: tensors
-and plain containers only, never arbitrary pickled objects.
+next to ``step_000001234.pt.sha256`` and ``step_000001234.pt.json``: ``{"step", "epoch",
+"val"}``, the validation metrics of exactly these weights (``{}`` when no validation ran at
+that step), which rank checkpoints by ``checkpoint.monitor``. Loading uses
+``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary pickled
+objects.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import os
 import random
 from pathlib import Path
@@ -22,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expctl.errors import CheckpointError
+from expctl import config
+from expctl.config import CheckpointConfig
+from expctl.errors import CheckpointError, UserError
 from expctl.layout import RunDir
 
 if TYPE_CHECKING:
@@ -47,12 +57,13 @@ def capture(
         "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
         "rng": rng,
         "metrics_rows": metrics_rows,
+        "sched_length": parts.sched_length,
     }
 
 
 def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> dict[str, Any]:
     """Load a payload into the built parts and this rank's RNG; return where training stood
-    (for `TrainState.load_state_dict`).
+    (for `TrainState.load_state_dict`: the payload without its state dicts).
 
     Raises:
         ValueError: the checkpoint's models or optimizers do not match the built ones.
@@ -89,7 +100,8 @@ def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> 
             len(rng),
             world_size,
         )
-    return {k: payload.get(k) for k in ("step", "epoch", "batch", "val", "train")}
+    heavy = ("models", "optimizers", "schedulers", "scaler", "rng")
+    return {k: v for k, v in payload.items() if k not in heavy}
 
 
 def path_for(run_dir: Path, step: int) -> Path:
@@ -97,8 +109,12 @@ def path_for(run_dir: Path, step: int) -> Path:
     return RunDir(run_dir).checkpoints / f"step_{step:09d}.pt"
 
 
-def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
-    """Write `payload` atomically (temporary file, fsync, checksum, rename), keep the newest `keep`.
+def save(
+    run_dir: Path, payload: dict[str, Any], ck: CheckpointConfig, scores: dict[str, float]
+) -> Path:
+    """Write `payload` atomically (temporary file, fsync, checksum, rename) with `scores`, the
+    validation metrics of these weights ({} if none); keep the newest `ck.keep`, or with
+    `ck.monitor` the best `ck.keep` by it plus the newest.
 
     Raises:
         CheckpointError: the write failed; no partial file is left under a checkpoint name.
@@ -107,6 +123,7 @@ def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
     final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     digest_file = final.with_name(final.name + ".sha256")
+    scores_file = _scores_file(final)
     for stale in final.parent.glob(".step_*.tmp-*"):  # left by a process killed mid-write
         stale.unlink(missing_ok=True)
     try:
@@ -116,6 +133,8 @@ def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
             os.fsync(f.fileno())
         digest = _sha256(tmp)
         _write_atomic(digest_file, f"{digest}  {final.name}\n")
+        record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
+        _write_atomic(scores_file, json.dumps(record) + "\n")
         os.chmod(tmp, 0o640)
         os.replace(tmp, final)
         _fsync_dir(final.parent)
@@ -126,11 +145,12 @@ def save(run_dir: Path, payload: dict[str, Any], keep: int) -> Path:
         tmp.unlink(missing_ok=True)
         if not final.exists():
             digest_file.unlink(missing_ok=True)
+            scores_file.unlink(missing_ok=True)
         raise CheckpointError(
             f"could not write checkpoint {final} ({cause.strerror or cause}); "
             "the previous checkpoint is intact"
         ) from e
-    _prune(final.parent, keep)
+    _prune(run_dir, ck)
     return final
 
 
@@ -162,10 +182,74 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _prune(folder: Path, keep: int) -> None:
-    for old in list_checkpoints(folder.parent)[keep:]:
-        old.unlink(missing_ok=True)
-        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
+    files = list_checkpoints(run_dir)
+    if ck.monitor is None:
+        kept = set(files[: ck.keep])
+    else:
+        kept = {*files[:1], *ranked(files, ck.monitor, ck.mode)[: ck.keep]}
+    for old in files:
+        if old not in kept:
+            old.unlink(missing_ok=True)
+            old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+            _scores_file(old).unlink(missing_ok=True)
+
+
+def _scores_file(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def scores(path: Path) -> dict[str, float]:
+    """The validation metrics of a checkpoint's weights ({} when none ran at its step, or for a
+    checkpoint written before they were recorded)."""
+    try:
+        record = json.loads(_scores_file(path).read_text())
+        return {str(k): float(v) for k, v in dict(record.get("val") or {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def ranked(files: list[Path], monitor: str, mode: str) -> list[Path]:
+    """The checkpoints scored on `monitor`, best first (newest first among equals)."""
+    scored = [(v, p) for p in files if math.isfinite(v := scores(p).get(monitor, math.nan))]
+    scored.sort(key=lambda vp: vp[0] if mode == "min" else -vp[0])
+    return [p for _, p in scored]
+
+
+def pick(
+    run_dir: Path, which: str | None = None, map_location: str | torch.device = "cpu"
+) -> tuple[Path, dict[str, Any]]:
+    """A run's checkpoint, loaded: `best` (by the run's checkpoint.monitor), `last` (the newest
+    that loads), or a checkpoint file's path; None: best when the run monitors a metric, else last.
+
+    Raises:
+        UserError: not a run, no such checkpoint, or a best without a monitor.
+    """
+    if which not in (None, "best", "last"):
+        try:
+            return Path(which), load(Path(which), map_location)
+        except (OSError, ValueError) as e:
+            raise UserError(
+                f"checkpoint {which}: {e}", "pass best, last or the path of a .pt checkpoint"
+            ) from None
+    ck = config.load(run_dir).checkpoint
+    which = which or ("best" if ck.monitor else "last")
+    files = list_checkpoints(run_dir)
+    if which == "best":
+        if ck.monitor is None:
+            raise UserError(
+                f"{run_dir} was trained without checkpoint.monitor: it has no best checkpoint",
+                "use which=last (its newest), or train with checkpoint.monitor=val/acc",
+            )
+        files = ranked(files, ck.monitor, ck.mode)
+    found = _first_valid(files, map_location)
+    if found is None:
+        scored = f" scored on {ck.monitor}" if which == "best" else ""
+        raise UserError(
+            f"{run_dir}: no loadable checkpoint{scored}",
+            "train the run first, or pass the path of a checkpoint",
+        )
+    return found
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -179,6 +263,14 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     Raises:
         ValueError: the file is corrupt, truncated, or not an expctl checkpoint.
     """
+    payload = _read(path, map_location)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
+    return payload
+
+
+def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """A torch file's contents after checking the SHA-256 beside it, if any (weights_only)."""
     digest_file = path.with_name(path.name + ".sha256")
     if digest_file.is_file():
         expected = digest_file.read_text().split()[0] if digest_file.read_text().strip() else ""
@@ -189,8 +281,6 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     except Exception as e:
         text = " ".join(str(e).split())[:200]  # one line: torch's messages span several
         raise ValueError(f"cannot read {path}: {type(e).__name__}: {text}") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
     return payload
 
 
@@ -198,12 +288,88 @@ def newest_valid(
     run_dir: Path, map_location: str | torch.device = "cpu"
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads, skipping corrupt ones with a warning naming each."""
-    for path in list_checkpoints(run_dir):
+    return _first_valid(list_checkpoints(run_dir), map_location)
+
+
+def _first_valid(
+    paths: list[Path], map_location: str | torch.device
+) -> tuple[Path, dict[str, Any]] | None:
+    for path in paths:
         try:
             return path, load(path, map_location)
         except ValueError as e:
             log.warning("skipping checkpoint %s: %s", path.name, e)
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# weights only: checkpoint.init and `expctl eval`
+# ---------------------------------------------------------------------------------------------
+
+
+def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Model weights by model name from an expctl checkpoint, a run directory (`pick`'s
+    default) or a plain state-dict file (torch.save(model.state_dict()): the one model's).
+
+    Raises:
+        UserError: the file cannot be read or holds no weights for these models.
+    """
+    if source.is_dir():
+        return dict(pick(source)[1]["models"])
+    try:
+        found = _read(source)
+    except ValueError as e:
+        raise UserError(str(e), "give an expctl checkpoint or a torch.save'd state dict") from None
+    if isinstance(found, dict) and found.get("format") == FORMAT:
+        return dict(found["models"])
+    if not isinstance(found, dict) or not all(isinstance(v, torch.Tensor) for v in found.values()):
+        raise UserError(
+            f"{source} holds neither an expctl checkpoint nor a state dict of tensors",
+            "save the weights with torch.save(model.state_dict(), PATH)",
+        )
+    if len(names) != 1:
+        raise UserError(
+            f"{source} is one state dict, but this config has models {', '.join(names)}",
+            "start from an expctl checkpoint that holds each model",
+        )
+    if found and all(k.startswith("module.") for k in found):  # saved from a DDP wrapper
+        found = {k.removeprefix("module."): v for k, v in found.items()}
+    return {names[0]: dict(found)}
+
+
+def put_weights(
+    models: dict[str, Any], weights: dict[str, dict[str, torch.Tensor]], strict: bool
+) -> list[str]:
+    """Load `weights` into `models`: every tensor whose name and shape fit. Returns what did not
+    fit, one entry per kind and model (missing, unexpected, other shape); with `strict`, loads
+    nothing unless everything fits.
+
+    Raises:
+        ValueError: `strict` and something did not fit (what, in one line).
+    """
+    unfit, fitting = [], {}
+    for name, model in models.items():
+        own, theirs = model.state_dict(), weights.get(name, {})
+        fitting[name] = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
+        reshaped = [
+            f"{k} {list(v.shape)} there, {list(own[k].shape)} here"
+            for k, v in theirs.items()
+            if k in own and k not in fitting[name]
+        ]
+        for kind, keys in (
+            ("missing", [k for k in own if k not in theirs]),
+            ("unexpected", [k for k in theirs if k not in own]),
+            ("other shape", reshaped),
+        ):
+            if keys:
+                more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+                unfit.append(f"model '{name}' {kind} {len(keys)}: {', '.join(keys[:3])}{more}")
+    unfit += [f"model '{n}' unexpected: not in this config" for n in weights if n not in models]
+    if strict and unfit:
+        raise ValueError("; ".join(unfit))
+    for name, model in models.items():
+        model.load_state_dict(fitting[name], strict=False)
+    return unfit
 
 
 # ---------------------------------------------------------------------------------------------

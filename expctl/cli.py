@@ -24,6 +24,7 @@ EPILOG = """examples:
   expctl run -C my.yml optim.lr=0.05            your config file + Hydra-style overrides
   expctl run -C my.yml launcher=local launcher.nproc=2   2 DDP workers on this machine
   expctl run -C my.yml -m optim.lr=0.01,0.1     a sweep (Hydra multirun)
+  expctl eval RUN_DIR --split test               score the run's best (or last) checkpoint again
   expctl show -C my.yml                         the resolved config and the detected environment
   expctl list models                            registered names and their arguments
 """
@@ -71,6 +72,21 @@ def _parser() -> argparse.ArgumentParser:
         "--wait", action="store_true", help="launcher=slurm: follow the job until it ends"
     )
     run.add_argument("--repeat", type=int, metavar="N", help="with -m: N seeds per configuration")
+    ev = sub.add_parser(
+        "eval",
+        help="score a run's checkpoint on a split or other data: RUN_DIR/eval/NAME.json",
+        epilog="overrides change the run's config for this evaluation: data.* (other data), "
+        "launcher=local launcher.nproc=2, data.val_batch_size, train.device",
+    )
+    ev.add_argument("run_dir")
+    ev.add_argument("--split", default="val", help="val | test | train (default: val)")
+    ev.add_argument(
+        "--which",
+        metavar="best|last|PATH",
+        help="the checkpoint (default: best when the run monitored a metric, else last)",
+    )
+    ev.add_argument("--name", help="the result's name (default: SPLIT-CHECKPOINT)")
+    ev.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
     st = sub.add_parser("status", help="job, state, requeues, progress and last metrics of a run")
     st.add_argument("run_dir")
     sw = sub.add_parser("sweep", help="a sweep's trials: table | best | resume | plot SWEEP_DIR")
@@ -109,6 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     wk = sub.add_parser("_worker")  # hidden: one rank started by the local launcher
     wk.add_argument("run_dir")
+    wk.add_argument("--eval", dest="evaluation")  # an Evaluation, as JSON
+    wk.add_argument("--config")  # the evaluation's frozen config
     return p
 
 
@@ -151,11 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     # overrides may come before and after options (`run x=1 -C f.yml y=2`); argparse splits them
     stray = [a for a in extra if a.startswith("-")]
-    if stray or (extra and args.command not in ("run", "show")):
+    if stray or (extra and args.command not in ("run", "show", "eval")):
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if args.command in ("status", "sweep", "show", "list"):
+    if args.command in ("status", "sweep", "show", "list", "eval"):
         from expctl.report import warnings_to_stderr
 
         warnings_to_stderr()
@@ -166,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args)
         if args.command == "list":
             return _list(args)
+        if args.command == "eval":
+            return _eval(args)
         if args.command == "sweep":
             return _sweep(args)
         if args.command == "status":
@@ -181,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "_worker":
             from expctl import launch
 
-            launch.worker(args.run_dir)
+            launch.worker(args.run_dir, args.evaluation, args.config)
             return 0
         _parser().print_help()
         return 0
@@ -220,15 +240,34 @@ def _run(args: argparse.Namespace) -> int:
     from expctl import api
 
     result = api.run(args.config, args.overrides, wait=args.wait)
+    if result.metrics and _is_main():  # under torchrun / srun: rank 0 reports
+        print(f"expctl: done  {_shown(result.metrics)}\nexpctl: results in {result.run_dir}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from expctl import api
+    from expctl.layout import RunDir
+
+    record = api.evaluate(args.run_dir, args.split, args.which, args.overrides, args.name)
+    if _is_main():
+        metrics = {k: v for k, v in record.items() if "/" in k}
+        where = RunDir(args.run_dir).eval_result(record["name"])
+        print(f"expctl: {record['split']} of step {record['step']}  {_shown(metrics)}")
+        print(f"expctl: results in {where}")
+    return 0
+
+
+def _is_main() -> bool:
     from expctl.dist import detect
 
-    if result.metrics and detect(os.environ).is_main:  # under torchrun / srun: rank 0 reports
-        shown = "  ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in result.metrics.items()
-        )
-        print(f"expctl: done  {shown}\nexpctl: results in {result.run_dir}")
-    return 0
+    return detect(os.environ).is_main
+
+
+def _shown(metrics: dict[str, object]) -> str:
+    return "  ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
+    )
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -39,6 +39,16 @@ def _f(default: Any, *, choices: tuple[Any, ...] = (), min: float | None = None)
 
 
 @dataclass(frozen=True)
+class EarlyStopConfig:
+    """Stop training once a validation metric stops improving."""
+
+    monitor: str | None = None  # a validation metric (val/loss, val/acc); null: never stop early
+    patience: int = _f(3, min=1)  # validations in a row without improvement
+    min_delta: float = _f(0.0, min=0)  # an improvement is a change by more than this
+    mode: str = _f("min", choices=("min", "max"))  # min: lower is better
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """How the loop runs."""
 
@@ -50,6 +60,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
     val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
+    val_every_steps: int | None = _f(None, min=1)  # also validate every N optimizer steps
     limit_val_batches: int | None = _f(None, min=1)  # val/test: only N batches per rank (debug)
     step: str = "supervised"  # registered training step
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
@@ -57,6 +68,7 @@ class TrainConfig:
     compile: bool = False
     on_nan: str = _f("stop", choices=("stop", "skip"))
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
+    early_stop: EarlyStopConfig = _f(EarlyStopConfig())
 
 
 @dataclass(frozen=True)
@@ -64,8 +76,12 @@ class CheckpointConfig:
     """When checkpoints are written, how many are kept, and where training resumes from."""
 
     every: int = _f(0, min=0)  # optimizer steps between checkpoints; 0 = end of each epoch
-    keep: int = _f(2, min=1)
+    keep: int = _f(2, min=1)  # the newest K; with `monitor`: the best K by it, plus the newest
+    monitor: str | None = None  # a validation metric (val/acc): every validation saves, best kept
+    mode: str = _f("min", choices=("min", "max"))  # min: lower `monitor` is better
     resume: str = "auto"  # auto | never | PATH of a checkpoint
+    init: str | None = None  # weights-only start: a checkpoint, a state-dict file or a run dir
+    init_strict: bool = True  # false: load the weights that match and list the rest
 
 
 @dataclass(frozen=True)
@@ -190,6 +206,7 @@ class SchedConfig:
 
     name: str | None = None
     interval: str = _f("epoch", choices=("epoch", "step"))
+    monitor: str | None = None  # a scheduler that steps on a metric (reducelronplateau): which
     args: dict[str, Any] = _f({})
 
 
@@ -231,7 +248,7 @@ class Config:
             value = copy.deepcopy(getattr(self, f.name))  # what is written never changes self
             if dataclasses.is_dataclass(value):
                 keep = _section_fields(f.name, value)
-                d = {k: getattr(value, k) for k in keep}
+                d = {k: _plain_value(getattr(value, k)) for k in keep}
                 d.update(d.pop("args", {}) or {})
                 out[f.name] = d
             else:
@@ -246,6 +263,12 @@ class Config:
         return dataclasses.replace(
             self, **{section: dataclasses.replace(getattr(self, section), **changes)}
         )
+
+
+def _plain_value(value: Any) -> Any:
+    """A section inside a section (train.early_stop) as a plain dict."""
+    is_section = dataclasses.is_dataclass(value) and not isinstance(value, type)
+    return dataclasses.asdict(value) if is_section else value
 
 
 def _section_fields(section: str, value: Any) -> list[str]:
@@ -342,6 +365,16 @@ def check_registered(cfg: Config) -> None:
             continue
         registry.check_args(kind, comp.name, comp.args, section)
     registry.get("steps", cfg.train.step)
+    if cfg.sched.name is not None:
+        steps_on_metric = "monitor" in registry.get("schedulers", cfg.sched.name).settings
+        if steps_on_metric != (cfg.sched.monitor is not None):
+            raise UserError(
+                f"sched.monitor={cfg.sched.monitor}: sched={cfg.sched.name} "
+                + ("steps on a metric and needs one" if steps_on_metric else "steps on no metric"),
+                "set sched.monitor=val/loss (or another validation metric)"
+                if steps_on_metric
+                else "remove sched.monitor, or use sched=reducelronplateau",
+            )
 
 
 def _typed(where: str, cls: type, value: Any) -> Any:
@@ -359,6 +392,10 @@ def _typed(where: str, cls: type, value: Any) -> Any:
         if key not in fields:
             raise unknown_key(where, str(key), list(fields))
     free = {k: v for k, v in value.items() if fields[k].type == "Any"}
+    for key, v in value.items():  # a section inside the section (train.early_stop)
+        inner = fields[key].default
+        if dataclasses.is_dataclass(inner) and not isinstance(v, type(inner)):
+            free[key] = _typed(f"{where}.{key}", type(inner), v)
     typed = {k: v for k, v in value.items() if k not in free}
     try:
         node = OmegaConf.merge(OmegaConf.structured(cls), typed)
@@ -515,18 +552,27 @@ def plain_text(where: str, value: str | None) -> None:
         )
 
 
+def check_name(where: str, name: str) -> None:
+    """A name that becomes a file or folder name: letters, digits and _ . + = - only.
+
+    Raises:
+        UserError: anything else ('/', '..', spaces, quotes, shell characters).
+    """
+    if not _NAME_CHARS.fullmatch(name) or name.startswith(".") or ".." in name:
+        raise UserError(
+            f"{where}={name!r}: it becomes a file or folder name and may only hold "
+            "letters, digits and _ . + = - (no '/', '..', spaces, quotes or shell characters)",
+            f"pick a plain name, e.g. {where}=resnet18-lr0.1"
+            + ("; use run.root / run.dir for the place" if where == "run.name" else ""),
+        )
+
+
 def _cross_checks(cfg: Config) -> None:
     t, ln = cfg.train, cfg.launcher
     for key in ("dir", "root"):
         plain_text(f"run.{key}", getattr(cfg.run, key))
     plain_text("checkpoint.resume", cfg.checkpoint.resume)
-    name = cfg.run.name
-    if not _NAME_CHARS.fullmatch(name) or name.startswith(".") or ".." in name:
-        raise UserError(
-            f"run.name={name!r}: a run name becomes a folder name and may only hold "
-            "letters, digits and _ . + = - (no '/', '..', spaces, quotes or shell characters)",
-            "pick a plain name, e.g. run.name=resnet18-lr0.1; use run.root / run.dir for the place",
-        )
+    check_name("run.name", cfg.run.name)
     if ln.name == "slurm":
         check_slurm(cfg)
     if ln.name == "inline" and ln.nproc > 1:
@@ -540,11 +586,46 @@ def _cross_checks(cfg: Config) -> None:
             f"checkpoint.resume: no checkpoint at '{resume}'",
             "use auto (latest in the run directory), never, or the path of a .pt checkpoint",
         )
+    _check_init(cfg.checkpoint)
+    for where, name in monitors(cfg).items():
+        if not name.startswith("val/"):
+            raise UserError(
+                f"{where}={name}: only validation metrics (val/...) can be monitored",
+                f"e.g. {where}=val/loss or {where}=val/acc",
+            )
     if t.grad_accum > 1 and t.step != "supervised":
         raise UserError(
             f"train.grad_accum={t.grad_accum} is handled by the supervised step only "
             f"(train.step={t.step})",
             "set train.grad_accum=1, or accumulate inside your own step",
+        )
+
+
+def monitors(cfg: Config) -> dict[str, str]:
+    """The metrics the run acts on, by the key that names each: best checkpoints, early
+    stopping, a scheduler that steps on a metric."""
+    named = {
+        "checkpoint.monitor": cfg.checkpoint.monitor,
+        "train.early_stop.monitor": cfg.train.early_stop.monitor,
+        "sched.monitor": cfg.sched.monitor,
+    }
+    return {k: v for k, v in named.items() if v is not None}
+
+
+def _check_init(ck: CheckpointConfig) -> None:
+    plain_text("checkpoint.init", ck.init)
+    if ck.init is None:
+        return
+    if not Path(ck.init).expanduser().exists():
+        raise UserError(
+            f"checkpoint.init: nothing at '{ck.init}'",
+            "give an expctl checkpoint (.pt), a file saved with torch.save(model.state_dict()), "
+            "or a run directory (its best checkpoint, else its newest)",
+        )
+    if ck.resume not in ("auto", "never"):
+        raise UserError(
+            f"checkpoint.init={ck.init} and checkpoint.resume={ck.resume}: pick one",
+            "init starts from weights only (a new optimizer, step 0); resume restores all of it",
         )
 
 
@@ -666,12 +747,13 @@ def to_yaml(cfg: Config, frozen: bool = True) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(d))
 
 
-def load(run_dir: str | Path) -> Config:
-    """Read RUN_DIR/config.yaml back into a Config (no composition, no Hydra); environment
-    interpolations resolve in this process's environment."""
+def load(run_dir: str | Path, path: Path | None = None) -> Config:
+    """Read RUN_DIR/config.yaml (or another frozen config of that run, `path`) back into a
+    Config (no composition, no Hydra); environment interpolations resolve in this process's
+    environment."""
     from omegaconf import OmegaConf
 
-    path = RunDir(run_dir).config
+    path = path or RunDir(run_dir).config
     if not path.is_file():
         raise UserError(
             f"{run_dir}: not a run directory (no {RunDir.CONFIG})",

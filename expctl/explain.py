@@ -120,7 +120,10 @@ def all_keys(choices: Mapping[str, str]) -> list[str]:
             continue
         out.append(f.name)
         if f.name in schema.FIXED:
-            out += [f"{f.name}.{k.name}" for k in dataclasses.fields(schema.FIXED[f.name])]
+            for k in dataclasses.fields(schema.FIXED[f.name]):
+                out.append(f"{f.name}.{k.name}")
+                if dataclasses.is_dataclass(k.default):  # train.early_stop.patience
+                    out += [f"{f.name}.{k.name}.{n.name}" for n in dataclasses.fields(k.default)]
         elif f.name == "launcher":
             cls = schema.LAUNCHERS.get(choices.get("launcher", ""), schema.InlineLauncher)
             out += [f"launcher.{k.name}" for k in dataclasses.fields(cls)]

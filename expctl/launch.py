@@ -8,10 +8,14 @@ the run directory here and hand its path to the workers, which read RUN_DIR/conf
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +29,7 @@ from expctl.dist import DistEnv, detect
 from expctl.errors import EXIT_USER, Interrupted, RunError, UserError
 from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
+from expctl.rank import Evaluation
 
 log = logging.getLogger("expctl")
 
@@ -50,8 +55,10 @@ def visible_gpus(cfg: Config) -> int:
     return torch.cuda.device_count()
 
 
-def launch(cfg: Config, wait: bool = True) -> Result:
-    """Run `cfg` with its launcher; launcher=slurm returns once submitted unless `wait`."""
+def launch(cfg: Config, wait: bool = True, evaluation: Evaluation | None = None) -> Result:
+    """Run `cfg` with its launcher; launcher=slurm returns once submitted unless `wait`.
+    With `evaluation`, the ranks score a checkpoint of the run `cfg.run.dir` instead of training
+    (inline or local; the result is RUN_DIR/eval/NAME.json)."""
     gpus = visible_gpus(cfg)
     env = detect(os.environ, gpus_per_node=gpus if "SLURM_STEP_ID" in os.environ else None)
     if env.distributed and cfg.launcher.name != "inline":
@@ -60,10 +67,16 @@ def launch(cfg: Config, wait: bool = True) -> Result:
             "drop the launcher override: each rank of this job trains inline",
         )
     if cfg.launcher.name == "local":
-        return _local(cfg, env, gpus)
+        return _local(cfg, env, gpus, evaluation)
+    if cfg.launcher.name == "slurm" and evaluation is not None:
+        raise UserError(
+            "expctl eval does not submit Slurm jobs (launcher=slurm)",
+            "evaluate here with launcher=inline or launcher=local, or inside an allocation: "
+            "srun expctl eval RUN_DIR launcher=inline",
+        )
     if cfg.launcher.name == "slurm":
         return _slurm(cfg, wait)
-    return inline(cfg, env, gpus)
+    return inline(cfg, env, gpus, evaluation)
 
 
 def _slurm(cfg: Config, wait: bool) -> Result:
@@ -91,22 +104,21 @@ def _slurm(cfg: Config, wait: bool) -> Result:
     return Result(run_dir, metrics, job_id)
 
 
-def inline(cfg: Config, env: DistEnv, gpus: int) -> Result:
-    """Train in this process, as one rank of whatever job `env` describes."""
+def inline(cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None = None) -> Result:
+    """Train (or evaluate) in this process, as one rank of whatever job `env` describes."""
     if gpus and env.local_world_size > gpus:
         raise UserError(
             f"{env.local_world_size} ranks on this node but {gpus} GPU(s)",
             f"start at most {gpus} ranks per node",
         )
+    if evaluation is not None:
+        return Result(*rank.evaluate(cfg, env, evaluation))
     run_dir, metrics = train_rank(cfg, env)
     return Result(run_dir, metrics)
 
 
-def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
+def _local(cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None) -> Result:
+    """Train (or evaluate) with `launcher.nproc` workers on this machine."""
     n = cfg.launcher.nproc
     if gpus and n > gpus:
         raise UserError(
@@ -115,9 +127,33 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
         )
     if cfg.train.sync_batchnorm:
         check_sync_batchnorm(n, "cuda" if gpus else "cpu")  # here, before workers start
-    frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
-    run_dir = Path(str(frozen.run.dir))
-    print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
+    with contextlib.ExitStack() as stack:
+        if evaluation is None:
+            frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
+            run_dir, args = Path(str(frozen.run.dir)), []
+            print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
+            if held is not None:
+                stack.callback(held.release)
+        else:  # the run is only read: the workers' config goes to a temporary file
+            run_dir = Path(str(cfg.run.dir))
+            frozen_eval = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "eval.yaml"
+            frozen_eval.write_text(config_mod.to_yaml(cfg))
+            args = ["--eval", evaluation.to_json(), "--config", str(frozen_eval)]
+        _start_workers(cfg, run_dir, args)
+    if evaluation is not None:
+        record = json.loads(RunDir(run_dir).eval_result(evaluation.name).read_text())
+        return Result(run_dir, record)
+    return Result(run_dir, RunDir(run_dir).read_result())
+
+
+def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
+    """`launcher.nproc` workers of `python -m expctl _worker RUN_DIR ARGS` through torch's elastic
+    agent, restarted up to `launcher.max_restarts` times."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    n = cfg.launcher.nproc
     lc = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -130,8 +166,7 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
         monitor_interval=0.2,
     )
     try:
-        elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir))
-        return Result(run_dir, RunDir(run_dir).read_result())
+        elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir), *args)
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
         if e.sigval == signal.SIGINT:
             raise Interrupted(f"run the same command with run.dir={run_dir}") from None
@@ -145,16 +180,18 @@ def _local(cfg: Config, env: DistEnv, gpus: int) -> Result:
             f"local worker rank {rank} failed with exit code {code} after "
             f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
         ) from None
-    finally:
-        if held is not None:
-            held.release()
 
 
-def worker(run_dir: str) -> None:
-    """Entry point of one local worker: read the frozen config, detect the rank, train."""
+def worker(run_dir: str, evaluation: str | None = None, config: str | None = None) -> None:
+    """Entry point of one local worker: read the frozen config, detect the rank, train (or
+    evaluate: `evaluation` as `Evaluation.to_json`, with the config file `config`)."""
     _die_with_the_launcher()
-    cfg = config_mod.load(run_dir)
-    train_rank(cfg, detect(os.environ), under_agent=True)
+    cfg = config_mod.load(run_dir, Path(config) if config else None)
+    env = dataclasses.replace(detect(os.environ), source="local")  # the agent speaks torchrun's
+    if evaluation is not None:
+        rank.evaluate(cfg, env, Evaluation.from_json(evaluation))
+        return
+    train_rank(cfg, env, under_agent=True)
 
 
 def _die_with_the_launcher() -> None:

@@ -11,7 +11,8 @@
       result.json   final metrics     trial_000/    a run directory per trial
       train.log     rank 0's log
       jobs.jsonl    Slurm job events
-      checkpoints/  step_*.pt (+ .sha256)
+      checkpoints/  step_*.pt (+ .sha256, .json: the validation metrics of those weights)
+      eval/         NAME.json: `expctl eval` results
       tb/           TensorBoard
       slurm/        submitit files of launcher=slurm
 
@@ -94,9 +95,14 @@ class RunDir:
     CHECKPOINTS = "checkpoints"
     TB = "tb"
     SLURM = "slurm"
+    EVAL = "eval"
 
     def __init__(self, path: str | Path) -> None:
         object.__setattr__(self, "path", Path(path))
+
+    def eval_result(self, name: str) -> Path:
+        """Where `expctl eval --name NAME` writes its result."""
+        return self.path / self.EVAL / f"{name}.json"
 
     @property
     def config(self) -> Path:

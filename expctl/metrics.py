@@ -67,9 +67,9 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
 
 
 def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]:
-    """Metrics over a whole split (val or test), reduced exactly (sums and counts) over ranks;
-    with `parts.limit_val_batches`, over that many batches of each rank's shard."""
-    data = parts.splits.val if split == "val" else parts.splits.test
+    """Metrics over a whole split (val, test or train), reduced exactly (sums and counts) over
+    ranks; with `parts.limit_val_batches`, over that many batches of each rank's shard."""
+    data = getattr(parts.splits, split)
     if data is None or not hasattr(parts.step, "val_step"):
         return {}
     ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives

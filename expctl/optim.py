@@ -1,7 +1,8 @@
 """Built-in optimizers, LR schedulers and losses, registered by lowercase name.
 
 Every ``torch.optim`` optimizer (``sgd``, ``adamw``, ...), every ``torch.optim.lr_scheduler``
-scheduler (``multisteplr`` and, without the suffix, ``multistep``), ``warmup_cosine`` / ``cosine``,
+scheduler (``multisteplr`` and, without the suffix, ``multistep``), ``reducelronplateau`` (on
+``sched.monitor``), ``warmup_cosine`` / ``cosine``,
 and every ``torch.nn`` loss in snake_case (``cross_entropy``, ``mse``, ``bce_with_logits``, ...).
 """
 
@@ -119,6 +120,16 @@ def cosine(
 ) -> lr_scheduler.LRScheduler:
     """Cosine decay over the whole run (warmup_cosine without warm-up)."""
     return warmup_cosine(optimizer, total_steps, 0, min_lr_ratio)
+
+
+register(
+    "schedulers",
+    "reducelronplateau",
+    runtime=("optimizer",),
+    settings={"monitor": "val/loss"},
+    description="torch.optim.lr_scheduler.ReduceLROnPlateau: steps after each validation, "
+    "on sched.monitor",
+)(lr_scheduler.ReduceLROnPlateau)
 
 
 def _register_losses() -> None:

@@ -7,20 +7,25 @@ must do around the run (job records, requeues, trial bookkeeping) reaches it onl
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from expctl import checkpoint, rundir
 from expctl.build import Parts, build, pick_device, resolve_precision
-from expctl.config import Config, redacted
+from expctl.config import Config, monitors, redacted
 from expctl.control import Control, StopFlag
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import Interrupted, Preempted, RunError, UserError
 from expctl.hooks import Hooks
 from expctl.layout import RunDir
-from expctl.report import Reporter, setup_logging, truncate_metrics
-from expctl.train import Loop, TrainState, fit
+from expctl.metrics import evaluate as score
+from expctl.report import Reporter, setup_logging, truncate_metrics, write_json
+from expctl.train import Loop, TrainState, check_monitors, finished, fit
 
 log = logging.getLogger("expctl")
 
@@ -35,34 +40,31 @@ def main(
             started this worker holds it).
     """
     hooks = hooks or Hooks()
-    apply_env(cfg.env, frozenset(k[4:] for k in cfg.interpolations if k.startswith("env.")))
-    device = pick_device(cfg, env)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    ln = cfg.launcher
+    device = _prepare(cfg, env)
     state = TrainState()
     held: rundir.RunLock | None = None
     try:
-        store = init_process_group(env, backend, ln.rdzv_timeout, ln.collective_timeout)
-        ctl = Control(env, store)
-        cfg, held = _agree_run_dir(cfg, env, ctl, lock)
-        run_dir = Path(str(cfg.run.dir))
-        setup_logging(run_dir, env.is_main, env.rank)
-        try:
-            with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
-                parts = build(cfg, env, device)
-            rows = _restore(cfg, env, parts, state, run_dir)
-            hooks.on_start(run_dir)
-            return run_dir, _train(cfg, env, parts, state, ctl, hooks, run_dir, rows, device)
-        except UserError:  # a bad value or file, met before anything was saved: leave nothing
-            if env.is_main:
-                setup_logging(None, True)  # release train.log
-                if held is not None:
-                    held.release()
-                rundir.discard_if_unstarted(run_dir)
-            raise
+        with _process_group(cfg, env, device) as ctl:
+            cfg, held = _agree_run_dir(cfg, env, ctl, lock)
+            run_dir = Path(str(cfg.run.dir))
+            setup_logging(run_dir, env.is_main, env.rank)
+            try:
+                with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
+                    parts = build(cfg, env, device)
+                rows = _restore(cfg, env, parts, state, run_dir)
+                check_monitors(monitors(cfg), parts, env)
+                hooks.on_start(run_dir)
+                return run_dir, _train(cfg, env, parts, state, ctl, hooks, run_dir, rows, device)
+            except UserError:  # a bad value or file, met before anything was saved: leave nothing
+                if env.is_main:
+                    setup_logging(None, True)  # release train.log
+                    if held is not None:
+                        held.release()
+                    rundir.discard_if_unstarted(run_dir)
+                raise
     except Preempted as e:
         log.warning("stop signal: checkpoint of step %d saved in %s", state.step, cfg.run.dir)
-        hooks.on_stop(state.step, ln.signal)
+        hooks.on_stop(state.step, cfg.launcher.signal)
         raise Preempted(
             f"{e}; checkpoint saved: run the same command with run.dir={cfg.run.dir} to resume"
         ) from None
@@ -76,6 +78,24 @@ def main(
     finally:
         if held is not None:
             held.release()
+
+
+def _prepare(cfg: Config, env: DistEnv) -> Any:
+    """The config's environment variables, and the device this rank computes on."""
+    apply_env(cfg.env, frozenset(k[4:] for k in cfg.interpolations if k.startswith("env.")))
+    return pick_device(cfg, env)
+
+
+@contextlib.contextmanager
+def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
+    """The ranks' process group (nccl on CUDA, else gloo) and control group, torn down on
+    leaving."""
+    ln = cfg.launcher
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    try:
+        store = init_process_group(env, backend, ln.rdzv_timeout, ln.collective_timeout)
+        yield Control(env, store)
+    finally:
         if env.distributed:
             import torch.distributed as dist  # torch is loaded by now; kept off `import expctl`
 
@@ -150,7 +170,7 @@ def _log_start(
         "run %s | %s x %d rank(s) on %s%s | precision %s | global batch %d (%d per rank x %d accum)"
         " | %d steps left | %s%s",
         run_dir,
-        env.source,
+        launcher_name(env),
         env.world_size,
         device,
         f" via {env.master_addr}:{env.master_port}" if env.distributed else "",
@@ -164,6 +184,11 @@ def _log_start(
         if parts.limit_val_batches
         else "",
     )
+
+
+def launcher_name(env: DistEnv) -> str:
+    """What started this rank, as the log says it: inline, local, torchrun, slurm, submitit."""
+    return "inline" if env.source == "single" else env.source
 
 
 def _agree_run_dir(
@@ -205,9 +230,11 @@ def _restore(
         if found is None and resume not in ("auto", "never"):
             found, own = (Path(resume), checkpoint.load(Path(resume))), False
         if found is None:
+            _init_weights(cfg, parts)
             return 0
         configured = _lrs(parts)
         state.load_state_dict(checkpoint.apply(found[1], parts, env.rank, env.world_size))
+        _check_length(cfg, parts, found)
     except ValueError as e:
         raise UserError(
             f"{where} ({found[0] if found else resume}) cannot be used: {e}",
@@ -221,6 +248,10 @@ def _restore(
         state.epoch,
         state.batch,
     )
+    if cfg.checkpoint.init is not None:
+        log.info(
+            "checkpoint.init=%s not used: the run continues from a checkpoint", cfg.checkpoint.init
+        )
     if not own and _lrs(parts) != configured:
         log.warning(
             "checkpoint.resume=%s restores that run's optimizer state: learning rate %s "
@@ -230,6 +261,48 @@ def _restore(
             configured,
         )
     return found[1].get("metrics_rows") if own else 0
+
+
+def _init_weights(cfg: Config, parts: Parts) -> None:
+    """checkpoint.init: start from these model weights, with a new optimizer at step 0.
+
+    Raises:
+        UserError: the weights do not fit (init_strict: nothing is loaded).
+    """
+    ck = cfg.checkpoint
+    if ck.init is None:
+        return
+    source = Path(ck.init).expanduser()
+    weights = checkpoint.load_weights(source, list(parts.models))
+    try:
+        unfit = checkpoint.put_weights(parts.models, weights, ck.init_strict)
+    except ValueError as e:
+        raise UserError(
+            f"checkpoint.init={ck.init}: the weights do not fit: {e}",
+            "checkpoint.init_strict=false loads the weights that fit and lists the rest",
+        ) from None
+    log.info("checkpoint.init: model weights from %s", source)
+    for line in unfit:
+        log.warning("checkpoint.init: not loaded: %s", line)
+
+
+def _check_length(cfg: Config, parts: Parts, found: tuple[Path, dict[str, Any]]) -> None:
+    """Refuse to continue a schedule built for another run length (train.max_epochs or
+    max_steps changed): its learning rate would jump instead of going on.
+
+    Raises:
+        UserError: the lengths differ, with the two ways to go on.
+    """
+    planned = found[1].get("sched_length")
+    if planned is None or parts.sched_length is None or planned == parts.sched_length:
+        return
+    unit = "steps" if cfg.sched.interval == "step" else "epochs"
+    raise UserError(
+        f"sched={cfg.sched.name} of {found[0]} was built for {planned} {unit}, this config "
+        f"makes the run {parts.sched_length}: its learning rate would jump, not continue",
+        f"keep train.max_epochs / max_steps as the run had them, or fine-tune from its weights "
+        f"with a schedule of its own in a new run: checkpoint.init={found[0]} run.dir=NEW",
+    )
 
 
 def _lrs(parts: Parts) -> str:
@@ -243,9 +316,69 @@ def _stored_result(
 ) -> dict[str, Any] | None:
     """result.json of a run that already completed where it was restored: re-running it trains,
     evaluates and writes nothing. (A raised max_steps or max_epochs leaves steps to train.)"""
-    if state.epoch < cfg.train.max_epochs and state.step < parts.total_steps:
+    if not finished(cfg.train, state, parts.total_steps):
         return None
     result = ctl.broadcast(RunDir(run_dir).read_result() if env.is_main else {})
     if result.get("status") != "completed" or result.get("step") != state.step:
         return None
     return dict(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# `expctl eval`: score a checkpoint with the same ranks
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What `expctl eval` asks of every rank: score the weights of `checkpoint` (of `step`) on
+    `split` and write RUN_DIR/eval/NAME.json; `overrides` are recorded there."""
+
+    checkpoint: str
+    step: int
+    split: str = "val"
+    name: str = "val"
+    overrides: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Evaluation:
+        return cls(**json.loads(text))
+
+
+def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
+    """Score a checkpoint on this rank (metrics reduced exactly over ranks); rank 0 writes
+    RUN_DIR/eval/NAME.json. Returns the run directory and that record.
+
+    Raises:
+        UserError: the weights do not fit the config, or the data has no such split.
+    """
+    run_dir = Path(str(cfg.run.dir))
+    device = _prepare(cfg, env)
+    with _process_group(cfg, env, device):
+        setup_logging(None, env.is_main, env.rank)
+        with redacted(cfg.to_dict(resolved=True), cfg.interpolations):
+            parts = build(cfg, env, device)
+        path = Path(ev.checkpoint)
+        try:
+            checkpoint.put_weights(
+                parts.models, checkpoint.load_weights(path, [*parts.models]), True
+            )
+        except ValueError as e:
+            raise UserError(
+                f"{path} does not fit this config's models: {e}",
+                "evaluate with the run's own model settings (no model.* overrides)",
+            ) from None
+        metrics = score(parts, env, ev.split)
+    if not metrics:
+        raise UserError(
+            f"data '{cfg.data.name}' has no {ev.split} split to score (or train.step has no "
+            "val_step)",
+            "pick another split: --split val, test or train",
+        )
+    record = {**metrics, **asdict(ev), "data": cfg.data.name}
+    if env.is_main:
+        write_json(RunDir(run_dir).eval_result(ev.name), record)
+    return run_dir, record

@@ -198,16 +198,8 @@ class Reporter:
 
     def result(self, payload: dict[str, Any]) -> None:
         """Write result.json atomically."""
-        if not self.enabled:
-            return
-        final = RunDir(self.run_dir).result
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
-            os.replace(tmp, final)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise write_failed(final, e) from None
+        if self.enabled:
+            write_json(RunDir(self.run_dir).result, payload)
 
     def close(self) -> None:
         """Flush and close the files (after a failed write, quietly: the error is on its way)."""
@@ -223,6 +215,22 @@ class Reporter:
                 raise write_failed(Path(getattr(e, "filename", None) or self.run_dir), e) from None
         finally:
             self._file, self._tb = None, None
+
+
+def write_json(final: Path, payload: dict[str, Any]) -> None:
+    """Write a JSON record (result.json, eval/NAME.json) atomically, its folder made if needed.
+
+    Raises:
+        RunError: the write failed (nothing is left under the final name).
+    """
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    try:
+        final.parent.mkdir(mode=0o750, exist_ok=True)
+        tmp.write_text(json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
+        os.replace(tmp, final)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(final, e) from None
 
 
 def _tensorboard(run_dir: Path, purge_step: int | None) -> Any:

@@ -7,6 +7,8 @@ It takes the config sections it uses (`train`, `checkpoint`), the built parts an
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -15,39 +17,43 @@ from typing import Any
 
 from expctl import checkpoint
 from expctl.build import Parts
-from expctl.config import CheckpointConfig, TrainConfig
+from expctl.config import CheckpointConfig, EarlyStopConfig, TrainConfig
 from expctl.control import Control, StopFlag
 from expctl.dist import DistEnv
-from expctl.errors import Preempted, UserError
+from expctl.errors import Preempted, UserError, choices_text, did_you_mean
 from expctl.hooks import Hooks
 from expctl.metrics import Meter, evaluate, sync_buffers
 from expctl.report import Reporter
 from expctl.steps import no_sync
 
+log = logging.getLogger("expctl")
+
 
 @dataclass
 class TrainState:
-    """Where training stands: optimizer steps, epochs done, micro-batches done in the epoch, and
-    the last validation and train metrics."""
+    """Where training stands: optimizer steps, epochs done, micro-batches done in the epoch, the
+    last validation and train metrics, early stopping's best value and validations without
+    improvement, and the training time of all attempts up to the last checkpoint."""
 
     step: int = 0
     epoch: int = 0
     batch: int = 0
     val: dict[str, float] = field(default_factory=dict)
     train: dict[str, float] = field(default_factory=dict)
+    early_best: float | None = None
+    early_stall: int = 0
+    train_s: float = 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "val": dict(self.val),
-            "train": dict(self.train),
-        }
+        return dataclasses.asdict(self)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.step, self.epoch, self.batch = int(sd["step"]), int(sd["epoch"]), int(sd["batch"])
         self.val, self.train = dict(sd.get("val") or {}), dict(sd.get("train") or {})
+        best = sd.get("early_best")
+        self.early_best = None if best is None else float(best)
+        self.early_stall = int(sd.get("early_stall") or 0)
+        self.train_s = float(sd.get("train_s") or 0.0)
 
 
 @dataclass
@@ -65,6 +71,22 @@ class Loop:
     mark: float = field(default_factory=time.perf_counter)  # throughput since the last log line
     mark_step: int = 0
     saved_at: int = -1  # the step of the newest checkpoint this launch wrote
+    validated_at: int = -1  # the step of this launch's newest validation
+    base_s: float = 0.0  # training time of earlier attempts
+
+
+def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
+    """Whether the run's budget is spent or early stopping ended it."""
+    return state.epoch >= t.max_epochs or state.step >= total_steps or _stalled(t.early_stop, state)
+
+
+def _step_validation(t: TrainConfig, state: TrainState) -> bool:
+    """Whether train.val_every_steps asks for a validation at this step."""
+    return bool(t.val_every_steps) and state.step % (t.val_every_steps or 1) == 0
+
+
+def _stalled(es: EarlyStopConfig, state: TrainState) -> bool:
+    return es.monitor is not None and state.early_stall >= es.patience
 
 
 def fit(
@@ -73,11 +95,11 @@ def fit(
     """Train from `state` to the end of the budget; returns the final metrics (result.json)."""
     per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum  # micro-batches
     meter, ctx, status = Meter(), parts.ctx, "completed"
-    loop.mark_step = state.step
+    loop.mark_step, loop.base_s = state.step, state.train_s
     for m in ctx.models.values():
         m.train()
     while status == "completed" and (
-        (state.epoch < t.max_epochs and state.step < parts.total_steps)
+        not finished(t, state, parts.total_steps)
         or state.batch >= per_epoch  # restored at an epoch's last step: its end is due
     ):
         done = state.batch >= per_epoch  # micro-batches past the last full accumulation: none
@@ -94,63 +116,165 @@ def fit(
             _step_schedulers(parts, "step")
             if state.step % t.log_every == 0:
                 _log_train(t, parts, state, meter, loop)
-            if ck.every and state.step % ck.every == 0:
+            if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
+                _validate(t, ck, parts, state, loop)
+            if ck.every and state.step % ck.every == 0 and loop.saved_at != state.step:
                 _save(ck, parts, state, loop)
             if loop.stop.agreed():
                 if loop.saved_at != state.step:
                     _save(ck, parts, state, loop)
                 raise Preempted(f"stopped by SIG{loop.stop.signame} at step {state.step}")
-            if state.step >= parts.total_steps or state.batch >= per_epoch:
+            if finished(t, state, parts.total_steps) or state.batch >= per_epoch:
                 break
         if state.batch >= per_epoch:
-            state.epoch, state.batch = state.epoch + 1, 0
-            _step_schedulers(parts, "epoch")
-            last = state.epoch >= t.max_epochs or state.step >= parts.total_steps
-            if state.epoch % t.val_every == 0 or last:
-                _validate(parts, state, loop)
-                if loop.ctl.broadcast(loop.hooks.on_validation(state.val, state.epoch, state.step)):
-                    status = "stopped"  # the sweep's pruner (rank 0) stopped this trial
-            if ck.every == 0 and not last and status == "completed":
-                _save(ck, parts, state, loop)
-    sync_buffers(parts.models, loop.env)  # after the last step: validate and test the saved model
+            status = _end_epoch(t, ck, parts, state, loop)
     if meter.count:
         state.train = meter.reduce(loop.env, "train/")
         _check_finite(t, state, loop.run_dir)
-    if not state.val or state.batch:  # stopped mid-epoch (max_steps): validate the final weights
-        _validate(parts, state, loop)
+    return _finish(t, ck, parts, state, loop, status)
+
+
+def _end_epoch(
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+) -> str:
+    """Count the epoch, validate when due (the sweep's pruner may stop the run there: "stopped")
+    and checkpoint; returns the run's status."""
+    state.epoch, state.batch = state.epoch + 1, 0
+    _step_schedulers(parts, "epoch")
+    last = finished(t, state, parts.total_steps)
+    status = "completed"
+    if state.epoch % t.val_every == 0 or last or _step_validation(t, state):
+        _validate(t, ck, parts, state, loop)
+        if loop.ctl.broadcast(loop.hooks.on_validation(state.val, state.epoch, state.step)):
+            status = "stopped"  # the sweep's pruner (rank 0) stopped this trial
+    if ck.every == 0 and not last and status == "completed" and loop.saved_at != state.step:
+        _save(ck, parts, state, loop)
+    return status
+
+
+def _finish(
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop, status: str
+) -> dict[str, Any]:
+    """Validate, checkpoint and test the final weights; write result.json."""
+    sync_buffers(parts.models, loop.env)  # after the last step: validate and test the saved model
+    if loop.validated_at != state.step and (not state.val or state.batch):
+        _validate(t, ck, parts, state, loop)  # stopped mid-epoch (max_steps): the final weights
     if loop.saved_at != state.step and status == "completed":
         _save(ck, parts, state, loop)
     test = evaluate(parts, loop.env, "test") if status == "completed" else {}
     if test:
         loop.rep.record(state.step, state.epoch, test, "test")
-    elapsed = round(time.perf_counter() - loop.started, 3)
     result: dict[str, Any] = {**state.train, **state.val, **test}
-    result.update(step=state.step, epoch=state.epoch, status=status, **{"time/train_s": elapsed})
+    result.update(step=state.step, epoch=state.epoch, status=status)
+    result["time/train_s"] = round(_elapsed(loop), 3)
+    if _stalled(t.early_stop, state):
+        result["stopped_early"] = True
     loop.rep.result(result)
     return result
 
 
+def _elapsed(loop: Loop) -> float:
+    """Training time of every attempt: the earlier ones' (from the checkpoint) and this one's."""
+    return loop.base_s + time.perf_counter() - loop.started
+
+
+def check_monitors(names: dict[str, str], parts: Parts, env: DistEnv) -> None:
+    """Before training: each monitored metric (by the key naming it) is one the validation
+    reports, scored on one batch per rank (RNG streams untouched).
+
+    Raises:
+        UserError: a name the validation does not report.
+    """
+    if not names:
+        return
+    rng = checkpoint.rng_state()
+    reported = evaluate(dataclasses.replace(parts, limit_val_batches=1), env)
+    checkpoint.set_rng_state(rng)
+    for where, name in names.items():
+        monitored(reported, where, name)
+
+
+def monitored(val: dict[str, float], where: str, name: str) -> float:
+    """The value of a monitored metric.
+
+    Raises:
+        UserError: the validation does not report it.
+    """
+    if name in val:
+        return val[name]
+    if not val:
+        raise UserError(
+            f"{where}={name}: the validation reports no metrics (no validation split, or "
+            "train.step has no val_step)",
+            f"remove {where}, or use data with a validation split",
+        )
+    raise UserError(
+        f"{where}={name}: the validation does not report it.{did_you_mean(name, list(val))} "
+        f"Valid: {choices_text(list(val))}",
+        f"set {where} to one of the validation's metrics",
+    )
+
+
 def _step_schedulers(parts: Parts, interval: str) -> None:
-    if parts.sched_interval == interval:
+    if parts.sched_interval == interval and parts.sched_monitor is None:
         for s in parts.schedulers.values():
             s.step()
 
 
-def _validate(parts: Parts, state: TrainState, loop: Loop) -> None:
-    """Score the validation split with identical buffers on every rank, and log it."""
+def _validate(
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+) -> None:
+    """Score the validation split with identical buffers on every rank and log it; then act on
+    it: a scheduler on a metric steps, early stopping counts, checkpoint.monitor saves."""
+    if loop.validated_at == state.step:
+        return
     sync_buffers(parts.models, loop.env)
-    state.val = evaluate(parts, loop.env)
+    state.val = loop.ctl.broadcast(evaluate(parts, loop.env))  # rank 0's: every rank decides alike
+    loop.validated_at = state.step
     loop.rep.record(state.step, state.epoch, state.val, "val")
+    if parts.sched_monitor is not None:
+        value = monitored(state.val, "sched.monitor", parts.sched_monitor)
+        for s in parts.schedulers.values():
+            s.step(value)
+    _early_stop(t.early_stop, state)
+    if ck.monitor is not None and loop.saved_at != state.step:
+        monitored(state.val, "checkpoint.monitor", ck.monitor)
+        _save(ck, parts, state, loop)
+
+
+def _early_stop(es: EarlyStopConfig, state: TrainState) -> None:
+    """Count the validations since `es.monitor` last improved by more than `es.min_delta`."""
+    if es.monitor is None:
+        return
+    value, best = monitored(state.val, "train.early_stop.monitor", es.monitor), state.early_best
+    sign = 1.0 if es.mode == "min" else -1.0
+    if math.isfinite(value) and (best is None or sign * (best - value) > es.min_delta):
+        state.early_best, state.early_stall = value, 0
+        return
+    state.early_stall += 1
+    if _stalled(es, state):
+        log.info(
+            "early stop: %s has not improved on %s for %d validation(s) (min_delta %g): "
+            "training ends at step %d",
+            es.monitor,
+            "nothing" if best is None else f"{best:.6g}",
+            state.early_stall,
+            es.min_delta,
+            state.step,
+        )
 
 
 def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
-    """Every rank contributes its RNG state; rank 0 writes the checkpoint."""
+    """Every rank contributes its RNG state; rank 0 writes the checkpoint (with the validation
+    metrics of these weights, when they were scored at this step)."""
     sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
     rng = loop.ctl.gather(checkpoint.rng_state())
     loop.saved_at = state.step
+    state.train_s = round(_elapsed(loop), 3)
     if loop.env.is_main:
         payload = checkpoint.capture(parts, state.state_dict(), rng, loop.rep.rows)
-        checkpoint.save(loop.run_dir, payload, ck.keep)
+        scores = state.val if loop.validated_at == state.step else {}
+        checkpoint.save(loop.run_dir, payload, ck, scores)
 
 
 def _log_train(t: TrainConfig, parts: Parts, state: TrainState, meter: Meter, loop: Loop) -> None:

@@ -75,10 +75,10 @@ class _Warm:
         cls, args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         if cls.proc is None or cls.proc.poll() is not None:
-            # the expctl of this checkout, not the one the interpreter has installed (a worktree)
-            clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"} | {
-                "PYTHONPATH": str(REPO)
-            }
+            clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
+            # the expctl of this checkout, also where an editable install points elsewhere
+            # (a git worktree beside the main checkout)
+            clean["PYTHONPATH"] = str(REPO)
             cls.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("warm_cli.py"))],
                 stdin=subprocess.PIPE,

@@ -9,12 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
+import torch
 from conftest import image_tree
 
 from expctl import cli
 
 TINY_IMAGES = ["data=image_folder", "data.image_size=8", "data.batch_size=4", "model=mlp"]
+
+# a tiny real run: the mistakes found once it is built (a metric name, weights that do not fit)
+SMALL_RUN = ["run", *conftest.SMALL, "train.device=cpu", "sched=none"]
 
 CORPUS: list[tuple[list[str], str]] = [
     (["run", "-C", "missing.yml"], "no such file"),
@@ -203,6 +208,24 @@ CORPUS: list[tuple[list[str], str]] = [
         ["run", "-C", "gone_run/config.yaml"],
         "imported it from /moved/gone_module_xyz.py, which is gone",
     ),
+    # issue 13: best checkpoints, early stopping, metric schedulers, weights-only starts, eval
+    (["run", "checkpoint.mode=up"], "checkpoint.mode: 'up' is not one of: min, max"),
+    (["run", "train.early_stop.mode=lower"], "train.early_stop.mode: 'lower' is not one of"),
+    (["run", "train.early_stop.patience=0"], "below the minimum 1"),
+    (["run", "train.early_stop.patiense=2"], "Did you mean 'early_stop.patience'"),
+    (["run", "train.val_every_steps=0"], "below the minimum 1"),
+    (["run", "checkpoint.monitor=loss"], "only validation metrics (val/...) can be monitored"),
+    ([*SMALL_RUN, "checkpoint.monitor=val/accuracy"], "Did you mean 'val/acc'"),
+    ([*SMALL_RUN, "train.early_stop.monitor=val/los"], "Did you mean 'val/loss'"),
+    ([*SMALL_RUN, "data.val_samples=0", "checkpoint.monitor=val/acc"], "reports no metrics"),
+    (["run", "sched=cosine", "sched.monitor=val/loss"], "steps on no metric"),
+    (["run", "sched=reducelronplateau", "sched.monitor=null"], "steps on a metric and needs one"),
+    (["run", "checkpoint.init=/nope.pt"], "checkpoint.init: nothing at '/nope.pt'"),
+    ([*SMALL_RUN, "checkpoint.init=wrong_keys.pt"], "do not fit: model 'model' missing 4"),
+    ([*SMALL_RUN, "checkpoint.init=notes.txt"], "cannot read"),
+    (["run", "checkpoint.init=notes.txt", "checkpoint.resume=notes.txt"], "pick one"),
+    (["eval", "."], "not a run directory"),
+    (["eval", "nowhere"], "not a run directory"),
 ]
 
 
@@ -245,6 +268,7 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "gone_run" / "config.yaml").write_text("imports: [gone_module_xyz]\n")
     where = {"file": "/moved/gone_module_xyz.py", "path": "/moved"}
     (tmp_path / "gone_run" / "imports.json").write_text(json.dumps({"gone_module_xyz": where}))
+    torch.save({"a.weight": torch.zeros(2)}, tmp_path / "wrong_keys.pt")
     return tmp_path
 
 
