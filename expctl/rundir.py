@@ -317,7 +317,7 @@ def discard_if_unstarted(path: Path) -> None:
         return
     if run.metrics.exists() and run.metrics.stat().st_size > 0:
         return
-    for file in (run.config, run.trial, run.log, run.metrics, run.lock):
+    for file in (run.config, run.imports, run.trial, run.log, run.metrics, run.lock):
         file.unlink(missing_ok=True)
     for folder in (run.tb, run.checkpoints):
         shutil.rmtree(folder, ignore_errors=True)
