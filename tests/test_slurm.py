@@ -156,7 +156,7 @@ def test_batch_shell_without_srun_is_one_process(work: Path) -> None:
     )
     assert wait_done(job) == "COMPLETED", (work / "batch.out").read_text()
     run_dir = work / "runs" / f"mlp-synthetic-job{job}"
-    assert "single x 1 rank(s)" in (run_dir / "train.log").read_text()
+    assert "inline x 1 rank(s)" in (run_dir / "train.log").read_text()
 
 
 def test_launcher_slurm_submits_without_waiting_and_completes(work: Path) -> None:
