@@ -290,16 +290,9 @@ def _get(tree: dict[str, Any], dotted: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = sorted(set(a) | set(b))
-    out: list[str] = []
-    for k in keys:
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _differences(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}")
-    return out
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    flat_a, flat_b = config_mod.flatten(a), config_mod.flatten(b)
+    return [k for k in sorted(flat_a.keys() | flat_b.keys()) if flat_a.get(k) != flat_b.get(k)]
 
 
 def _remove_if_empty(path: Path) -> None:
