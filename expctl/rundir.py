@@ -106,17 +106,19 @@ def describe_holder(text: str) -> str:
 
 
 def is_locked(path: Path) -> str | None:
-    """Who holds `path`'s run lock now (None: no live launch trains it)."""
-    if not RunDir(path).lock.is_file():
+    """Who holds `path`'s run lock now (None: no live launch trains it). Reads only: a shared
+    flock, held for an instant, conflicts with the launch's exclusive one."""
+    try:
+        fd = os.open(RunDir(path).lock, os.O_RDONLY)
+    except OSError:  # no lock file (never launched), or one we may not read
         return None
     try:
-        lock = RunLock(path)
-    except UserError as e:
-        return e.message.split("(", 1)[-1].rstrip(")")
-    except OSError:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
-    lock.release()
-    return None
+    except BlockingIOError:
+        return describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+    finally:
+        os.close(fd)  # releases the shared flock
 
 
 def create(
