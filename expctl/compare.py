@@ -12,6 +12,7 @@ import datetime
 import logging
 import math
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -142,9 +143,7 @@ def load(roots: Sequence[str | Path] = ("runs",)) -> Runs:
             raise UserError(
                 f"{root}: no such folder", "pass the run.root your runs went to (default: ./runs)"
             )
-        for path in _run_dirs(root):
-            name = os.path.relpath(path, root)  # several roots: each run under its root's name
-            found.append(read(path, str(root / name) if len(roots) > 1 else name))
+        found += [read(path, _name(path, root, len(roots) > 1)) for path in _run_dirs(root)]
     if not found:
         where = ", ".join(map(str, roots))
         raise UserError(
@@ -153,6 +152,13 @@ def load(roots: Sequence[str | Path] = ("runs",)) -> Runs:
         )
     found.sort(key=lambda r: (r.started or "", r.name))
     return Runs([Path(p) for p in roots], found)
+
+
+def _name(path: Path, root: Path, several: bool) -> str:
+    """A run's path under its root (with the root's, when there are several roots or the root
+    is the run)."""
+    under = os.path.relpath(path, root)
+    return os.path.normpath(root / under) if several or under == "." else under
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -277,13 +283,13 @@ def diff(a: str | Path, b: str | Path) -> str:
     pair = Runs([], [_run_dir(a), _run_dir(b)])
     ra, rb = pair.rows
     lines = [
-        f"{label}  {r.name}  {r.status}  wall {tables.shown(r.wall_s)} s  started {r.started}"
+        f"{label}  {r.name}  {r.status}  wall {_seconds(r.wall_s)}  started {r.started or '-'}"
         for label, r in (("A", ra), ("B", rb))
     ]
     keys = pair.differing()
     lines.append(f"config: {len(keys)} key(s) differ, {len(pair.same())} the same")
     cells = [[k, *(tables.shown(r.config.get(k, UNSET)) for r in (ra, rb))] for k in keys]
-    lines += ["  " + line for line in tables.text(["key", "A", "B"], cells)] if keys else []
+    lines += _indented(["key", "A", "B"], cells)
     metrics = dict.fromkeys([*ra.metrics, *rb.metrics])
     best = dict.fromkeys([*ra.best, *rb.best])
     cells = [_delta(k, ra.metrics.get(k), rb.metrics.get(k)) for k in metrics]
@@ -291,10 +297,20 @@ def diff(a: str | Path, b: str | Path) -> str:
     lines.append(
         f"metrics: final, and {BEST}METRIC the best validation" if cells else "metrics: none yet"
     )
-    lines += (
-        ["  " + line for line in tables.text(["metric", "A", "B", "B - A"], cells)] if cells else []
-    )
+    lines += _indented(["metric", "A", "B", "B - A"], cells)
     return "\n".join(lines)
+
+
+def _indented(columns: list[str], cells: list[list[str]]) -> list[str]:
+    """A table under a heading of `diff` (none without rows)."""
+    if not cells:
+        return []
+    width = shutil.get_terminal_size((120, 24)).columns - 2
+    return ["  " + line for line in tables.text(columns, cells, width)]
+
+
+def _seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:.4g} s"
 
 
 def _run_dir(path: str | Path) -> Run:

@@ -65,6 +65,8 @@ def test_runs_as_json_and_csv_parse_back_sorted_and_filtered(root: Path) -> None
         "runs", "--csv", "--filter", "optim.lr<0.25", "--filter", "model.hidden=[8]", cwd=root
     ).stdout
     assert sorted(float(r["optim.lr"]) for r in csv.DictReader(io.StringIO(picked))) == [0.1, 0.2]
+    two = run_cli("runs", "runs/a", "runs/b", "--csv", cwd=root).stdout
+    assert [r["run"] for r in csv.DictReader(io.StringIO(two))] == ["runs/a", "runs/b"]
     none = json.loads(run_cli("runs", "--json", "--filter", "status=failed", cwd=root).stdout)
     assert none["runs"] == []
     shown = run_cli("runs", "--filter", "optim.lr!=0.1", "--sort", "optim.lr", cwd=root, env=WIDE)
