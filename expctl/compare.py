@@ -12,7 +12,6 @@ import datetime
 import logging
 import math
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 from expctl import tables
 from expctl.config import flatten
 from expctl.errors import UserError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, metric_values
 from expctl.status import STATES, state
 from expctl.yamlfile import read_yaml
 
@@ -199,10 +198,9 @@ def read(path: Path, name: str | None = None) -> Run:
 
 def _final(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:
     """result.json's metrics, else the last logged value of each (a run that has not ended)."""
-    source = [result] if result else rows
     out: dict[str, float] = {}
-    for row in source:
-        out.update({k: float(v) for k, v in row.items() if "/" in k and _is_number(v)})
+    for row in [result] if result else rows:
+        out.update(metric_values(row))
     out.pop("time/train_s", None)  # the wall_s column
     return out
 
@@ -217,7 +215,7 @@ def _best(config: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float
             modes[metric] = config.get(f"{section}.mode")
     out = {}
     for metric, mode in modes.items():
-        values = [float(r[metric]) for r in rows if _is_number(r.get(metric))]
+        values = [float(r[metric]) for r in rows if tables.is_number(r.get(metric))]
         values = [v for v in values if math.isfinite(v)]
         if values:
             out[metric] = min(values) if mode == "min" else max(values)
@@ -227,16 +225,16 @@ def _best(config: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float
 def _wall(
     result: dict[str, Any], rows: list[dict[str, Any]], started: float | None
 ) -> float | None:
-    if _is_number(result.get("time/train_s")):
+    if tables.is_number(result.get("time/train_s")):
         return float(result["time/train_s"])
-    times = [float(r["time"]) for r in rows if _is_number(r.get("time"))]
+    times = [float(r["time"]) for r in rows if tables.is_number(r.get("time"))]
     return round(times[-1] - started, 3) if times and started is not None else None
 
 
 def _started(run: RunDir, rows: list[dict[str, Any]]) -> float | None:
     """When the run began: config.yaml's writing, or its first logged row if that is earlier
     (a resume that changed a setting rewrites config.yaml)."""
-    times = [float(r["time"]) for r in rows[:1] if _is_number(r.get("time"))]
+    times = [float(r["time"]) for r in rows[:1] if tables.is_number(r.get("time"))]
     with contextlib.suppress(OSError):
         times.append(run.config.stat().st_mtime)
     return min(times, default=None)
@@ -249,10 +247,6 @@ def _iso(seconds: float) -> str:
 def _short_time(iso: str | None) -> str | None:
     """`2025-03-01 14:05` for `2025-03-01T14:05:31`: the table's width is dear."""
     return None if iso is None else iso[:16].replace("T", " ")
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def table(roots: Sequence[str | Path], sort: str | None = None, filters: Sequence[str] = ()) -> str:
@@ -303,10 +297,7 @@ def diff(a: str | Path, b: str | Path) -> str:
 
 def _indented(columns: list[str], cells: list[list[str]]) -> list[str]:
     """A table under a heading of `diff` (none without rows)."""
-    if not cells:
-        return []
-    width = shutil.get_terminal_size((120, 24)).columns - 2
-    return ["  " + line for line in tables.text(columns, cells, width)]
+    return tables.text(columns, cells, indent="  ") if cells else []
 
 
 def _seconds(s: float | None) -> str:

@@ -132,9 +132,14 @@ def matches(value: Any, text: str) -> bool:
     """Whether a cell's value is what a filter's text spells (numbers compared as numbers)."""
     if value is None:
         return text in ("", "null", "None", "-")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_number(value):
         return _number(text) == float(value)
     return str(cell(value)).lower() == text.lower()
+
+
+def is_number(v: Any) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _number(v: Any) -> float | None:
@@ -194,11 +199,15 @@ def shown(v: Any) -> str:
 
 
 def text(
-    columns: Sequence[str], rows: Sequence[Sequence[str]], width: int | None = None
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int | None = None,
+    indent: str = "",
 ) -> list[str]:
-    """Aligned lines (numbers to the right), cells cut to 32 characters; the columns that do not
-    fit in `width` (default: the terminal's) are left out, and a last line says which."""
-    width = width or shutil.get_terminal_size((120, 24)).columns
+    """Aligned lines (numbers to the right), each after `indent`, cells cut to 32 characters;
+    the columns that do not fit in `width` (default: the terminal's) are left out, and a last
+    line says which."""
+    width = (width or shutil.get_terminal_size((120, 24)).columns) - len(indent)
     cut = [[_cut(c) for c in row] for row in rows]
     sizes = [max([len(h), *(len(r[i]) for r in cut)]) for i, h in enumerate(columns)]
     fits, used = 0, -2
@@ -207,9 +216,13 @@ def text(
     right = [all(_number(r[i]) is not None or r[i] == "-" for r in cut) for i in range(fits)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.rjust(sizes[i]) if right[i] else c.ljust(sizes[i]) for i, c in enumerate(cells[:fits])
-        ).rstrip()
+        return (
+            indent
+            + "  ".join(
+                c.rjust(sizes[i]) if right[i] else c.ljust(sizes[i])
+                for i, c in enumerate(cells[:fits])
+            ).rstrip()
+        )
 
     lines = [line(columns), *(line(r) for r in cut)]
     if fits < len(columns):
