@@ -15,7 +15,7 @@ from conftest import SMALL, cli_env
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import cli, tables
+from expctl import cli, rundir, tables
 from expctl.errors import UserError
 
 BASE = ["run", *SMALL, "train.device=cpu", "sched=none", "train.max_steps=4"]
@@ -135,7 +135,7 @@ def test_damaged_and_partial_run_dirs_are_listed_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = tmp_path / "runs"
-    for name in ("broken_config", "broken_result", "no_result", "bare", "good"):
+    for name in ("broken_config", "broken_result", "no_result", "bare", "good", "live"):
         _fake_run(runs / name, lr=0.1 if name != "good" else 0.2)
     (runs / "broken_config" / "config.yaml").write_text("model: {name: [\n")
     (runs / "broken_result" / "result.json").write_text('{"val/acc": 0.')
@@ -144,8 +144,13 @@ def test_damaged_and_partial_run_dirs_are_listed_with_a_warning(
         f.write("not json\n")
     for name in ("metrics.jsonl", "result.json"):
         (runs / "bare" / name).unlink()
+    (runs / "live" / "result.json").unlink()
     monkeypatch.chdir(tmp_path)
+    held = rundir.RunLock(runs / "live")  # a launch training it
+    holder = (runs / "live" / ".lock").read_text()
     assert cli.main(["runs", "--csv"]) == 0
+    assert (runs / "live" / ".lock").read_text() == holder, "the lock is read, not taken"
+    held.release()
     out, err = capsys.readouterr()
     rows = {r["run"]: r for r in csv.DictReader(io.StringIO(out))}
     assert {k: rows[k]["status"] for k in rows} == {
@@ -153,6 +158,7 @@ def test_damaged_and_partial_run_dirs_are_listed_with_a_warning(
         "broken_config": "completed",
         "broken_result": "unfinished",
         "good": "completed",
+        "live": "running",
         "no_result": "unfinished",
     }
     assert rows["no_result"]["val/acc"] == "0.5", "the last logged value stands in for the result"
