@@ -4,6 +4,7 @@
     result = expctl.run("my.yml", overrides=["optim.lr=0.05"])
     model = expctl.load_model(result.run_dir)
     table = expctl.sweep_results("runs/sweep-...").to_pandas()
+    every = expctl.runs("runs").select(sort="-val/acc").to_pandas()   # runs side by side
     scores = expctl.evaluate(result.run_dir, split="test")    # RUN_DIR/eval/NAME.json
 
 Importing expctl imports neither torch nor Hydra; they load when a run starts.
@@ -21,6 +22,7 @@ __all__ = [
     "load_model",
     "evaluate",
     "sweep_results",
+    "runs",
     "register",
     "Splits",
     "DataInfo",
@@ -63,6 +65,14 @@ def sweep_results(sweep_dir: Any) -> Any:
     from expctl.results import load  # no torch: reading a sweep trains nothing
 
     return load(sweep_dir)
+
+
+def runs(*roots: Any) -> Any:
+    """Every run directory under `roots` (default: runs), sweep trials included: status, the
+    config keys that differ, final and best metrics, wall time (see expctl.compare.load)."""
+    from expctl.compare import load  # no torch: reading runs trains nothing
+
+    return load(roots or ("runs",))
 
 
 def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:

@@ -25,6 +25,8 @@ EPILOG = """examples:
   expctl run -C my.yml launcher=local launcher.nproc=2   2 DDP workers on this machine
   expctl run -C my.yml -m optim.lr=0.01,0.1     a sweep (Hydra multirun)
   expctl eval RUN_DIR --split test               score the run's best (or last) checkpoint again
+  expctl runs --sort=-val/acc                   every run under ./runs: the settings that differ, metrics
+  expctl diff runs/A runs/B                     two runs' config and metrics side by side
   expctl show -C my.yml                         the resolved config and the detected environment
   expctl list models                            registered names and their arguments
 """
@@ -92,21 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="a sweep's trials: table | best | resume | plot SWEEP_DIR")
     sw.add_argument("action", choices=("table", "best", "resume", "plot"))
     sw.add_argument("sweep_dir")
-    form = sw.add_mutually_exclusive_group()
-    form.add_argument("--json", action="store_true", help="table: as JSON")
-    form.add_argument("--csv", action="store_true", help="table: as CSV, one row per trial")
-    sw.add_argument(
-        "--sort",
-        metavar="KEY",
-        help="table: by a column (--sort=-KEY: descending); default: best first",
+    _table_options(sw, "table: ", "trials", "best first")
+    rs = sub.add_parser(
+        "runs", help="every run under ROOTs (sweep trials too): status, differing settings, metrics"
     )
-    sw.add_argument(
-        "--filter",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="table: only trials with this value (e.g. status=failed); repeatable",
-    )
+    rs.add_argument("roots", nargs="*", default=["runs"], metavar="ROOT", help="default: ./runs")
+    _table_options(rs, "", "runs", "by start time")
+    df = sub.add_parser("diff", help="two runs side by side: config keys that differ, metrics")
+    df.add_argument("run_a")
+    df.add_argument("run_b")
     lst = sub.add_parser(
         "list", help="registered models, datasets, optimizers, schedulers, losses, steps"
     )
@@ -128,6 +124,26 @@ def _parser() -> argparse.ArgumentParser:
     wk.add_argument("--eval", dest="evaluation")  # an Evaluation, as JSON
     wk.add_argument("--config")  # the evaluation's frozen config
     return p
+
+
+def _table_options(p: argparse.ArgumentParser, prefix: str, rows: str, order: str) -> None:
+    """--json, --csv, --sort and --filter of `sweep table` and `runs`."""
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help=f"{prefix}as JSON")
+    form.add_argument("--csv", action="store_true", help=f"{prefix}as CSV, one row per {rows[:-1]}")
+    p.add_argument(
+        "--sort",
+        metavar="KEY",
+        help=f"{prefix}by a column (--sort=-KEY: descending); default: {order}",
+    )
+    p.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"{prefix}only {rows} with this value (status=failed; also !=, and >, >=, <, <= on "
+        "numbers: 'val/acc>0.9'); repeatable",
+    )
 
 
 PRECEDENCE = """precedence, lowest first (the command line always wins):
@@ -173,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if args.command in ("status", "sweep", "show", "list", "eval"):
+    if args.command in ("status", "sweep", "runs", "diff", "show", "list", "eval"):
         from expctl.report import warnings_to_stderr
 
         warnings_to_stderr()
@@ -192,6 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from expctl.status import status
 
             print(status(args.run_dir))
+            return 0
+        if args.command == "runs":
+            return _runs(args)
+        if args.command == "diff":
+            from expctl import compare
+
+            print(compare.diff(args.run_a, args.run_b))
             return 0
         if args.command == "completion":
             from expctl import completion
@@ -291,6 +314,20 @@ def _sweep(args: argparse.Namespace) -> int:
         print(plots.plot(args.sweep_dir).describe())
     else:
         return EXIT_FAILED if sweep.resume(args.sweep_dir).failed else 0
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from expctl import compare, tables
+
+    if args.json or args.csv:
+        res = compare.load(args.roots).select(args.sort, args.filter)
+        if args.json:
+            print(tables.to_json(res.to_dict()))
+        else:
+            print(tables.to_csv(res.records(), res.columns()), end="")
+    else:
+        print(compare.table(args.roots, args.sort, args.filter))
     return 0
 
 

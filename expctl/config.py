@@ -767,6 +767,18 @@ def load(run_dir: str | Path, path: Path | None = None) -> Config:
     return cfg.replace("run", dir=str(Path(run_dir).expanduser().absolute()))
 
 
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys -> values (`{"optim": {"lr": 0.1}}` -> `optim.lr`); lists
+    and empty mappings are values."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 LEGACY_KEYS = ("storage", "trial")  # sweep.*, written into trials' configs before 0.2
 
 

@@ -78,6 +78,16 @@ def read_imports(path: Path) -> dict[str, dict[str, str]]:
     return {str(k): {"file": str(v.get("file", "")), "path": v["path"]} for k, v in data.items()}
 
 
+def metric_values(row: dict[str, Any]) -> dict[str, float]:
+    """The metrics of a result.json or a metrics.jsonl row: its numbers named `kind/name`
+    (`val/acc`, `time/train_s`), without step, epoch, status or time."""
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 @dataclass(frozen=True)
 class RunDir:
     """A run directory's files."""

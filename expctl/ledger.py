@@ -23,7 +23,7 @@ from expctl import config as config_mod
 from expctl.compose import parse_override
 from expctl.config import SweepConfig
 from expctl.errors import UserError
-from expctl.layout import RunDir, SweepDir
+from expctl.layout import RunDir, SweepDir, metric_values
 from expctl.slurm import FINAL_STATES, job_states
 from expctl.study import open_study
 
@@ -173,11 +173,7 @@ def _row(number: int, t: Any, s: SweepConfig, states: dict[str, dict[str, str]])
         params=typed(dict(t.params)),
         step=a.get("step"),
         seed_idx=int(a.get("seed_idx", 0)),
-        metrics={
-            k: float(v)
-            for k, v in result.items()
-            if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)
-        },
+        metrics=metric_values(result),
         optuna_trial=t.number,
     )
 

@@ -7,18 +7,14 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from expctl import ledger
-from expctl.errors import UserError, choices_text, did_you_mean, unknown_name
+from expctl import ledger, tables
 from expctl.ledger import STATUSES, Row, fmt_float, fmt_int, short
+from expctl.tables import finite
 
 # the columns of every sweep (parameters go after the first two, metrics after the next two)
 FIXED = ("trial", "status", "value", "best") + (
@@ -81,50 +77,24 @@ class SweepResults:
         Raises:
             UserError: pandas is not installed.
         """
-        try:
-            import pandas  # lazy: optional, and heavy
-        except ImportError:
-            raise UserError(
-                "SweepResults.to_pandas() needs pandas, which is not installed",
-                "pip install pandas (or use .records(): a list of dicts)",
-            ) from None
-        return pandas.DataFrame.from_records(self.records()).set_index("trial")
+        return tables.to_pandas(self.records(), "trial", "SweepResults.to_pandas()")
 
     def select(self, sort: str | None = None, filters: Sequence[str] = ()) -> SweepResults:
-        """The trials that pass every ``KEY=VALUE`` filter (one key given several times: any of
-        its values), ordered by column `sort` (``-KEY``: descending; None: best first).
+        """The trials that pass every filter (`tables.select`: ``KEY=VALUE``, one key given
+        several times: any of its values; ``KEY>X`` and the like on numbers), ordered by column
+        `sort` (``-KEY``: descending; None: best first).
 
         Raises:
-            UserError: an unknown column or status, or a filter without ``=``.
+            UserError: an unknown column or status, or a filter without an operator.
         """
-        columns = self.columns()
-        wanted: dict[str, list[str]] = {}
-        for text in filters:
-            key, sep, value = text.partition("=")
-            if not sep:
-                raise UserError(
-                    f"--filter {text!r}: expected KEY=VALUE", "e.g. --filter status=failed"
-                )
-            _check_column(key, columns, "--filter")
-            if key == "status" and value not in STATUSES:
-                raise unknown_name(
-                    "status", value, STATUSES, "e.g. --filter status=failed --filter status=lost"
-                )
-            wanted.setdefault(key, []).append(value)
-        keep = [
-            (r, rec)
-            for r, rec in zip(self.rows, self.records(), strict=True)
-            if all(any(_matches(rec.get(k), v) for v in vs) for k, vs in wanted.items())
-        ]
+        listing = "expctl sweep table --csv SWEEP_DIR"
+        picked = tables.select(
+            self.records(), sort, filters, self.columns(), listing, {"status": STATUSES}
+        )
+        rows = [self.rows[i] for i in picked]
         if sort is None:
-            keep.sort(key=lambda x: (ledger.sort_key(x[0].value, self.mode), x[0].number))
-        else:
-            key = sort.removeprefix("-")
-            _check_column(key, columns, "--sort")
-            present = [x for x in keep if x[1].get(key) is not None]
-            present.sort(key=lambda x: _order(x[1][key]), reverse=sort.startswith("-"))
-            keep = present + [x for x in keep if x[1].get(key) is None]
-        return replace(self, rows=[r for r, _ in keep])
+            rows.sort(key=lambda r: (ledger.sort_key(r.value, self.mode), r.number))
+        return replace(self, rows=rows)
 
 
 def load(sweep_dir: str | Path) -> SweepResults:
@@ -150,9 +120,9 @@ def _nested(r: Row) -> dict[str, Any]:
         "trial": r.number,
         "status": r.status,
         "params": r.params,
-        "value": _finite(r.value),
-        "best": _finite(r.best),
-        "metrics": {k: _finite(v) for k, v in r.metrics.items()},
+        "value": finite(r.value),
+        "best": finite(r.best),
+        "metrics": {k: finite(v) for k, v in r.metrics.items()},
         "epoch": r.epoch,
         "step": r.step,
         "wall_s": r.wall_s,
@@ -163,56 +133,14 @@ def _nested(r: Row) -> dict[str, Any]:
     }
 
 
-def _finite(v: float | None) -> float | None:
-    """NaN and infinity as None: JSON has no spelling for them (a diverged trial's loss)."""
-    return v if v is None or math.isfinite(v) else None
-
-
-def _check_column(key: str, columns: list[str], option: str) -> None:
-    if key not in columns:
-        raise UserError(
-            f"{option} {key}: no such column.{did_you_mean(key, columns)} Valid: "
-            f"{choices_text(columns, limit=20)}",
-            "the columns are those of `expctl sweep table --csv SWEEP_DIR`",
-        )
-
-
-def _cell(v: Any) -> Any:
-    """A value as one CSV cell or filter text: lists and mappings in JSON (`[32,32]`)."""
-    return json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else v
-
-
-def _matches(value: Any, text: str) -> bool:
-    if value is None:
-        return text in ("", "null", "None", "-")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            return float(text) == float(value)
-        except ValueError:
-            return False
-    return str(_cell(value)).lower() == text.lower()
-
-
-def _order(v: Any) -> tuple[int, Any]:
-    """Numbers before text; each in its own order (a column mixes them rarely)."""
-    if isinstance(v, (int, float)):
-        return (0, float(v))
-    return (1, str(_cell(v)))
-
-
 def to_json(res: SweepResults) -> str:
     """`expctl sweep table --json`."""
-    return json.dumps(res.to_dict(), indent=2, allow_nan=False)
+    return tables.to_json(res.to_dict())
 
 
 def to_csv(res: SweepResults) -> str:
     """`expctl sweep table --csv`: the records, one row per trial, a header of their columns."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=res.columns(), lineterminator="\n")
-    writer.writeheader()
-    for rec in res.records():
-        writer.writerow({k: "" if v is None else _cell(v) for k, v in rec.items()})
-    return out.getvalue()
+    return tables.to_csv(res.records(), res.columns())
 
 
 def table(sweep_dir: str | Path, sort: str | None = None, filters: Sequence[str] = ()) -> str:

@@ -106,17 +106,19 @@ def describe_holder(text: str) -> str:
 
 
 def is_locked(path: Path) -> str | None:
-    """Who holds `path`'s run lock now (None: no live launch trains it)."""
-    if not RunDir(path).lock.is_file():
+    """Who holds `path`'s run lock now (None: no live launch trains it). Reads only: a shared
+    flock, held for an instant, conflicts with the launch's exclusive one."""
+    try:
+        fd = os.open(RunDir(path).lock, os.O_RDONLY)
+    except OSError:  # no lock file (never launched), or one we may not read
         return None
     try:
-        lock = RunLock(path)
-    except UserError as e:
-        return e.message.split("(", 1)[-1].rstrip(")")
-    except OSError:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
-    lock.release()
-    return None
+    except BlockingIOError:
+        return describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+    finally:
+        os.close(fd)  # releases the shared flock
 
 
 def create(
@@ -290,16 +292,9 @@ def _get(tree: dict[str, Any], dotted: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = sorted(set(a) | set(b))
-    out: list[str] = []
-    for k in keys:
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _differences(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}")
-    return out
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    flat_a, flat_b = config_mod.flatten(a), config_mod.flatten(b)
+    return [k for k in sorted(flat_a.keys() | flat_b.keys()) if flat_a.get(k) != flat_b.get(k)]
 
 
 def _remove_if_empty(path: Path) -> None:

@@ -1,15 +1,30 @@
-"""`expctl status RUN_DIR`: what a run is doing, from its files and the Slurm accounting."""
+"""`expctl status RUN_DIR`: what a run is doing, from its files and the Slurm accounting; `state`,
+the one word `expctl runs` shows for it, from its files alone."""
 
 from __future__ import annotations
 
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from expctl import rundir
 from expctl.errors import UserError
 from expctl.layout import RunDir
 from expctl.slurm import job_state
+
+# what a run's files say of it, in one word (`state`)
+STATES = (
+    "completed",  # result.json: trained to the end of its budget
+    "early-stopped",  # completed, ended by train.early_stop
+    "stopped",  # a sweep's pruner ended it
+    "running",  # a live launch holds its lock
+    "submitted",  # a Slurm job was submitted and has not started yet
+    "preempted",  # its Slurm job stopped at a checkpoint (the requeued job resumes it)
+    "failed",  # its Slurm job recorded an error
+    "unfinished",  # no result and no live launch here: failed, killed or on another host
+    "not started",  # nothing trained yet
+)
 
 
 def status(run_dir: str) -> str:
@@ -71,18 +86,35 @@ def status(run_dir: str) -> str:
     return "\n".join(lines)
 
 
-def _local_state(run: RunDir) -> str:
-    """'completed' (or the result's status), else unfinished with the age of the newest write."""
-    result = run.read_result()
+def state(run: RunDir, result: dict[str, Any]) -> str:
+    """One of STATES, from the run's files (`result`: its result.json, read by the caller)."""
     if result:
-        return str(result.get("status", "completed"))
-    holder = rundir.is_locked(run.path)
-    if holder:
-        return f"training ({holder})"
-    files = [f for f in (run.metrics, run.log) if f.is_file()]
-    if not files:
-        return "not started"
-    age = time.time() - max(f.stat().st_mtime for f in files)
+        status = str(result.get("status", "completed"))
+        return "early-stopped" if status == "completed" and result.get("stopped_early") else status
+    if rundir.is_locked(run.path):
+        return "running"
+    jobs = run.job_events()
+    event = jobs[-1].get("event") if jobs else None
+    if event in ("submitted", "failed"):
+        return str(event)
+    if event == "stopped":
+        return "preempted"
+    return "unfinished" if _written(run) else "not started"
+
+
+def _written(run: RunDir) -> list[Path]:
+    return [f for f in (run.metrics, run.log) if f.is_file()]
+
+
+def _local_state(run: RunDir) -> str:
+    """The run's `state`; who trains a running one; the age of the newest write of an
+    unfinished one."""
+    word = state(run, run.read_result())
+    if word == "running":
+        return f"training ({rundir.is_locked(run.path) or 'ended just now'})"
+    if word != "unfinished":
+        return word
+    age = time.time() - max(f.stat().st_mtime for f in _written(run))
     return (
         f"unfinished, last written {_age(age)} ago (still running, or interrupted: "
         "the same command resumes it)"

@@ -226,6 +226,16 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "checkpoint.init=notes.txt", "checkpoint.resume=notes.txt"], "pick one"),
     (["eval", "."], "not a run directory"),
     (["eval", "nowhere"], "not a run directory"),
+    # issue 13: runs side by side (`gone_run`: a run directory that never trained)
+    (["runs"], "runs: no such folder"),
+    (["runs", "images"], "no run directory (a folder with config.yaml) under images"),
+    (["runs", "gone_run", "--sort", "stauts"], "Did you mean 'status'?"),
+    (["runs", "gone_run", "--csv", "--filter", "status=complete"], "Did you mean 'completed'?"),
+    (["runs", "gone_run", "--filter", "imprts=x"], "--filter imprts: no such column"),
+    (["runs", "gone_run", "--filter", "imports>many"], "> compares numbers"),
+    (["runs", "gone_run", "--filter", "imports"], "expected KEY=VALUE"),
+    (["diff", "gone_run", "."], ".: not a run directory"),
+    (["diff", "nowhere", "gone_run"], "nowhere: not a run directory"),
 ]
 
 
