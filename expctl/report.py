@@ -13,8 +13,8 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
 from expctl import loggers as loggers_mod
@@ -199,9 +199,11 @@ class Reporter:
         """After each optimizer step: move the bar (a terminal only). Plain integers: no sync."""
         if not self.tty:
             return
+        desc = f"epoch {epoch + 1}"
         if self._bar is None:
-            self._bar = _bar(self.max_steps, self.start_step, self.samples_per_step)
-        self._bar.set_description_str(f"epoch {epoch + 1}", refresh=False)
+            self._bar = _bar(self.max_steps, self.start_step, self.samples_per_step, desc)
+        if self._bar.desc != desc:
+            self._bar.set_description_str(desc, refresh=False)
         self._bar.update(step - self._bar.n)
 
     def record(self, step: int, epoch: int, metrics: dict[str, float], kind: str) -> None:
@@ -332,7 +334,7 @@ def _interval(seconds: float) -> str:
     return str(tqdm.format_interval(seconds))
 
 
-def _bar(total: int, initial: int, samples_per_step: int) -> Any:
+def _bar(total: int, initial: int, samples_per_step: int, desc: str) -> Any:
     """A tqdm bar of optimizer steps that shows the rate in samples/s (40.0k samples/s) and
     follows the terminal's width."""
     from tqdm import tqdm
@@ -348,9 +350,10 @@ def _bar(total: int, initial: int, samples_per_step: int) -> Any:
     return Bar(
         total=total,
         initial=initial,
+        desc=desc,
         file=sys.stdout,
         dynamic_ncols=True,
         unit="step",
         bar_format="{desc} {percentage:3.0f}%|{bar}| step {n}/{total} "
-        "[{elapsed}<{remaining}, {samples} samples/s]{postfix}",
+        "[{elapsed}<{remaining}, {samples} samples/s{postfix}]",
     )
