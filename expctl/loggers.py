@@ -125,10 +125,11 @@ class TensorBoard(Logger):
     def close(self, status: str) -> None:
         from torch.utils.tensorboard.summary import hparams
 
-        if self.params:
+        events = self.writer.file_writer  # the run's own event file (not add_hparams' subfolder)
+        if self.params and events is not None:
             final = {k: v for k, v in self.last.items() if k != "epoch"}
             for summary in hparams(self.params, final):
-                self.writer.file_writer.add_summary(summary)
+                events.add_summary(summary)
         self.writer.close()
 
 

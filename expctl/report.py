@@ -75,7 +75,7 @@ def write_failed(path: Path, error: OSError) -> RunError:
     )
 
 
-class _Console(logging.StreamHandler):  # type: ignore[type-arg]
+class _Console(logging.StreamHandler):
     """The console: lines go above a progress bar (tqdm.write), except those logged with
     ``extra={"console": False}`` (train lines, which the bar shows on a terminal)."""
 
@@ -339,7 +339,7 @@ def _bar(total: int, initial: int, samples_per_step: int, desc: str) -> Any:
     follows the terminal's width."""
     from tqdm import tqdm
 
-    class Bar(tqdm):  # type: ignore[type-arg]
+    class Bar(tqdm):
         @property
         def format_dict(self) -> dict[str, Any]:  # tqdm's documented way to add fields
             d = dict(super().format_dict)
