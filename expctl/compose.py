@@ -32,6 +32,7 @@ from expctl.yamlfile import read_yaml
 
 GROUPS = ("model", "data", "optim", "sched", "loss", "launcher")
 PRESETS = "experiment"  # conf/experiment/*.yaml (or experiment/ next to the -C file)
+LOGGER = "logger"  # several at once: logger=[tensorboard,csv]
 FREE_MAPS = ("launcher.sbatch", "env", "sweep.params")  # keys the user adds without `+`
 PRIMARY = "__expctl_main__"
 GENERATED = "__expctl__"
@@ -97,6 +98,7 @@ class Layer:
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # group -> its settings
     body: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None  # an experiment the file picks (applied beneath it)
+    loggers: list[str] | None = None  # the loggers the file picks (None: it names none)
 
 
 def read_layer(doc: dict[str, Any], source: str, dirs: Sequence[Path]) -> Layer:
@@ -122,6 +124,8 @@ def read_layer(doc: dict[str, Any], source: str, dirs: Sequence[Path]) -> Layer:
             layer.preset = None if choice is None else str(choice)
         elif group == "sweep":  # `sweep: tpe` picks the sampler
             layer.body = _merge(layer.body, {"sweep": {"sampler": choice}})
+        elif group == LOGGER:
+            _pick_loggers(layer, choice)
         else:
             raise UserError(
                 f"{source}: defaults entry {item!r} is not one of expctl's groups",
@@ -134,6 +138,9 @@ def read_layer(doc: dict[str, Any], source: str, dirs: Sequence[Path]) -> Layer:
                 "remove it; run directories come from run.root / run.dir, and group files next "
                 "to your -C file (model/NAME.yaml) are found without a searchpath",
             )
+        if key == LOGGER:
+            _pick_loggers(layer, value)
+            continue
         if key not in GROUPS:
             layer.body = _merge(layer.body, {key: value})
             continue
@@ -163,6 +170,25 @@ def _pick(
         )
     layer.choices[group] = name
     layer.sections[group] = _merge(_merge(layer.sections.get(group, {}), preset), keys)
+
+
+def _pick_loggers(layer: Layer, value: Any) -> None:
+    """`logger: [a, b]` picks loggers; `logger: {a: {key: value}}` also sets their arguments."""
+    if isinstance(value, dict):
+        layer.body = _merge(layer.body, {LOGGER: {k: v or {} for k, v in value.items()}})
+        value = list(value)
+    layer.loggers = logger_names(value, layer.source)
+
+
+def logger_names(value: Any, source: str) -> list[str]:
+    """The names of ``logger=[a,b]`` (a name alone, or null: none)."""
+    names = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise UserError(
+            f"{source} logger must list logger names, got {value!r}",
+            "e.g. logger=[tensorboard,csv]; `expctl list loggers` names them",
+        )
+    return names
 
 
 def _choice(group: str, value: Any, source: str) -> str:
@@ -223,6 +249,7 @@ class Stack:
     choices: dict[str, str] = field(default_factory=dict)
     settings: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict)
+    loggers: list[str] = field(default_factory=list)  # the last layer's pick
 
     def add(self, layer: Layer) -> None:
         for group in sorted(set(layer.choices) | set(layer.sections)):
@@ -234,6 +261,18 @@ class Stack:
                     (layer.source, layer.sections[group])
                 )
         self.body = _merge(self.body, layer.body)
+        if layer.loggers is not None:
+            self.loggers = layer.loggers
+
+    def chosen_loggers(self) -> dict[str, dict[str, Any]]:
+        """Each picked logger with its arguments: its signature's defaults, then what the
+        layers set (settings of loggers not picked stay aside, as a component's do)."""
+        settings = self.body.get(LOGGER) or {}
+        out = {}
+        for name in self.loggers:
+            entry = registry.get("loggers", name)
+            out[name] = _merge(confstore.node_defaults(LOGGER, entry), settings.get(name) or {})
+        return out
 
     def section(self, group: str) -> dict[str, Any]:
         """The settings of the chosen component, merged from every layer that set them."""
@@ -280,6 +319,7 @@ class CommandLine:
     presets: list[str] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
     imports: list[str] = field(default_factory=list)
+    loggers: list[str] | None = None
 
 
 _HYDRA_HINTS = {
@@ -334,6 +374,8 @@ def parse_command_line(overrides: Sequence[str]) -> CommandLine:
             )
         if group in GROUPS:
             out.choices[group] = _choice(group, o.value(), f"{text}:")
+        elif key == LOGGER:
+            out.loggers = logger_names(o.value(), f"{text}:")
         elif key == PRESETS:
             if o.value() is not None:
                 out.presets.append(str(o.value()))
@@ -393,8 +435,11 @@ def compose(
     for group, option in cli.choices.items():
         name, preset = resolve_option(group, option, dirs)
         stack.add(Layer("the command line", {group: name}, {group: preset} if preset else {}))
+    if cli.loggers is not None:
+        stack.loggers = cli.loggers
     if notes is not None:
         notes += stack.set_aside(before)
+    stack.body[LOGGER] = stack.chosen_loggers()
     for group in GROUPS:
         _check_option(group, stack.choices[group], dirs)
     confstore.store_schema(GROUPS)
@@ -406,9 +451,21 @@ def compose(
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             node = hydra_compose(config_name=PRIMARY, overrides=cli.keys)
     raw, interps = schema.resolve(node, "config")
+    _check_logger_keys(raw, stack.loggers)
     confstore.complete(raw)
     with schema.redacted(raw, interps):
         return schema.validate(raw, check_components=check_components, interpolations=interps)
+
+
+def _check_logger_keys(raw: dict[str, Any], picked: list[str]) -> None:
+    """A ``logger.NAME.KEY=VALUE`` override names a logger that the run uses."""
+    for name in raw.get(LOGGER) or {}:
+        if name not in picked:
+            shown = ",".join([*picked, name])
+            raise UserError(
+                f"logger.{name}: sets a logger this run does not use (logger=[{','.join(picked)}])",
+                f"pick it too: logger=[{shown}]",
+            )
 
 
 def _check_option(group: str, name: str, dirs: Sequence[Path]) -> None:

@@ -233,6 +233,7 @@ class Config:
     run: RunConfig = _f(RunConfig())
     sweep: SweepConfig = _f(SweepConfig())
     imports: list[str] = _f([])  # your modules, imported in every process before building
+    logger: dict[str, dict[str, Any]] = _f({})  # loggers (expctl/loggers.py) -> their arguments
     env: dict[str, str] = _f({})  # environment variables set in every worker
     # dotted key -> its `${oc.env:...}` text: written back instead of the value (secrets)
     interpolations: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -299,7 +300,10 @@ FIXED: dict[str, type] = {
 
 
 def framework_keys(section: str) -> dict[str, dataclasses.Field[Any]]:
-    """The keys a component section holds besides the factory's arguments (name included)."""
+    """The keys a component section holds besides the factory's arguments (name included);
+    none for a logger."""
+    if section not in SECTIONS:
+        return {}
     return {f.name: f for f in dataclasses.fields(SECTIONS[section]) if f.name != "args"}
 
 
@@ -365,6 +369,8 @@ def check_registered(cfg: Config) -> None:
             continue
         registry.check_args(kind, comp.name, comp.args, section)
     registry.get("steps", cfg.train.step)
+    for name, args in cfg.logger.items():
+        registry.check_args("loggers", name, args, f"logger.{name}")
     if cfg.sched.name is not None:
         steps_on_metric = "monitor" in registry.get("schedulers", cfg.sched.name).settings
         if steps_on_metric != (cfg.sched.monitor is not None):
@@ -482,7 +488,25 @@ def _launcher(value: Any) -> LauncherConfig:
     return LauncherConfig(**dataclasses.asdict(chosen))
 
 
+def _loggers(value: Any) -> dict[str, dict[str, Any]]:
+    """`logger`: a list of logger names, or a mapping of names to their arguments."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return {v: {} for v in value}
+    if isinstance(value, dict) and all(isinstance(v, dict) or v is None for v in value.values()):
+        return {str(k): dict(v or {}) for k, v in value.items()}
+    raise UserError(
+        f"logger: expected a list of logger names or a mapping of them, got {value!r}",
+        "e.g. logger=[tensorboard,csv]; `expctl list loggers` names them",
+    )
+
+
 def _plain(name: str, value: Any) -> Any:
+    if name == "logger":
+        return _loggers(value)
     if name == "imports":
         if value is None:
             return []

@@ -40,6 +40,8 @@ def store_schema(groups: tuple[str, ...]) -> None:
     root["imports"] = []
     root["env"] = {}
     OmegaConf.set_struct(root["env"], False)
+    root["logger"] = {}  # the picked loggers, with their arguments (compose.Stack.chosen_loggers)
+    OmegaConf.set_struct(root["logger"], False)
     cs = ConfigStore.instance()
     cs.store(name=SCHEMA, node=root)
     for name, cls in schema.LAUNCHERS.items():

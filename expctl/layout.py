@@ -8,12 +8,14 @@
       .lock         held while a launch trains it (flock; who holds it)
       trial.json    sweep trial id    plot_*.png    `sweep plot`
       metrics.jsonl one event a line  slurm/        submitit files of job arrays
+      metrics.csv   logger=[csv]: the same events as a table
       result.json   final metrics     trial_000/    a run directory per trial
       train.log     rank 0's log
       jobs.jsonl    Slurm job events
       checkpoints/  step_*.pt (+ .sha256, .json: the validation metrics of those weights)
       eval/         NAME.json: `expctl eval` results
-      tb/           TensorBoard
+      tb/           logger=[tensorboard]
+      wandb/        logger=[wandb]: W&B's offline run files
       slurm/        submitit files of launcher=slurm
 
 Readers skip a line being written right now (the file is appended while they read) and a
@@ -99,11 +101,13 @@ class RunDir:
     LOCK = ".lock"
     TRIAL = "trial.json"
     METRICS = "metrics.jsonl"
+    CSV = "metrics.csv"
     RESULT = "result.json"
     LOG = "train.log"
     JOBS = "jobs.jsonl"
     CHECKPOINTS = "checkpoints"
     TB = "tb"
+    WANDB = "wandb"
     SLURM = "slurm"
     EVAL = "eval"
 
@@ -133,6 +137,10 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.path / self.METRICS
+
+    @property
+    def csv(self) -> Path:
+        return self.path / self.CSV
 
     @property
     def result(self) -> Path:

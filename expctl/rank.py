@@ -137,16 +137,36 @@ def _train(
     rep = Reporter(
         run_dir,
         env.is_main,
-        parts.batches.steps_per_epoch,
         parts.total_steps,
-        purge_after=state.step if dropped else None,
+        start_step=state.step,
+        loggers=cfg.logger,
+        samples_per_step=cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
     )
-    _log_start(cfg, env, parts, state, run_dir, device)
-    stop = StopFlag(cfg.launcher.signal, ctl)
+    status = "failed"
     try:
-        result = fit(
-            cfg.train, cfg.checkpoint, parts, state, Loop(env, ctl, rep, stop, hooks, run_dir)
-        )
+        rep.log_config(cfg.to_dict())  # environment interpolations unresolved: no secret leaves
+        _log_start(cfg, env, parts, state, run_dir, device)
+        stop = StopFlag(cfg.launcher.signal, ctl)
+        result = _fit(cfg, env, parts, state, ctl, Loop(env, ctl, rep, stop, hooks, run_dir))
+        status = str(result["status"])
+    except Preempted:
+        status = "preempted"
+        raise
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        rep.close(status)
+    hooks.on_end(result)
+    return result
+
+
+def _fit(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, loop: Loop
+) -> dict[str, Any]:
+    """`train.fit`; a collective that timed out becomes one line naming the silent ranks."""
+    try:
+        return fit(cfg.train, cfg.checkpoint, parts, state, loop)
     except RuntimeError as e:
         if not env.distributed or "timed out" not in str(e).lower():
             raise
@@ -157,10 +177,7 @@ def _train(
             f"waited launcher.collective_timeout={cfg.launcher.collective_timeout:g} s"
         ) from None
     finally:
-        stop.close()
-        rep.close()
-    hooks.on_end(result)
-    return result
+        loop.stop.close()
 
 
 def _log_start(

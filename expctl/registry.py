@@ -1,4 +1,5 @@
-"""Flat name -> factory registries for models, datasets, optimizers, schedulers, losses, steps.
+"""Flat name -> factory registries for models, datasets, optimizers, schedulers, losses, steps
+and loggers.
 
 Built-in components register themselves when their module is imported; `load_builtins()` imports
 them (and installed plugins' ``expctl.plugins`` entry points) the first time a registry is read.
@@ -23,7 +24,7 @@ from typing import Any
 
 from expctl.errors import UserError, choices_text, did_you_mean, unknown_name
 
-KINDS = ("models", "datasets", "optimizers", "schedulers", "losses", "steps")
+KINDS = ("models", "datasets", "optimizers", "schedulers", "losses", "steps", "loggers")
 _ALIASES = {k[:-1]: k for k in KINDS} | {"optim": "optimizers", "sched": "schedulers"}
 _SECTIONS = {
     "models": "model",
@@ -32,12 +33,15 @@ _SECTIONS = {
     "schedulers": "sched",
     "losses": "loss",
     "steps": "train.step",
+    "loggers": "logger",
 }
+LOGGER_RUNTIME = ("run_dir", "start_step")  # what expctl passes a logger that asks for it
 _BUILTIN_MODULES = (
     "expctl.models",
     *(f"expctl.datasets.{m}" for m in ("idx", "vision", "images", "arrays", "synthetic")),
     "expctl.optim",
     "expctl.steps",
+    "expctl.loggers",
 )
 
 
@@ -153,15 +157,16 @@ def register(
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         doc = description if description is not None else (inspect.getdoc(fn) or "")
-        implied = inferred
+        implied, passed, own = inferred, runtime, _signature(fn).parameters
         if not inferred and canonical_kind(kind) == "models":  # filled from the data by name
-            own = _signature(fn).parameters
             implied = [n for n in ("in_channels", "num_classes", "input_shape") if n in own]
+        if not runtime and canonical_kind(kind) == "loggers":  # passed by expctl, by name
+            passed = [n for n in LOGGER_RUNTIME if n in own]
         _REGISTRIES[canonical_kind(kind)].add(
             Entry(
                 name=name or fn.__name__,
                 factory=fn,
-                runtime=frozenset(runtime),
+                runtime=frozenset(passed),
                 inferred=frozenset(implied),
                 params_of=params_of,
                 check=check,

@@ -13,9 +13,11 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from expctl import loggers as loggers_mod
 from expctl.errors import RunError
 from expctl.layout import RunDir
 
@@ -47,7 +49,7 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
         if getattr(h, "_expctl", False):
             root.removeHandler(h)
             h.close()
-    console = logging.StreamHandler(sys.stdout if enabled else sys.stderr)
+    console = _Console(sys.stdout if enabled else sys.stderr)
     console.setLevel(logging.INFO if enabled else logging.WARNING)
     console.setFormatter(
         logging.Formatter("%(message)s" if enabled else f"[rank {rank}] %(message)s")
@@ -71,6 +73,22 @@ def write_failed(path: Path, error: OSError) -> RunError:
         f"could not write {path} ({error.strerror or error}); the checkpoints written so far are "
         f"intact: free space, then run the same command with run.dir={path.parent} to resume"
     )
+
+
+class _Console(logging.StreamHandler):
+    """The console: lines go above a progress bar (tqdm.write), except those logged with
+    ``extra={"console": False}`` (train lines, which the bar shows on a terminal)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not getattr(record, "console", True):
+            return
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:
+            self.handleError(record)
 
 
 class _LogFile(logging.FileHandler):
@@ -132,37 +150,64 @@ class Reporter:
 
     `rows` counts the lines of metrics.jsonl (those of earlier attempts included); a checkpoint
     records it, so that resuming from it drops exactly the rows logged after it.
+
+    The console: on a terminal, a progress bar (tqdm) advanced every optimizer step, with the
+    loss of the last log point, the rate in samples/s and the time left, and the train lines go
+    to train.log only; elsewhere (CI, Slurm logs) each train line is printed, with its ETA.
     """
 
     def __init__(
         self,
         run_dir: Path,
         enabled: bool,
-        steps_per_epoch: int,
         max_steps: int,
-        purge_after: int | None = None,
+        start_step: int = 0,
+        loggers: Mapping[str, Mapping[str, Any]] | None = None,
+        samples_per_step: int = 1,
     ) -> None:
-        """`purge_after`: the step a resumed run continues from; TensorBoard hides the events an
-        earlier attempt logged after it."""
+        """`start_step`: where training continues from; `loggers`: name -> arguments
+        (`expctl.loggers`); `samples_per_step`: the global batch, for the rate."""
         self.run_dir, self.enabled = run_dir, enabled
-        self.steps_per_epoch, self.max_steps = steps_per_epoch, max_steps
+        self.max_steps, self.start_step, self.samples_per_step = (
+            max_steps,
+            start_step,
+            samples_per_step,
+        )
         self.tty = enabled and sys.stdout.isatty()
         self.rows = 0
         self.broken = False  # a write failed: the run is ending with that error
         self._file: TextIO | None = None
-        self._tb: Any = None
-        self._last_len = 0
+        self._loggers: list[Any] = []
+        self._sent: dict[str, float] = {}  # the newest value of each metric the loggers got
+        self._bar: Any = None
+        self._started = time.perf_counter()
         if enabled:
             path = RunDir(run_dir).metrics
             try:
                 self.rows = path.read_bytes().count(b"\n") if path.is_file() else 0
                 self._file = open(path, "a", buffering=1)  # noqa: SIM115
-                self._tb = _tensorboard(run_dir, None if purge_after is None else purge_after + 1)
+                self._loggers = loggers_mod.open_all(loggers or {}, run_dir, start_step)
             except OSError as e:
                 raise write_failed(Path(getattr(e, "filename", None) or path), e) from None
 
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """Hand the loggers the run's config (as written to config.yaml), flattened."""
+        params = loggers_mod.flatten(config)
+        self._each(lambda logger: logger.log_hparams(params))
+
+    def advance(self, step: int, epoch: int) -> None:
+        """After each optimizer step: move the bar (a terminal only). Plain integers: no sync."""
+        if not self.tty:
+            return
+        desc = f"epoch {epoch + 1}"
+        if self._bar is None:
+            self._bar = _bar(self.max_steps, self.start_step, self.samples_per_step, desc)
+        if self._bar.desc != desc:
+            self._bar.set_description_str(desc, refresh=False)
+        self._bar.update(step - self._bar.n)
+
     def record(self, step: int, epoch: int, metrics: dict[str, float], kind: str) -> None:
-        """Append one event to metrics.jsonl, TensorBoard and the console."""
+        """Append one event to metrics.jsonl, the loggers, train.log and the console."""
         if not self.enabled:
             return
         event = {
@@ -175,46 +220,73 @@ class Reporter:
         try:
             self._file.write(json.dumps(event) + "\n")
             self._file.flush()
-            if self._tb is not None:
-                for k, v in metrics.items():
-                    self._tb.add_scalar(k, v, step)
         except OSError as e:
             self.broken = True
             raise write_failed(Path(getattr(e, "filename", None) or self._file.name), e) from None
         self.rows += 1
+        self._send({"epoch": epoch, **metrics}, step)
         shown = "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
         # `epoch` counts completed epochs; a train line belongs to the one in progress (1-based)
         where = f"epoch {epoch + 1 if kind == 'train' else epoch} step {step}/{self.max_steps}"
-        if kind == "train" and self.tty:
-            line = f"\r[{_bar(step, self.max_steps)}] {where}  {shown}"
-            sys.stdout.write(line + " " * max(0, self._last_len - len(line)))
-            sys.stdout.flush()
-            self._last_len = len(line)
-            return
-        if self.tty and self._last_len:
-            sys.stdout.write("\n")
-            self._last_len = 0
-        log.info("%s %s  %s", kind, where, shown)
+        if kind == "train":
+            shown += f"  eta {self._eta(step)}"
+            if self._bar is not None:
+                self._bar.set_postfix_str(_brief(metrics), refresh=False)
+        # on a terminal the bar shows the train line; train.log always gets it
+        log.info(
+            "%s %s  %s", kind, where, shown, extra={"console": kind != "train" or not self.tty}
+        )
 
     def result(self, payload: dict[str, Any]) -> None:
-        """Write result.json atomically."""
-        if self.enabled:
-            write_json(RunDir(self.run_dir).result, payload)
+        """Write result.json atomically; the loggers get its metrics that no event held yet."""
+        if not self.enabled:
+            return
+        write_json(RunDir(self.run_dir).result, payload)
+        final = {
+            k: v
+            for k, v in payload.items()
+            if isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and k not in ("step", "epoch")
+        }
+        news = {k: v for k, v in final.items() if self._sent.get(k) != v}
+        if news:
+            self._send({"epoch": payload.get("epoch", 0), **news}, int(payload.get("step", 0)))
 
-    def close(self) -> None:
-        """Flush and close the files (after a failed write, quietly: the error is on its way)."""
-        if self.tty and self._last_len:
-            sys.stdout.write("\n")
+    def close(self, status: str = "failed") -> None:
+        """End the bar, close the loggers with the run's `status` (`expctl.loggers.STATUSES`)
+        and the files (after a failed write, quietly: the error is on its way)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         try:
+            self._each(lambda logger: logger.close(status))
             if self._file is not None:
                 self._file.close()
-            if self._tb is not None:
-                self._tb.close()
         except OSError as e:
             if not self.broken:
                 raise write_failed(Path(getattr(e, "filename", None) or self.run_dir), e) from None
         finally:
-            self._file, self._tb = None, None
+            self._file, self._loggers = None, []
+
+    def _send(self, metrics: dict[str, float], step: int) -> None:
+        self._each(lambda logger: logger.log_metrics(metrics, step))
+        self._sent.update(metrics)
+
+    def _each(self, call: Any) -> None:
+        """Call every logger; a failed write ends the run with one line naming the file."""
+        for logger in self._loggers:
+            try:
+                call(logger)
+            except OSError as e:
+                self.broken = True
+                raise write_failed(Path(getattr(e, "filename", None) or self.run_dir), e) from None
+
+    def _eta(self, step: int) -> str:
+        """The time left at this launch's pace so far."""
+        done = step - self.start_step
+        spent = time.perf_counter() - self._started
+        return _interval(spent / done * (self.max_steps - step)) if done > 0 else "?"
 
 
 def write_json(final: Path, payload: dict[str, Any]) -> None:
@@ -233,15 +305,6 @@ def write_json(final: Path, payload: dict[str, Any]) -> None:
         raise write_failed(final, e) from None
 
 
-def _tensorboard(run_dir: Path, purge_step: int | None) -> Any:
-    try:
-        import tensorboard  # noqa: F401
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(RunDir(run_dir).tb), purge_step=purge_step)
-
-
 def _num(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)  # JSON has no NaN/inf
@@ -249,9 +312,48 @@ def _num(v: Any) -> Any:
 
 
 def _fmt(v: Any) -> str:
+    """A metric for the console: 4 significant digits; large values in full, with thousands
+    separators (a rate of 39,970 samples/s, not 3.997e+04)."""
+    if isinstance(v, float) and math.isfinite(v) and abs(v) >= 1e4:
+        return f"{v:,.0f}"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _bar(step: int, total: int, width: int = 20) -> str:
-    filled = int(width * min(1.0, step / max(1, total)))
-    return "#" * filled + "." * (width - filled)
+def _brief(metrics: Mapping[str, float]) -> str:
+    """What the bar shows of a train event: its train/ metrics, shortened (loss=0.4312)."""
+    return " ".join(
+        f"{k.removeprefix('train/')}={_fmt(v)}"
+        for k, v in metrics.items()
+        if k.startswith("train/")
+    )
+
+
+def _interval(seconds: float) -> str:
+    from tqdm import tqdm
+
+    return str(tqdm.format_interval(seconds))
+
+
+def _bar(total: int, initial: int, samples_per_step: int, desc: str) -> Any:
+    """A tqdm bar of optimizer steps that shows the rate in samples/s (40.0k samples/s) and
+    follows the terminal's width."""
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        @property
+        def format_dict(self) -> dict[str, Any]:  # tqdm's documented way to add fields
+            d = dict(super().format_dict)
+            rate = d["rate"] or ((d["n"] - d["initial"]) / d["elapsed"] if d["elapsed"] else 0)
+            d["samples"] = tqdm.format_sizeof(rate * samples_per_step)
+            return d
+
+    return Bar(
+        total=total,
+        initial=initial,
+        desc=desc,
+        file=sys.stdout,
+        dynamic_ncols=True,
+        unit="step",
+        bar_format="{desc} {percentage:3.0f}%|{bar}| step {n}/{total} "
+        "[{elapsed}<{remaining}, {samples} samples/s{postfix}]",
+    )

@@ -38,6 +38,7 @@ RESUMABLE_CHANGES = (
     "launcher.",
     "checkpoint.",
     "env.",
+    "logger",  # where metrics go besides metrics.jsonl
 )
 
 
@@ -312,9 +313,9 @@ def discard_if_unstarted(path: Path) -> None:
         return
     if run.metrics.exists() and run.metrics.stat().st_size > 0:
         return
-    for file in (run.config, run.imports, run.trial, run.log, run.metrics, run.lock):
+    for file in (run.config, run.imports, run.trial, run.log, run.metrics, run.csv, run.lock):
         file.unlink(missing_ok=True)
-    for folder in (run.tb, run.checkpoints):
+    for folder in (run.tb, run.path / RunDir.WANDB, run.checkpoints):
         shutil.rmtree(folder, ignore_errors=True)
     _remove_if_empty(path)
     _remove_if_empty(path.parent)  # the runs/ root, when this run made it

@@ -113,6 +113,7 @@ def fit(
             if ctx.scaler is not None:
                 ctx.scaler.update()
             state.step += 1
+            loop.rep.advance(state.step, state.epoch)  # the bar moves; integers only, no sync
             _step_schedulers(parts, "step")
             if state.step % t.log_every == 0:
                 _log_train(t, parts, state, meter, loop)

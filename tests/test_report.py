@@ -42,7 +42,7 @@ def test_train_log_on_a_full_disk_is_one_run_error(
 
 def test_metrics_jsonl_on_a_full_disk_is_one_run_error(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").symlink_to(FULL)
-    rep = Reporter(tmp_path, True, steps_per_epoch=4, max_steps=8)
+    rep = Reporter(tmp_path, True, max_steps=8)
     with pytest.raises(
         RunError, match=r"could not write .*metrics\.jsonl \(No space left on device\)"
     ):
@@ -53,7 +53,7 @@ def test_metrics_jsonl_on_a_full_disk_is_one_run_error(tmp_path: Path) -> None:
 def test_result_json_on_a_full_disk_is_one_run_error_and_leaves_no_temporary(
     full_tmpfs: Path,
 ) -> None:
-    rep = Reporter(full_tmpfs, False, steps_per_epoch=4, max_steps=8)
+    rep = Reporter(full_tmpfs, False, max_steps=8)
     rep.enabled = True  # write result.json only (metrics.jsonl would not open on a full disk)
     with pytest.raises(
         RunError, match=r"could not write .*result\.json \(No space left on device\)"

@@ -236,6 +236,12 @@ CORPUS: list[tuple[list[str], str]] = [
     (["runs", "gone_run", "--filter", "imports"], "expected KEY=VALUE"),
     (["diff", "gone_run", "."], ".: not a run directory"),
     (["diff", "nowhere", "gone_run"], "nowhere: not a run directory"),
+    # issue 13: loggers
+    (["run", "logger=[csv,tensorbord]"], "unknown logger name 'tensorbord'. Did you mean"),
+    (["run", "logger=[csv]", "logger.mlflow.experiment=x"], "pick it too: logger=[csv,mlflow]"),
+    (["run", "logger=[mlflow]", "logger.mlflow.experimnt=x"], "Did you mean 'experiment'?"),
+    (["run", "logger=[wandb]", "logger.wandb.mode=online2"], "not one of: offline, online"),
+    (["run", "-C", "logger_number.yml"], "logger must list logger names, got 5"),
 ]
 
 
@@ -253,6 +259,7 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "hydra_section.yml").write_text("hydra:\n  run:\n    dir: elsewhere\n")
     (tmp_path / "sgd_body.yml").write_text("optim: {name: sgd, lr: 0.1, momentum: 0.9}\n")
     (tmp_path / "two_names.yml").write_text("defaults: [{optim: adam}]\noptim: {name: sgd}\n")
+    (tmp_path / "logger_number.yml").write_text("logger: 5\n")
     (tmp_path / "secret_name.yml").write_text("run: {name: '${oc.env:EXPCTL_TEST_SECRET}'}\n")
     _fashion_files(tmp_path / "corrupt_data", (5, 28, 28), 10)  # 10 bytes of 5 images
     _fashion_files(tmp_path / "small_images", (5, 5, 5), 125)  # 5 x 5 pixels: not Fashion-MNIST
@@ -343,6 +350,32 @@ def test_bad_input_is_a_short_error_with_exit_2_and_nothing_on_disk(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _refused(args, expected, corpus_dir, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("logger", ["mlflow", "wandb", "tensorboard"])
+def test_a_logger_whose_package_is_missing_names_the_extra_before_any_run_dir(
+    logger: str,
+    corpus_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, logger, None)  # find_spec: not installed
+    expected = f"logger {logger} needs the '{logger}' package"
+    args = [*SMALL_RUN, f"logger=[csv,{logger}]"]
+    err = _refused(args, expected, corpus_dir, capsys, monkeypatch)
+    assert f"HINT: pip install 'expctl[{logger}]'" in err
+
+
+def _refused(
+    args: list[str],
+    expected: str,
+    corpus_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    """`expctl ARGS` exits 2 with one or two lines holding `expected`, and leaves nothing;
+    returns what it printed on stderr."""
     monkeypatch.chdir(corpus_dir)
     monkeypatch.setenv("EXPCTL_TEST_SECRET", "hunter2 is my password")
     before = sorted(p.name for p in corpus_dir.iterdir())
@@ -356,6 +389,7 @@ def test_bad_input_is_a_short_error_with_exit_2_and_nothing_on_disk(
     assert "Traceback" not in err
     assert "hunter2" not in err, "a value from the environment is never printed"
     assert sorted(p.name for p in corpus_dir.iterdir()) == before, "nothing half-written on disk"
+    return err
 
 
 def test_the_corpus_is_large_enough() -> None:
