@@ -203,7 +203,9 @@ def snap_mlp(input_shape: tuple[int, ...] = (20,), num_classes: int = 4) -> nn.M
 
 def git(repo: Path, *args: str) -> str:
     """Run git in `repo`; its output."""
-    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 

@@ -82,7 +82,9 @@ def test_without_a_repository_or_git_a_run_still_records_the_rest(
         user_repo(tmp_path / "repo")
         env["PATH"] = str(Path(sys.executable).parent)
     cwd = tmp_path / "repo" if where == "no git" else tmp_path
-    run_cli("run", "-C", str(tmp_path / "tiny.yml"), "train.max_epochs=1", "run.dir=r", cwd=cwd, env=env)
+    run_cli(
+        "run", "-C", str(tmp_path / "tiny.yml"), "train.max_epochs=1", "run.dir=r", cwd=cwd, env=env
+    )
     (launch,) = provenance(cwd / "r")["launches"]
     assert launch["git"] is None and "diff_file" not in launch
     assert launch["attempts"][0]["host"] == socket.gethostname()
