@@ -13,8 +13,8 @@ job that waits in the queue runs what was submitted, not what is on disk when it
 
 The copy goes to RUN_DIR/code/ID (a sweep's: SWEEP_DIR/code/ID), one per submission, and is
 refused beyond ``launcher.snapshot_max_mb``. The job searches it for ``imports:`` modules before
-the working directory and the -C file's folder (`registry.search_first`); packages installed in
-site-packages or named on PYTHONPATH come from there as always.
+the working directory and the -C file's folder (`registry.search_first`); installed packages,
+and modules reached through PYTHONPATH (searched first by Python), come from there as always.
 
 submitit's own ``helpers.RsyncSnapshot`` does not fit: it clones ``.git`` into the snapshot,
 needs rsync, has no size bound, and moves the job's working directory into the copy (relative
