@@ -20,6 +20,7 @@ from expctl import config as config_mod
 from expctl.errors import UserError, did_you_mean
 from expctl.launch import Result
 from expctl.layout import RunDir
+from expctl.provenance import Launch
 
 
 def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = True) -> Result:
@@ -35,7 +36,7 @@ def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = T
         cfg = compose.compose(config, overrides, notes=notes)
         for note in notes:
             print(f"expctl: note: {note}", file=sys.stderr, flush=True)
-        return launch.launch(cfg, wait=wait)
+        return launch.launch(cfg, wait=wait, origin=Launch.here(config, overrides))
 
 
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")

@@ -123,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     wk.add_argument("run_dir")
     wk.add_argument("--eval", dest="evaluation")  # an Evaluation, as JSON
     wk.add_argument("--config")  # the evaluation's frozen config
+    wk.add_argument("--launch")  # the launch it belongs to, as JSON (provenance.json)
     return p
 
 
@@ -224,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "_worker":
             from expctl import launch
 
-            launch.worker(args.run_dir, args.evaluation, args.config)
+            launch.worker(args.run_dir, args.evaluation, args.config, args.launch)
             return 0
         _parser().print_help()
         return 0

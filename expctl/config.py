@@ -133,6 +133,11 @@ class SlurmLauncher(InlineLauncher):
     sbatch: dict[str, Any] = _f({})  # any other sbatch option: launcher.sbatch.mail-type=END
     setup: list[str] = _f([])  # shell lines before training (module load ...)
     signal_delay_s: int = _f(90, min=0)  # the signal comes this long before the time limit
+    # the code the job imports, copied when submitted (queued jobs run what was submitted):
+    # git: the tracked files of your repository; imports: the `imports:` modules' packages;
+    # auto: git when your repository holds those modules, else imports; none: the files on disk
+    snapshot: str = _f("auto", choices=("auto", "git", "imports", "none"))
+    snapshot_max_mb: float = _f(50.0, min=0)  # refuse to submit a larger snapshot
 
 
 @dataclass(frozen=True)

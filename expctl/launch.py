@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as config_mod
-from expctl import rank, rundir, slurm, study
+from expctl import rank, registry, rundir, slurm, snapshot, study
 from expctl.build import check_sync_batchnorm
 from expctl.config import Config
 from expctl.dist import DistEnv, detect
 from expctl.errors import EXIT_USER, Interrupted, RunError, UserError
 from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
+from expctl.provenance import Launch
 from expctl.rank import Evaluation
 
 log = logging.getLogger("expctl")
@@ -55,10 +56,17 @@ def visible_gpus(cfg: Config) -> int:
     return torch.cuda.device_count()
 
 
-def launch(cfg: Config, wait: bool = True, evaluation: Evaluation | None = None) -> Result:
+def launch(
+    cfg: Config,
+    wait: bool = True,
+    evaluation: Evaluation | None = None,
+    origin: Launch | None = None,
+) -> Result:
     """Run `cfg` with its launcher; launcher=slurm returns once submitted unless `wait`.
     With `evaluation`, the ranks score a checkpoint of the run `cfg.run.dir` instead of training
-    (inline or local; the result is RUN_DIR/eval/NAME.json)."""
+    (inline or local; the result is RUN_DIR/eval/NAME.json). `origin`: the command this launch
+    comes from, for RUN_DIR/provenance.json (default: this process's)."""
+    origin = origin or Launch.here(None)
     gpus = visible_gpus(cfg)
     env = detect(os.environ, gpus_per_node=gpus if "SLURM_STEP_ID" in os.environ else None)
     if env.distributed and cfg.launcher.name != "inline":
@@ -67,7 +75,7 @@ def launch(cfg: Config, wait: bool = True, evaluation: Evaluation | None = None)
             "drop the launcher override: each rank of this job trains inline",
         )
     if cfg.launcher.name == "local":
-        return _local(cfg, env, gpus, evaluation)
+        return _local(cfg, env, gpus, evaluation, origin)
     if cfg.launcher.name == "slurm" and evaluation is not None:
         raise UserError(
             "expctl eval does not submit Slurm jobs (launcher=slurm)",
@@ -75,20 +83,27 @@ def launch(cfg: Config, wait: bool = True, evaluation: Evaluation | None = None)
             "srun expctl eval RUN_DIR launcher=inline",
         )
     if cfg.launcher.name == "slurm":
-        return _slurm(cfg, wait)
-    return inline(cfg, env, gpus, evaluation)
+        return _slurm(cfg, wait, origin)
+    return inline(cfg, env, gpus, evaluation, origin)
 
 
-def _slurm(cfg: Config, wait: bool) -> Result:
+def _slurm(cfg: Config, wait: bool, origin: Launch) -> Result:
     slurm.parameters(cfg)  # reject bad values before anything else
+    origin = origin.pin()  # the job records the code as it is now, not when it starts
+    planned = snapshot.plan(cfg, origin)
     slurm.check_cluster(cfg)
     frozen, held = rundir.create(cfg, None)
     if held is not None:  # the job's rank 0 takes it: here it only proved no launch trains it
         held.release()
     run_dir = Path(str(frozen.run.dir))
     try:
-        job_id = slurm.submit(frozen, SlurmTask(str(run_dir)))
+        if planned is not None:
+            origin = dataclasses.replace(
+                origin, snapshot=snapshot.copy(planned, RunDir(run_dir).code)
+            )
+        job_id = slurm.submit(frozen, SlurmTask(str(run_dir), origin))
     except UserError:
+        snapshot.discard(origin.snapshot)
         rundir.discard_if_unstarted(run_dir)
         raise
     print(f"expctl: submitted job {job_id}; run directory {run_dir}", flush=True)
@@ -104,7 +119,13 @@ def _slurm(cfg: Config, wait: bool) -> Result:
     return Result(run_dir, metrics, job_id)
 
 
-def inline(cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None = None) -> Result:
+def inline(
+    cfg: Config,
+    env: DistEnv,
+    gpus: int,
+    evaluation: Evaluation | None = None,
+    origin: Launch | None = None,
+) -> Result:
     """Train (or evaluate) in this process, as one rank of whatever job `env` describes."""
     if gpus and env.local_world_size > gpus:
         raise UserError(
@@ -113,11 +134,13 @@ def inline(cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None =
         )
     if evaluation is not None:
         return Result(*rank.evaluate(cfg, env, evaluation))
-    run_dir, metrics = train_rank(cfg, env)
+    run_dir, metrics = train_rank(cfg, env, origin=origin)
     return Result(run_dir, metrics)
 
 
-def _local(cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None) -> Result:
+def _local(
+    cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None, origin: Launch
+) -> Result:
     """Train (or evaluate) with `launcher.nproc` workers on this machine."""
     n = cfg.launcher.nproc
     if gpus and n > gpus:
@@ -130,7 +153,10 @@ def _local(cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None) 
     with contextlib.ExitStack() as stack:
         if evaluation is None:
             frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
-            run_dir, args = Path(str(frozen.run.dir)), []
+            run_dir = Path(str(frozen.run.dir))
+            launch_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "launch.json"
+            launch_file.write_text(origin.to_json())
+            args = ["--launch", str(launch_file)]
             print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
             if held is not None:
                 stack.callback(held.release)
@@ -182,16 +208,23 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
         ) from None
 
 
-def worker(run_dir: str, evaluation: str | None = None, config: str | None = None) -> None:
+def worker(
+    run_dir: str,
+    evaluation: str | None = None,
+    config: str | None = None,
+    launch_file: str | None = None,
+) -> None:
     """Entry point of one local worker: read the frozen config, detect the rank, train (or
-    evaluate: `evaluation` as `Evaluation.to_json`, with the config file `config`)."""
+    evaluate: `evaluation` as `Evaluation.to_json`, with the config file `config`); the launch it
+    belongs to is in `launch_file` (`Launch.to_json`)."""
     _die_with_the_launcher()
     cfg = config_mod.load(run_dir, Path(config) if config else None)
     env = dataclasses.replace(detect(os.environ), source="local")  # the agent speaks torchrun's
     if evaluation is not None:
         rank.evaluate(cfg, env, Evaluation.from_json(evaluation))
         return
-    train_rank(cfg, env, under_agent=True)
+    origin = Launch.from_json(Path(launch_file).read_text()) if launch_file else None
+    train_rank(cfg, env, under_agent=True, origin=origin)
 
 
 def _die_with_the_launcher() -> None:
@@ -211,9 +244,12 @@ def _die_with_the_launcher() -> None:
         os._exit(1)
 
 
-def train_rank(cfg: Config, env: DistEnv, under_agent: bool = False) -> tuple[Path, dict[str, Any]]:
-    """Train this rank of `cfg` with the hooks of its job."""
-    return rank.main(cfg, env, hooks_for(cfg, env, under_agent), lock=not under_agent)
+def train_rank(
+    cfg: Config, env: DistEnv, under_agent: bool = False, origin: Launch | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Train this rank of `cfg` with the hooks of its job, as an attempt of launch `origin`."""
+    hooks = hooks_for(cfg, env, under_agent)
+    return rank.main(cfg, env, hooks, lock=not under_agent, origin=origin)
 
 
 def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
@@ -278,21 +314,25 @@ class JobHooks(Hooks):
 
 
 class SlurmTask:
-    """What each task of a launcher=slurm job runs: train the frozen config of `run_dir`.
+    """What each task of a launcher=slurm job runs: train the frozen config of `run_dir`, as an
+    attempt of the launch `origin` that submitted it, with the `imports:` modules of its code
+    snapshot (`snapshot.py`) when it has one.
 
     submitit calls `checkpoint` when it catches the stop signal itself (outside training): the
     same task runs again after the requeue and resumes from the newest checkpoint.
     """
 
-    def __init__(self, run_dir: str) -> None:
-        self.run_dir = run_dir
+    def __init__(self, run_dir: str, origin: Launch | None = None) -> None:
+        self.run_dir, self.origin = run_dir, origin
 
     def __call__(self) -> dict[str, Any]:
+        if self.origin is not None and self.origin.snapshot is not None:
+            registry.search_first(self.origin.snapshot["paths"])
         cfg = config_mod.load(self.run_dir)
-        _, metrics = train_rank(cfg, detect(os.environ))
+        _, metrics = train_rank(cfg, detect(os.environ), origin=self.origin)
         return metrics
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         from submitit.helpers import DelayedSubmission
 
-        return DelayedSubmission(SlurmTask(self.run_dir))
+        return DelayedSubmission(SlurmTask(self.run_dir, self.origin))

@@ -10,6 +10,10 @@
       metrics.jsonl one event a line  slurm/        submitit files of job arrays
       metrics.csv   logger=[csv]: the same events as a table
       result.json   final metrics     trial_000/    a run directory per trial
+      provenance.json  how it started code/         Slurm sweeps: the code the jobs import
+                    (launches: command, git; attempts: host, GPUs, package versions)
+      git-ID.diff   a launch's uncommitted diff
+      code/         launcher=slurm: the code the job imports (one copy per submission)
       train.log     rank 0's log
       jobs.jsonl    Slurm job events
       checkpoints/  step_*.pt (+ .sha256, .json: the validation metrics of those weights)
@@ -90,6 +94,21 @@ def metric_values(row: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _read_mapping(path: Path) -> dict[str, Any]:
+    """A JSON file holding one mapping ({} without the file; a warning when it cannot be read)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("cannot read %s (%s): ignored", path, e)
+        return {}
+    if not isinstance(data, dict):
+        log.warning("%s does not hold a mapping: ignored", path)
+        return {}
+    return data
+
+
 @dataclass(frozen=True)
 class RunDir:
     """A run directory's files."""
@@ -110,9 +129,19 @@ class RunDir:
     WANDB = "wandb"
     SLURM = "slurm"
     EVAL = "eval"
+    PROVENANCE = "provenance.json"
+    CODE = "code"
 
     def __init__(self, path: str | Path) -> None:
         object.__setattr__(self, "path", Path(path))
+
+    def diff(self, launch_id: str) -> Path:
+        """The uncommitted diff of the user's repository when launch `launch_id` began."""
+        return self.path / f"git-{launch_id}.diff"
+
+    def diffs(self) -> list[Path]:
+        """Every launch's diff file."""
+        return sorted(self.path.glob("git-*.diff"))
 
     def eval_result(self, name: str) -> Path:
         """Where `expctl eval --name NAME` writes its result."""
@@ -166,6 +195,19 @@ class RunDir:
     def slurm(self) -> Path:
         return self.path / self.SLURM
 
+    @property
+    def provenance(self) -> Path:
+        return self.path / self.PROVENANCE
+
+    @property
+    def code(self) -> Path:
+        return self.path / self.CODE
+
+    def read_provenance(self) -> dict[str, Any]:
+        """provenance.json: ``{"launches": [{..., "attempts": [...]}]}`` ({} without one; a
+        warning when it cannot be read)."""
+        return _read_mapping(self.provenance)
+
     def is_run(self) -> bool:
         """Whether this folder holds a frozen config."""
         return self.config.is_file()
@@ -190,17 +232,7 @@ class RunDir:
     def read_result(self) -> dict[str, Any]:
         """The metrics of result.json ({} while the run has none; a warning when it cannot be
         read)."""
-        try:
-            data = json.loads(self.result.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as e:
-            log.warning("cannot read %s (%s): ignored", self.result, e)
-            return {}
-        if not isinstance(data, dict):
-            log.warning("%s does not hold a mapping: ignored", self.result)
-            return {}
-        return data
+        return _read_mapping(self.result)
 
     def read_imports(self) -> dict[str, dict[str, str]]:
         """Where the run's ``imports:`` modules were found (see `read_imports`)."""
@@ -224,6 +256,7 @@ class SweepDir:
     BEST = "best.yml"
     IMPORTS = RunDir.IMPORTS  # best.yml's, as a run directory holds one beside config.yaml
     SLURM = "slurm"
+    CODE = RunDir.CODE  # the trials' code snapshots (Slurm sweeps)
 
     def __init__(self, path: str | Path) -> None:
         object.__setattr__(self, "path", Path(path))
@@ -251,6 +284,10 @@ class SweepDir:
     @property
     def slurm(self) -> Path:
         return self.path / self.SLURM
+
+    @property
+    def code(self) -> Path:
+        return self.path / self.CODE
 
     def trial(self, number: int) -> RunDir:
         """The run directory of trial `number`."""

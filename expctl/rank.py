@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl import checkpoint, rundir
+from expctl import checkpoint, provenance, rundir
 from expctl.build import Parts, build, pick_device, resolve_precision
 from expctl.config import Config, monitors, redacted
 from expctl.control import Control, StopFlag
@@ -24,6 +24,7 @@ from expctl.errors import Interrupted, Preempted, RunError, UserError
 from expctl.hooks import Hooks
 from expctl.layout import RunDir
 from expctl.metrics import evaluate as score
+from expctl.provenance import Launch
 from expctl.report import Reporter, setup_logging, truncate_metrics, write_json
 from expctl.train import Loop, TrainState, check_monitors, finished, fit
 
@@ -31,13 +32,19 @@ log = logging.getLogger("expctl")
 
 
 def main(
-    cfg: Config, env: DistEnv, hooks: Hooks | None = None, lock: bool = True
+    cfg: Config,
+    env: DistEnv,
+    hooks: Hooks | None = None,
+    lock: bool = True,
+    origin: Launch | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json).
 
     Args:
         lock: rank 0 holds the run directory's lock while it trains (False: the process that
             started this worker holds it).
+        origin: the launch this attempt belongs to, for RUN_DIR/provenance.json (default: this
+            process's command).
     """
     hooks = hooks or Hooks()
     device = _prepare(cfg, env)
@@ -54,6 +61,11 @@ def main(
                 rows = _restore(cfg, env, parts, state, run_dir)
                 check_monitors(monitors(cfg), parts, env)
                 hooks.on_start(run_dir)
+                stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
+                if stored is not None:
+                    return run_dir, _completed(stored, state, hooks, run_dir)
+                if env.is_main:
+                    provenance.record(run_dir, origin or Launch.here(None), env)
                 return run_dir, _train(cfg, env, parts, state, ctl, hooks, run_dir, rows, device)
             except UserError:  # a bad value or file, met before anything was saved: leave nothing
                 if env.is_main:
@@ -114,18 +126,7 @@ def _train(
     rows: int | None,
     device: Any,
 ) -> dict[str, Any]:
-    """Fit from the restored state (or return the stored result of a completed run)."""
-    stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
-    if stored is not None:
-        log.info(
-            "run %s already completed (step %d, epoch %d): nothing to train; its results are in %s",
-            run_dir,
-            state.step,
-            state.epoch,
-            RunDir(run_dir).result,
-        )
-        hooks.on_end(stored)
-        return stored
+    """Fit from the restored state."""
     dropped = truncate_metrics(run_dir, rows, state.step) if env.is_main else 0
     if dropped:
         log.info(
@@ -178,6 +179,21 @@ def _fit(
         ) from None
     finally:
         loop.stop.close()
+
+
+def _completed(
+    stored: dict[str, Any], state: TrainState, hooks: Hooks, run_dir: Path
+) -> dict[str, Any]:
+    """The stored result of a run restored where it completed: nothing is trained or written."""
+    log.info(
+        "run %s already completed (step %d, epoch %d): nothing to train; its results are in %s",
+        run_dir,
+        state.step,
+        state.epoch,
+        RunDir(run_dir).result,
+    )
+    hooks.on_end(stored)
+    return stored
 
 
 def _log_start(

@@ -223,6 +223,20 @@ def search_working_dir_last() -> None:
         sys.path.append(sys.path.pop(0))
 
 
+def search_first(folders: Iterable[str]) -> None:
+    """Search `folders` (a Slurm job's code snapshot) for ``imports:`` modules before the current
+    directory and the -C file's folder, still after the standard library and site-packages."""
+    import os
+    import sys
+
+    search_working_dir_last()
+    here = [i for i, p in enumerate(sys.path) if p in ("", os.getcwd())]
+    at = here[0] if here else len(sys.path)
+    for folder in reversed(list(folders)):
+        if folder not in sys.path:
+            sys.path.insert(at, folder)
+
+
 def check_module_name(module: str) -> None:
     """Raise a UserError unless `module` is a dotted module name (``my_pkg.components``)."""
     if not isinstance(module, str) or not all(p.isidentifier() for p in module.split(".")):

@@ -295,10 +295,19 @@ def write_json(final: Path, payload: dict[str, Any]) -> None:
     Raises:
         RunError: the write failed (nothing is left under the final name).
     """
+    write_text(final, json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
+
+
+def write_text(final: Path, text: str) -> None:
+    """Write a text file atomically, its folder made if needed.
+
+    Raises:
+        RunError: the write failed (nothing is left under the final name).
+    """
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
         final.parent.mkdir(mode=0o750, exist_ok=True)
-        tmp.write_text(json.dumps({k: _num(v) for k, v in payload.items()}, indent=2) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, final)
     except OSError as e:
         tmp.unlink(missing_ok=True)

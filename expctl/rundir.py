@@ -315,7 +315,9 @@ def discard_if_unstarted(path: Path) -> None:
         return
     for file in (run.config, run.imports, run.trial, run.log, run.metrics, run.csv, run.lock):
         file.unlink(missing_ok=True)
-    for folder in (run.tb, run.path / RunDir.WANDB, run.checkpoints):
+    for file in (run.provenance, *run.diffs()):
+        file.unlink(missing_ok=True)
+    for folder in (run.tb, run.path / RunDir.WANDB, run.checkpoints, run.code):
         shutil.rmtree(folder, ignore_errors=True)
     _remove_if_empty(path)
     _remove_if_empty(path.parent)  # the runs/ root, when this run made it

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from expctl import rundir
+from expctl import provenance, rundir
 from expctl.errors import UserError
 from expctl.layout import RunDir
 from expctl.slurm import job_state
@@ -37,6 +37,9 @@ def status(run_dir: str) -> str:
             "pass a folder printed by `expctl run`",
         )
     lines = [f"run       {path.resolve()}"]
+    origin = provenance.summary(path)
+    if origin:
+        lines.append(f"code      {origin}")
     jobs = run.job_events()
     if jobs:
         job_id = str(jobs[-1]["job_id"])

@@ -11,6 +11,7 @@ interrupted sweep resumes from it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -24,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl import compose, ledger, results, rundir, slurm
+from expctl import compose, ledger, results, rundir, slurm, snapshot
 from expctl import config as config_mod
 from expctl.config import Config
 from expctl.errors import Interrupted, UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
+from expctl.provenance import Launch
 from expctl.study import TrialRef, finish, is_open, mark, open_study
 
 log = logging.getLogger("expctl")
@@ -191,6 +193,8 @@ def multirun(
         points = []
     for note in dict.fromkeys(notes):
         print(f"expctl: note: {note}", file=sys.stderr)
+    origin = Launch.here(config_file, overrides).pin()  # the code of every trial: as it is now
+    planned = snapshot.plan(base, origin) if base.launcher.name == "slurm" else None
     # run.name's built-in default, model-data (conf/config.yaml), would name the first point only
     named = base.run.name != f"{base.model.name}-{base.data.name}"
     root = Path(base.run.root).expanduser().absolute()
@@ -222,7 +226,7 @@ def multirun(
         f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
         flush=True,
     )
-    return run_trials(sweep_dir, base)
+    return run_trials(sweep_dir, base, origin=origin, planned=planned)
 
 
 def _digest(config_file: str | None) -> str | None:
@@ -296,9 +300,22 @@ def _trial_configs(sweep_dir: Path, base: Config, todo: list[Slot]) -> list[Conf
     return out
 
 
-def run_trials(sweep_dir: Path, base: Config, todo: list[Slot] | None = None) -> Outcome:
+def run_trials(
+    sweep_dir: Path,
+    base: Config,
+    todo: list[Slot] | None = None,
+    origin: Launch | None = None,
+    planned: snapshot.Plan | None = None,
+) -> Outcome:
     """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array (whose
-    trials have not ended when this returns: none counts as failed)."""
+    trials have not ended when this returns: none counts as failed).
+
+    Args:
+        origin: the command that runs them (`expctl run -m`, `sweep resume`), pinned.
+        planned: the code snapshot of a Slurm sweep, checked before the sweep was created
+            (None: planned here, once the trials' `imports:` are imported).
+    """
+    origin = origin or Launch.here(None).pin()
     if todo is None:
         plan = ledger.planned(SweepDir(sweep_dir).read_spec())
         todo = [Slot(n, p, i) for n, (p, i) in enumerate(plan)]
@@ -306,7 +323,11 @@ def run_trials(sweep_dir: Path, base: Config, todo: list[Slot] | None = None) ->
         from expctl import launch  # lazy: it loads torch, which `sweep table` never needs
 
         cfgs = _trial_configs(sweep_dir, base, todo)
-        tasks = [launch.SlurmTask(str(c.run.dir)) for c in cfgs]
+        planned = planned or snapshot.plan(base, origin)
+        if planned is not None:
+            code = snapshot.copy(planned, SweepDir(sweep_dir).code)
+            origin = dataclasses.replace(origin, snapshot=code)
+        tasks = [launch.SlurmTask(str(c.run.dir), origin) for c in cfgs]
         jobs = slurm.submit_array(cfgs, tasks, sweep_dir)
         print(
             f"expctl: submitted {len(cfgs)} trial(s) as job(s) {', '.join(sorted(set(jobs)))}",
@@ -317,7 +338,7 @@ def run_trials(sweep_dir: Path, base: Config, todo: list[Slot] | None = None) ->
     try:
         for item in todo:
             (cfg,) = _trial_configs(sweep_dir, base, [item])
-            ok = run_one(cfg)
+            ok = run_one(cfg, origin)
             if not ok and base.sweep.stop_on_failure:
                 print(
                     "expctl: a trial failed and sweep.stop_on_failure is set: stopping the sweep",
@@ -372,17 +393,17 @@ def _outcome(sweep_dir: Path) -> Outcome:
     return Outcome(sweep_dir, len(live), failed)
 
 
-def run_one(cfg: Config) -> bool:
-    """Launch one frozen trial config; False if it failed. Its rank 0 records how it ended
-    (`study.TrialHooks`); a failure no rank could record (a worker that never started, a
-    crash) is recorded here."""
+def run_one(cfg: Config, origin: Launch | None = None) -> bool:
+    """Launch one frozen trial config (of the sweep command `origin`); False if it failed. Its
+    rank 0 records how it ended (`study.TrialHooks`); a failure no rank could record (a worker
+    that never started, a crash) is recorded here."""
     from expctl import launch  # lazy: it loads torch, which `sweep table` never needs
 
     ref = TrialRef.read(cfg.run.dir)
     assert ref is not None, "a trial's run directory holds trial.json"
     mark(ref, "running", started=time.time(), pid=os.getpid(), host=socket.gethostname())
     try:
-        launch.launch(cfg)
+        launch.launch(cfg, origin=origin)
     except Exception as e:  # a failing trial does not end the sweep
         if is_open(ref, cfg.sweep):
             finish(ref, cfg.sweep, {}, error=e)
@@ -437,4 +458,4 @@ def resume(sweep_dir: str | Path) -> Outcome:
         print(f"expctl: nothing to resume in {path}: every trial completed or was stopped")
         return _outcome(path)
     print(f"expctl: resuming {len(todo)} trial(s) of {path}", flush=True)
-    return run_trials(path, base, todo)
+    return run_trials(path, base, todo, Launch.here(spec["config_file"]).pin())

@@ -183,6 +183,48 @@ def neighbour(tmp_path: Path) -> Path:
     return project / "my.yml"
 
 
+SNAPMOD = """\
+\"\"\"A user's model module in a git repository: train.log says which version built the model.\"\"\"
+import logging
+
+from torch import nn
+
+from expctl import register
+
+VERSION = {version}
+
+
+@register("models", "snap_mlp")
+def snap_mlp(input_shape: tuple[int, ...] = (20,), num_classes: int = 4) -> nn.Module:
+    logging.getLogger("expctl").info("snapmod version %d", VERSION)
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], num_classes))
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in `repo`; its output."""
+    out = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def user_repo(repo: Path, module: str = "snapmod") -> Path:
+    """A committed git repository (branch main): tiny.yml training `snap_mlp` of `module`.py
+    (SNAPMOD, version 1), listed under its imports:, and a .gitignore of runs/."""
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "test@example.com")
+    git(repo, "config", "user.name", "test")
+    (repo / f"{module}.py").write_text(SNAPMOD.format(version=1))
+    body = TINY.replace("model: {name: mlp, hidden: [32]}", "model: {name: snap_mlp}")
+    (repo / "tiny.yml").write_text(f"imports: [{module}]\n" + body)
+    (repo / ".gitignore").write_text("runs/\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "version 1")
+    return repo
+
+
 def run_dirs(root: Path) -> list[Path]:
     """Run directories (those holding config.yaml) under `root`."""
     return sorted(p.parent for p in root.rglob("config.yaml"))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, cli_env
+from conftest import REPO, SNAPMOD, TINY, cli_env, user_repo
 from conftest import expctl as run_cli
 
 # one cluster: its tests run one after another, in one xdist worker, beside the rest
@@ -472,3 +472,36 @@ def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
     assert len(rows) == n and len({r.run_dir for r in rows}) == n
     assert all(r.status == "completed" or (r.status == "failed" and r.error) for r in rows)
     print(f"load: {n} trials, {sum(r.status == 'completed' for r in rows)} completed, none lost")
+
+
+def test_a_queued_job_runs_the_code_submitted_not_the_code_on_disk(work: Path) -> None:
+    """Two jobs of a module in a git repository wait (held) while the module is edited: the one
+    with a snapshot (launcher.snapshot=auto) trains the submitted version, the other the edit."""
+    repo = user_repo(work / "repo")
+    jobs: dict[str, str] = {}
+    for choice in ("auto", "none"):
+        proc = run_cli(
+            "run",
+            "-C",
+            "repo/tiny.yml",
+            "train.max_epochs=1",
+            "launcher=slurm",
+            "launcher.timeout_min=5",
+            f"launcher.snapshot={choice}",
+            "+launcher.sbatch.hold=true",
+            f"run.dir=snap_{choice}",
+            cwd=work,
+        )
+        jobs[choice] = re.search(r"submitted job (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    (repo / "snapmod.py").write_text(SNAPMOD.format(version=2))
+    subprocess.run(["scontrol", "release", *jobs.values()], check=True, timeout=60)
+    assert [wait_done(job) for job in jobs.values()] == ["COMPLETED", "COMPLETED"]
+    assert "snapmod version 1" in (work / "snap_auto" / "train.log").read_text()
+    assert "snapmod version 2" in (work / "snap_none" / "train.log").read_text()
+    (launch,) = json.loads((work / "snap_auto" / "provenance.json").read_text())["launches"]
+    shot = launch["snapshot"]
+    assert shot["mode"] == "git" and Path(shot["dir"]).parent == work / "snap_auto" / "code"
+    assert launch["git"]["dirty"] is False, "the repository as it was when the job was submitted"
+    assert launch["attempts"][0]["slurm"] == {"job_id": jobs["auto"]}
+    (other,) = json.loads((work / "snap_none" / "provenance.json").read_text())["launches"]
+    assert other["snapshot"] is None and not (work / "snap_none" / "code").exists()

@@ -242,6 +242,13 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "logger=[mlflow]", "logger.mlflow.experimnt=x"], "Did you mean 'experiment'?"),
     (["run", "logger=[wandb]", "logger.wandb.mode=online2"], "not one of: offline, online"),
     (["run", "-C", "logger_number.yml"], "logger must list logger names, got 5"),
+    # issue 13: the code snapshot of a Slurm job
+    (["run", "launcher=slurm", "launcher.snapshot=gti"], "Did you mean 'git'"),
+    (
+        [*SMALL_RUN, "launcher=slurm", "imports=[corpus_pkg]", "launcher.snapshot_max_mb=0.001"],
+        "over launcher.snapshot_max_mb=0.001",
+    ),
+    ([*SMALL_RUN, "launcher=slurm", "launcher.snapshot=git"], "is in no git repository"),
 ]
 
 
@@ -286,6 +293,8 @@ def corpus_dir(tmp_path: Path) -> Path:
     where = {"file": "/moved/gone_module_xyz.py", "path": "/moved"}
     (tmp_path / "gone_run" / "imports.json").write_text(json.dumps({"gone_module_xyz": where}))
     torch.save({"a.weight": torch.zeros(2)}, tmp_path / "wrong_keys.pt")
+    (tmp_path / "corpus_pkg").mkdir()
+    (tmp_path / "corpus_pkg" / "__init__.py").write_text("# padding\n" * 200)  # 2 kB
     return tmp_path
 
 
