@@ -95,7 +95,39 @@ def check_splits(name: str, made: Any) -> Splits:
             f"data={name}: a training sample is {type(first).__name__}, not a tuple such as (x, y)",
             CONTRACT,
         )
+    _check_info(name, made, first)
     return made
+
+
+def _check_info(name: str, made: Splits, first: Any) -> None:
+    """DataInfo agrees with the data: a sample's input shape (when it is a tensor), the class
+    names' count, and (in memory) the integer labels' range."""
+    info = made.info
+    x = first[0] if first else None
+    later = _hook(made.train, "on_device") is not None  # the device shapes the batch
+    if isinstance(x, torch.Tensor) and tuple(x.shape) != tuple(info.input_shape) and not later:
+        raise UserError(
+            f"data={name}: DataInfo.input_shape is {tuple(info.input_shape)}, but a training "
+            f"sample's input has shape {tuple(x.shape)}",
+            CONTRACT,
+        )
+    known = info.classes is not None and info.num_classes is not None
+    if known and len(info.classes or ()) != info.num_classes:
+        raise UserError(
+            f"data={name}: DataInfo.classes names {len(info.classes or ())} classes, num_classes "
+            f"is {info.num_classes}",
+            CONTRACT,
+        )
+    for split in ("train", "val", "test"):
+        ds = getattr(made, split)
+        if isinstance(ds, TensorDataset) and len(ds.tensors) > 1 and info.num_classes:
+            y = ds.tensors[1]
+            if not y.is_floating_point() and y.numel() and int(y.max()) >= info.num_classes:
+                raise UserError(
+                    f"data={name}: the {split} split has label {int(y.max())}, but "
+                    f"DataInfo.num_classes is {info.num_classes} (labels are 0..num_classes-1)",
+                    CONTRACT,
+                )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -126,9 +126,14 @@ def _is_number(text: str) -> bool:
 
 
 def _read(
-    path: Path, target: str | int | None, features: list[Any] | None, split: str
+    path: Path,
+    target: str | int | None,
+    features: list[Any] | None,
+    split: str,
+    whole: bool = True,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """(features, targets) of one split from `path`; None when an .npz lacks that split."""
+    """(features, targets) of one split from `path`: an .npz's x_SPLIT/y_SPLIT, or (`whole`: the
+    file is this split's) its x/y; None when the train file (not `whole`) lacks that split."""
     if path.suffix.lower() == ".csv":
         return _read_csv(path, target, features)
     try:
@@ -147,16 +152,14 @@ def _read(
         y_col = _column(target, None, loaded.shape[1], path)
         return np.delete(loaded, y_col, axis=1).astype(np.float32), loaded[:, y_col]
     keys = set(loaded.files)
-    for x_key, y_key in (
-        (f"x_{split}", f"y_{split}"),
-        ("x", "y"),
-        ("X", "y"),
-        ("features", "targets"),
-    ):
+    pairs = [(f"x_{split}", f"y_{split}")]
+    if whole:
+        pairs += [("x", "y"), ("X", "y"), ("features", "targets")]
+    for x_key, y_key in pairs:
         if {x_key, y_key} <= keys:
             return loaded[x_key].astype(np.float32), loaded[y_key]
-    if split != "train" and "x_train" in keys:
-        return None
+    if not whole:
+        return None  # the train file holds no such split
     raise UserError(
         f"data: {path} holds arrays {', '.join(sorted(keys)) or '(none)'}",
         "name them x and y (or x_train, y_train, x_val, y_val, x_test, y_test)",
@@ -185,8 +188,8 @@ def arrays(
             _read(_path(split, value), target, features, split)
             if value
             else (
-                _read(first, target, features, split)
-                if first.suffix == ".npz" and split != "train"
+                _read(first, target, features, split, whole=False)
+                if first.suffix == ".npz"
                 else None
             )
         )

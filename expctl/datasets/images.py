@@ -338,6 +338,8 @@ def _normalizer(
                 f"data.mean / data.std: give both, {channels} value(s) each (got {mean}, {std})",
                 "e.g. data.mean=[0.5,0.5,0.5] data.std=[0.25,0.25,0.25]",
             )
+        if not all(s > 0 for s in std):
+            raise UserError(f"data.std={list(std)}: every value must be > 0", "e.g. 0.25")
         return Normalized(mean, std)
     if normalize == "none":
         return Normalized([0.0] * channels, [1.0] * channels)
@@ -405,7 +407,7 @@ def image_splits(
         channels=(o.channels, (1, 3)),
     )
     if o.image_size < 8:
-        raise UserError(f"data.image_size={o.image_size} is too small", "e.g. 224")
+        raise UserError(f"data.image_size={o.image_size} is too small (at least 8)", "e.g. 224")
     if o.val_split:
         keep, held = carve(len(train_samples), o.val_split)
         train_samples, val_samples, test_samples = (

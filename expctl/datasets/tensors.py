@@ -98,6 +98,11 @@ def in_memory(
     if not isinstance(splits.train, TensorDataset):  # a carved Subset: back to plain tensors
         splits.train, splits.val = (_tensors(splits.train), _tensors(splits.val))
     if subset is not None:
+        n = len(splits.train)
+        if not 1 <= subset <= n:
+            raise UserError(
+                f"data.subset={subset}: keep 1 to {n} training samples", "or data.subset=null: all"
+            )
         splits.train = TensorDataset(*(t[:subset] for t in splits.train.tensors))
     return splits
 
