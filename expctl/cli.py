@@ -271,25 +271,33 @@ def _shown(metrics: dict[str, object]) -> str:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from expctl import ledger, plots, results, sweep
-
     given = [o for o in ("--json", "--csv", "--sort", "--filter") if getattr(args, o[2:])]
     if given and args.action != "table":
         raise UserError(
             f"{given[0]} applies to `expctl sweep table` only, not `sweep {args.action}`",
             f"expctl sweep table {given[0]} ... {args.sweep_dir}",
         )
-    if args.action == "table" and args.json:
-        print(results.to_json(results.load(args.sweep_dir).select(args.sort, args.filter)))
-    elif args.action == "table" and args.csv:
-        print(results.to_csv(results.load(args.sweep_dir).select(args.sort, args.filter)), end="")
-    elif args.action == "table":
-        print(results.table(args.sweep_dir, args.sort, args.filter))
+    if args.action == "table":  # reads files only: no torch (pyproject's contracts)
+        from expctl import results
+
+        if args.json:
+            print(results.to_json(results.load(args.sweep_dir).select(args.sort, args.filter)))
+        elif args.csv:
+            res = results.load(args.sweep_dir).select(args.sort, args.filter)
+            print(results.to_csv(res), end="")
+        else:
+            print(results.table(args.sweep_dir, args.sort, args.filter))
     elif args.action == "best":
+        from expctl import ledger
+
         print(ledger.best(args.sweep_dir).describe())
     elif args.action == "plot":
+        from expctl import plots
+
         print(plots.plot(args.sweep_dir).describe())
     else:
+        from expctl import sweep
+
         return EXIT_FAILED if sweep.resume(args.sweep_dir).failed else 0
     return 0
 

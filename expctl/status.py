@@ -9,7 +9,7 @@ from pathlib import Path
 from expctl import rundir
 from expctl.errors import UserError
 from expctl.layout import RunDir
-from expctl.slurm import job_state
+from expctl.slurmstate import job_state
 
 
 def status(run_dir: str) -> str:

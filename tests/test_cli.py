@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, TINY, cli_env
 from conftest import expctl as run_cli
 
 from expctl import cli
@@ -193,3 +194,49 @@ def test_log_lines_number_the_first_epoch_1_in_train_and_val_lines(tiny: Path) -
     train = [x for x in lines if " train epoch " in x]
     val = [x for x in lines if " val epoch " in x]
     assert train and val and all(" epoch 1 step " in x for x in train + val), lines
+
+
+# Commands that only read files, with what each must never import (as pyproject's forbidden
+# contracts say): a new one (`expctl runs`) goes here and under the contract in pyproject.toml.
+READ_ONLY_COMMANDS = {
+    "status {run}": ("torch", "torchvision", "hydra", "optuna", "submitit"),
+    "sweep table {sweep}": ("torch", "torchvision", "submitit"),  # the journal is Optuna's
+    "sweep table --csv {sweep}": ("torch", "torchvision", "submitit"),
+}
+HEAVY_AFTER = """\
+import runpy, sys
+sys.argv = ["expctl", *sys.argv[2:]]
+try:
+    runpy.run_module("expctl", run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+print("imported:", sorted(m for m in sys.argv[1].split(",") if m in sys.modules))
+"""
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A finished grid sweep of two 2-step trials: the working directory and the sweep's path."""
+    cwd = tmp_path_factory.mktemp("readonly")
+    (cwd / "tiny.yml").write_text(TINY)
+    args = ["run", "-C", "tiny.yml", "-m", "optim.lr=0.01,0.1", "train.max_steps=2"]
+    out = run_cli(*args, cwd=cwd).stdout
+    return cwd, re.search(r"sweep directory (\S+)", out).group(1)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("command", sorted(READ_ONLY_COMMANDS))
+def test_read_only_commands_import_no_torch(command: str, small_sweep: tuple[Path, str]) -> None:
+    cwd, sweep = small_sweep
+    args = command.format(run=f"{sweep}/trial_000", sweep=sweep).split()
+    heavy = READ_ONLY_COMMANDS[command]
+    proc = subprocess.run(
+        [sys.executable, "-c", HEAVY_AFTER, ",".join(heavy), *args],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout
+    assert len(proc.stdout.splitlines()) > 2, proc.stdout  # it printed what it read
