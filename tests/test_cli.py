@@ -205,12 +205,12 @@ READ_ONLY_COMMANDS = {
 }
 HEAVY_AFTER = """\
 import runpy, sys
-sys.argv = ["expctl", *sys.argv[2:]]
+heavy, sys.argv = sys.argv[1].split(","), ["expctl", *sys.argv[2:]]
 try:
     runpy.run_module("expctl", run_name="__main__")
 except SystemExit as e:
     assert not e.code, e.code
-print("imported:", sorted(m for m in sys.argv[1].split(",") if m in sys.modules))
+print("imported:", sorted(m for m in heavy if m in sys.modules))
 """
 
 
