@@ -329,18 +329,11 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from expctl import registry
+    from expctl import catalogue, registry
 
     registry.import_user_modules(args.imports)
     kinds = [registry.canonical_kind(args.kind)] if args.kind else list(registry.KINDS)
-    for kind in kinds:
-        print(f"{kind}:")
-        for name in registry.names(kind):
-            entry = registry.get(kind, name)
-            print(f"  {name:<28} {entry.description}")
-            sig = registry.describe(entry)
-            if sig:
-                print(f"  {'':<28}   ({sig})")
+    print(catalogue.listing(kinds), end="")
     return 0
 
 
