@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import cli
+from expctl import catalogue, cli
 
 
 def test_help_imports_neither_torch_nor_hydra() -> None:
@@ -240,3 +240,45 @@ def test_read_only_commands_import_no_torch(command: str, small_sweep: tuple[Pat
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout
     assert len(proc.stdout.splitlines()) > 2, proc.stdout  # it printed what it read
+
+
+@pytest.mark.slow
+def test_list_from_its_cache_is_the_same_and_imports_no_torch(tmp_path: Path) -> None:
+    env = cli_env(EXPCTL_CACHE_DIR=str(tmp_path / "cache"))
+
+    def listed(*args: str) -> str:
+        code = [sys.executable, "-c", HEAVY_AFTER, "torch", "list", *args]
+        proc = subprocess.run(code, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    made = listed()
+    assert made.endswith("imported: ['torch']\n") and "resnet18" in made
+    (cache,) = (tmp_path / "cache").glob("list-*.json")
+    assert listed() == made.replace("['torch']", "[]")
+    assert listed("optim").startswith("optimizers:\n  adadelta")
+    with_import = listed("models", "--import", "faulty")
+    assert "tiny_custom" in with_import and "['torch']" in with_import, "--import is never cached"
+    cache.write_text("{not json")
+    assert listed() == made, "a damaged cache is made again"
+
+
+def test_the_list_cache_key_changes_with_versions_and_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.metadata
+
+    src = tmp_path / "expctl"
+    src.mkdir()
+    (src / "models.py").write_text("x = 1\n")
+    monkeypatch.setattr(catalogue, "__file__", str(src / "catalogue.py"))
+    first = catalogue.key()
+    assert catalogue.key() == first
+    (src / "models.py").write_text("x = 22\n")
+    assert catalogue.key() != first, "an edited source file"
+    edited = catalogue.key()
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda d: "9.9" if d == "torchvision" else real(d)
+    )
+    assert catalogue.key() != edited, "another torchvision"
