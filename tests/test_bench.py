@@ -43,7 +43,11 @@ def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:
 def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:
     out = tmp_path / "l.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "latency.py"), "--repeats", "1", "--only", "status"],
+        [
+            sys.executable,
+            str(REPO / "bench" / "latency.py"),
+            *("--repeats", "1", "--only", "status", "--out", str(out)),
+        ],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -52,4 +56,5 @@ def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| expctl status RUN | after | 1 |" in proc.stdout, proc.stdout
-    del out
+    (row,) = [r for r in json.loads(out.read_text()) if r["command"] == "expctl status RUN"]
+    assert row["torch"] is False and row["min_s"] > 0
