@@ -1,5 +1,6 @@
 """A Slurm client: the sbatch parameters and script of a run, submission through submitit (one
-job, or job arrays), `scontrol requeue`, job records (RUN_DIR/jobs.jsonl); a job's state is read by `slurmstate`.
+job, or job arrays), `scontrol requeue`, job records (RUN_DIR/jobs.jsonl). What Slurm says of a
+job is read in `slurmstate` (torch-free, for `expctl status`).
 
 It knows nothing of training: what a job runs is the callable the launcher hands to `submit`.
 Inside a job, ranks are detected from SLURM_* (dist.detect). No config value reaches a shell
