@@ -55,12 +55,11 @@ def cache_dir() -> Path:
 
 
 def key() -> str:
-    """What the listing is made of: Python, torch, torchvision, expctl's source files."""
+    """What the listing is made of: Python, torch, torchvision, expctl's source files (its
+    version among them: __init__.py)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from expctl import __version__
-
-    versions = [sys.version, __version__]
+    versions = [sys.version]
     for dist in ("torch", "torchvision"):
         try:
             versions.append(version(dist))
