@@ -173,7 +173,7 @@ def summary(name: str, label: str, runs: list[tuple[float, bool, float]]) -> dic
         "min_s": min(walls),
         "median_s": statistics.median(walls),
         "max_s": max(walls),
-        "torch": any(r[1] for r in runs),
+        "torch": sum(r[1] for r in runs),  # how many of the runs imported it
         "rss_mb": max(r[2] for r in runs),
     }
 
@@ -187,10 +187,14 @@ def table(rows: list[dict[str, object]], repeats: int) -> str:
     for r in sorted(rows, key=lambda r: (str(r["command"]), str(r["code"]))):
         lines.append(
             f"| {r['command']} | {r['code']} | {r['n']} | {r['min_s']:.2f} | "
-            f"{r['median_s']:.2f} | {r['max_s']:.2f} | {'yes' if r['torch'] else 'no'} | "
+            f"{r['median_s']:.2f} | {r['max_s']:.2f} | {_count(r['torch'], r['n'])} | "
             f"{r['rss_mb']:.0f} |"
         )
     return "\n".join(lines) + f"\n\n({repeats} repeats, {os.cpu_count()} CPUs)"
+
+
+def _count(k: object, n: object) -> str:
+    return "no" if k == 0 else "yes" if k == n else f"{k} of {n}"
 
 
 if __name__ == "__main__":

@@ -57,4 +57,4 @@ def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| expctl status RUN | after | 1 |" in proc.stdout, proc.stdout
     (row,) = [r for r in json.loads(out.read_text()) if r["command"] == "expctl status RUN"]
-    assert row["torch"] is False and row["min_s"] > 0
+    assert row["torch"] == 0 and row["min_s"] > 0
