@@ -295,25 +295,33 @@ def _shown(metrics: dict[str, object]) -> str:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from expctl import ledger, plots, results, sweep
-
     given = [o for o in ("--json", "--csv", "--sort", "--filter") if getattr(args, o[2:])]
     if given and args.action != "table":
         raise UserError(
             f"{given[0]} applies to `expctl sweep table` only, not `sweep {args.action}`",
             f"expctl sweep table {given[0]} ... {args.sweep_dir}",
         )
-    if args.action == "table" and args.json:
-        print(results.to_json(results.load(args.sweep_dir).select(args.sort, args.filter)))
-    elif args.action == "table" and args.csv:
-        print(results.to_csv(results.load(args.sweep_dir).select(args.sort, args.filter)), end="")
-    elif args.action == "table":
-        print(results.table(args.sweep_dir, args.sort, args.filter))
+    if args.action == "table":  # reads files only: no torch (pyproject's contracts)
+        from expctl import results
+
+        if args.json:
+            print(results.to_json(results.load(args.sweep_dir).select(args.sort, args.filter)))
+        elif args.csv:
+            res = results.load(args.sweep_dir).select(args.sort, args.filter)
+            print(results.to_csv(res), end="")
+        else:
+            print(results.table(args.sweep_dir, args.sort, args.filter))
     elif args.action == "best":
+        from expctl import ledger
+
         print(ledger.best(args.sweep_dir).describe())
     elif args.action == "plot":
+        from expctl import plots
+
         print(plots.plot(args.sweep_dir).describe())
     else:
+        from expctl import sweep
+
         return EXIT_FAILED if sweep.resume(args.sweep_dir).failed else 0
     return 0
 
@@ -359,18 +367,11 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from expctl import registry
+    from expctl import catalogue, registry
 
     registry.import_user_modules(args.imports)
     kinds = [registry.canonical_kind(args.kind)] if args.kind else list(registry.KINDS)
-    for kind in kinds:
-        print(f"{kind}:")
-        for name in registry.names(kind):
-            entry = registry.get(kind, name)
-            print(f"  {name:<28} {entry.description}")
-            sig = registry.describe(entry)
-            if sig:
-                print(f"  {'':<28}   ({sig})")
+    print(catalogue.listing(kinds), end="")
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from expctl import config as schema
 from expctl import confstore, dist, registry
 from expctl.errors import UserError, choices_text, did_you_mean
-from expctl.explain import explain
+from expctl.explain import explain, parse_override
 from expctl.layout import RunDir, read_imports
 from expctl.yamlfile import read_yaml
 
@@ -329,21 +329,6 @@ _HYDRA_HINTS = {
     "hydra.job.chdir": "nothing: expctl never changes the working directory",
     "hydra.verbose": "nothing: expctl logs its own progress",
 }
-
-
-def parse_override(text: str) -> Any:
-    """One override parsed by Hydra's own parser (an ``Override``), or a UserError."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        (o,) = OverridesParser.create().parse_overrides([text])
-    except HydraException as e:
-        raise UserError(
-            f"bad override {text!r}: {' '.join(str(e).split())[:160]}",
-            "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",
-        ) from None
-    return o
 
 
 def parse_command_line(overrides: Sequence[str]) -> CommandLine:

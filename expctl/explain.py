@@ -1,5 +1,5 @@
-"""Words for the config: composition errors made one-or-two-line UserErrors with a did-you-mean,
-and the keys each section and component takes."""
+"""Words for the config: one override parsed by Hydra's grammar, composition errors made
+one-or-two-line UserErrors with a did-you-mean, and the keys each section and component takes."""
 
 from __future__ import annotations
 
@@ -156,3 +156,18 @@ def _owners(section: str, key: str) -> list[str]:
         if entry.params_of is None and key in entry.parameters():
             out.append(name)
     return out
+
+
+def parse_override(text: str) -> Any:
+    """One override parsed by Hydra's own parser (an ``Override``), or a UserError."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        (o,) = OverridesParser.create().parse_overrides([text])
+    except HydraException as e:
+        raise UserError(
+            f"bad override {text!r}: {' '.join(str(e).split())[:160]}",
+            "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",
+        ) from None
+    return o

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as config_mod
-from expctl.compose import parse_override
 from expctl.config import SweepConfig
 from expctl.errors import UserError
+from expctl.explain import parse_override
 from expctl.layout import RunDir, SweepDir, metric_values
-from expctl.slurm import FINAL_STATES, job_states
+from expctl.slurmstate import FINAL_STATES, job_states
 from expctl.study import open_study
 
 log = logging.getLogger("expctl")

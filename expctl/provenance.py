@@ -26,11 +26,13 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from expctl.dist import DistEnv
 from expctl.layout import RunDir
 from expctl.report import write_json, write_text
+
+if TYPE_CHECKING:  # `expctl status` reads provenance without torch, which dist.py may import
+    from expctl.dist import DistEnv
 
 DIFF_LIMIT = 1 << 20  # bytes of uncommitted diff kept per launch
 UNTRACKED_SHOWN = 100  # untracked file names listed per launch
@@ -224,31 +226,3 @@ def _slurm_ids(env: DistEnv) -> dict[str, str] | None:
     if task:
         return {"job_id": env.job_id, "array_job_id": job, "array_task_id": task}
     return {"job_id": env.job_id}
-
-
-def summary(run_dir: Path) -> str | None:
-    """One line for `expctl status`: the newest launch's commit and dirty flag, and the host of
-    its newest attempt (None before the run started training)."""
-    launches = RunDir(run_dir).read_provenance().get("launches") or []
-    if not launches or not isinstance(launches[-1], dict):
-        return None
-    last = launches[-1]
-    git = last.get("git")
-    if not isinstance(git, dict):
-        code = "no git repository"
-    elif not git.get("commit"):
-        code = f"git repository {git.get('root')} without a commit"
-    else:
-        code = f"git {str(git['commit'])[:12]}" + (
-            f" ({git['branch']})" if git.get("branch") else ""
-        )
-        code += (
-            ", dirty" + (f" ({last['diff_file']})" if last.get("diff_file") else "")
-            if git.get("dirty")
-            else ", clean"
-        )
-    attempts = last.get("attempts") or [{}]
-    host = attempts[-1].get("host", "?") if isinstance(attempts[-1], dict) else "?"
-    shot = last.get("snapshot")
-    snap = f", code snapshot ({shot.get('mode')})" if isinstance(shot, dict) else ""
-    return f"{code}{snap}; on host {host}"

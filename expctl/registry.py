@@ -194,6 +194,16 @@ def load_builtins() -> None:
         ep.load()
 
 
+def pristine() -> bool:
+    """Whether nothing registered names (or a provider of names) in this process yet and no
+    installed plugin will: loading now would register the built-in names only."""
+    if _loaded or any(r.entries for r in _REGISTRIES.values()) or any(_PROVIDERS.values()):
+        return False
+    from importlib.metadata import entry_points
+
+    return not entry_points(group="expctl.plugins")
+
+
 IMPORT_PATH = "EXPCTL_IMPORT_PATH"  # folders of -C files, for the processes a launch starts
 
 

@@ -1,5 +1,6 @@
 """A Slurm client: the sbatch parameters and script of a run, submission through submitit (one
-job, or job arrays), `scontrol requeue`, job records (RUN_DIR/jobs.jsonl) and job state.
+job, or job arrays), `scontrol requeue`, job records (RUN_DIR/jobs.jsonl). What Slurm says of a
+job is read in `slurmstate` (torch-free, for `expctl status`).
 
 It knows nothing of training: what a job runs is the callable the launcher hands to `submit`.
 Inside a job, ranks are detected from SLURM_* (dist.detect). No config value reaches a shell
@@ -24,6 +25,7 @@ from expctl.config import Config, check_slurm, tasks_per_node
 from expctl.dist import DistEnv
 from expctl.errors import RunError, UserError, unknown_name
 from expctl.layout import RunDir, SweepDir
+from expctl.slurmstate import FINAL_STATES, job_state
 
 log = logging.getLogger("expctl")
 
@@ -189,61 +191,6 @@ def requeue_after_failure(
     with contextlib.suppress(subprocess.CalledProcessError):
         requeue(env.job_id, env.restart_count, max_requeues)
     return True
-
-
-def job_state(job_id: str) -> dict[str, str]:
-    """State and nodes of a job, from squeue (live) or sacct (finished); UNKNOWN if neither says."""
-    return job_states([job_id])[job_id]
-
-
-def job_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
-    """Like `job_state` for many jobs, with one squeue and at most one sacct call."""
-    out: dict[str, dict[str, str]] = {}
-    q = subprocess.run(
-        ["squeue", "-h", "--array", "-o", "%i|%T|%N|%r"], capture_output=True, text=True, timeout=60
-    )
-    if q.returncode == 0:
-        for line in q.stdout.splitlines():
-            jid, state, nodes, reason = (line.split("|") + ["", "", ""])[:4]
-            out[jid.strip()] = {"state": state, "nodes": nodes, "reason": reason}
-    missing = [j for j in job_ids if j not in out]
-    if missing:
-        a = subprocess.run(
-            [
-                "sacct",
-                "-n",
-                "-X",
-                "-P",
-                "-j",
-                ",".join(missing),
-                "-o",
-                "JobID,State,NodeList,ExitCode",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        for line in a.stdout.splitlines():
-            jid, state, nodes, code = (line.split("|") + ["", "", ""])[:4]
-            if jid in missing:  # the last line of a requeued job is its newest run
-                out[jid] = {
-                    "state": state.split()[0] if state else "UNKNOWN",
-                    "nodes": nodes,
-                    "exit_code": code,
-                }
-    return {j: out.get(j, {"state": "UNKNOWN"}) for j in job_ids}
-
-
-FINAL_STATES = (
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-)
 
 
 def wait(job_id: str, poll_s: float = 5.0) -> str:

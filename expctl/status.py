@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from expctl import provenance, rundir
+from expctl import rundir
 from expctl.errors import UserError
 from expctl.layout import RunDir
-from expctl.slurm import job_state
+from expctl.slurmstate import job_state
 
 # what a run's files say of it, in one word (`state`)
 STATES = (
@@ -37,7 +37,7 @@ def status(run_dir: str) -> str:
             "pass a folder printed by `expctl run`",
         )
     lines = [f"run       {path.resolve()}"]
-    origin = provenance.summary(path)
+    origin = provenance_line(path)
     if origin:
         lines.append(f"code      {origin}")
     jobs = run.job_events()
@@ -136,3 +136,31 @@ def _state(job_id: str) -> dict[str, str]:
     if shutil.which("squeue") is None:
         return {"state": "UNKNOWN (no Slurm client here)"}
     return job_state(job_id)
+
+
+def provenance_line(run_dir: Path) -> str | None:
+    """One line for `expctl status`: the newest launch's commit and dirty flag, and the host of
+    its newest attempt (None before the run started training)."""
+    launches = RunDir(run_dir).read_provenance().get("launches") or []
+    if not launches or not isinstance(launches[-1], dict):
+        return None
+    last = launches[-1]
+    git = last.get("git")
+    if not isinstance(git, dict):
+        code = "no git repository"
+    elif not git.get("commit"):
+        code = f"git repository {git.get('root')} without a commit"
+    else:
+        code = f"git {str(git['commit'])[:12]}" + (
+            f" ({git['branch']})" if git.get("branch") else ""
+        )
+        code += (
+            ", dirty" + (f" ({last['diff_file']})" if last.get("diff_file") else "")
+            if git.get("dirty")
+            else ", clean"
+        )
+    attempts = last.get("attempts") or [{}]
+    host = attempts[-1].get("host", "?") if isinstance(attempts[-1], dict) else "?"
+    shot = last.get("snapshot")
+    snap = f", code snapshot ({shot.get('mode')})" if isinstance(shot, dict) else ""
+    return f"{code}{snap}; on host {host}"

@@ -29,6 +29,7 @@ from expctl import compose, ledger, results, rundir, slurm, snapshot
 from expctl import config as config_mod
 from expctl.config import Config
 from expctl.errors import Interrupted, UserError
+from expctl.explain import parse_override
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
 from expctl.provenance import Launch
@@ -71,7 +72,7 @@ def parse_space(overrides: Sequence[str]) -> tuple[list[str], list[Dimension]]:
     plain: list[str] = []
     dims: list[Dimension] = []
     for text in overrides:
-        o = compose.parse_override(text)
+        o = parse_override(text)
         if not o.is_sweep_override():
             plain.append(text)
             continue

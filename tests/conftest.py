@@ -41,6 +41,10 @@ SMALL = [
 ]
 
 
+# the `expctl list` cache of this test session, not the user's (~/.cache/expctl)
+LIST_CACHE = tempfile.TemporaryDirectory(prefix="expctl-list-cache-")
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """Environment for CLI subprocesses: test plugins importable, no inherited rank variables."""
     env = {
@@ -61,6 +65,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep
     )
+    env["EXPCTL_CACHE_DIR"] = LIST_CACHE.name
     env.update(extra)
     return env
 

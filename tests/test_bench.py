@@ -38,3 +38,23 @@ def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:
     assert "| cpu mlp 1w |" in proc.stdout and "expctl / raw" in proc.stdout
     (row,) = json.loads(out.read_text())["rows"]
     assert row["expctl"] > 0 and row["raw"] > 0 and row["raw-tensor"] > 0
+
+
+def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:
+    out = tmp_path / "l.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "latency.py"),
+            *("--repeats", "1", "--only", "status", "--out", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| expctl status RUN | after | 1 |" in proc.stdout, proc.stdout
+    (row,) = [r for r in json.loads(out.read_text()) if r["command"] == "expctl status RUN"]
+    assert row["torch"] == 0 and row["min_s"] > 0

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import cli
+from expctl import catalogue, cli
 
 
 def test_help_imports_neither_torch_nor_hydra() -> None:
@@ -193,3 +194,93 @@ def test_log_lines_number_the_first_epoch_1_in_train_and_val_lines(tiny: Path) -
     train = [x for x in lines if " train epoch " in x]
     val = [x for x in lines if " val epoch " in x]
     assert train and val and all(" epoch 1 step " in x for x in train + val), lines
+
+
+# Commands that only read files, with what each must never import (as pyproject's forbidden
+# contracts say): a new one (`expctl runs`) goes here and under the contract in pyproject.toml.
+READ_ONLY_COMMANDS = {
+    "status {run}": ("torch", "torchvision", "hydra", "optuna", "submitit"),
+    "sweep table {sweep}": ("torch", "torchvision", "submitit"),  # the journal is Optuna's
+    "sweep table --csv {sweep}": ("torch", "torchvision", "submitit"),
+    "runs {sweep}": ("torch", "torchvision", "hydra", "optuna", "submitit"),
+    "diff {run} {sweep}/trial_001": ("torch", "torchvision", "hydra", "optuna", "submitit"),
+}
+HEAVY_AFTER = """\
+import runpy, sys
+heavy, sys.argv = sys.argv[1].split(","), ["expctl", *sys.argv[2:]]
+try:
+    runpy.run_module("expctl", run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+print("imported:", sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A finished grid sweep of two 2-step trials: the working directory and the sweep's path."""
+    cwd = tmp_path_factory.mktemp("readonly")
+    (cwd / "tiny.yml").write_text(TINY)
+    args = ["run", "-C", "tiny.yml", "-m", "optim.lr=0.01,0.1", "train.max_steps=2"]
+    out = run_cli(*args, cwd=cwd).stdout
+    return cwd, re.search(r"sweep directory (\S+)", out).group(1)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("command", sorted(READ_ONLY_COMMANDS))
+def test_read_only_commands_import_no_torch(command: str, small_sweep: tuple[Path, str]) -> None:
+    cwd, sweep = small_sweep
+    args = command.format(run=f"{sweep}/trial_000", sweep=sweep).split()
+    heavy = READ_ONLY_COMMANDS[command]
+    proc = subprocess.run(
+        [sys.executable, "-c", HEAVY_AFTER, ",".join(heavy), *args],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout
+    assert len(proc.stdout.splitlines()) > 2, proc.stdout  # it printed what it read
+
+
+@pytest.mark.slow
+def test_list_from_its_cache_is_the_same_and_imports_no_torch(tmp_path: Path) -> None:
+    env = cli_env(EXPCTL_CACHE_DIR=str(tmp_path / "cache"))
+
+    def listed(*args: str) -> str:
+        code = [sys.executable, "-c", HEAVY_AFTER, "torch", "list", *args]
+        proc = subprocess.run(code, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    made = listed()
+    assert made.endswith("imported: ['torch']\n") and "resnet18" in made
+    (cache,) = (tmp_path / "cache").glob("list-*.json")
+    assert listed() == made.replace("['torch']", "[]")
+    assert listed("optim").startswith("optimizers:\n  adadelta")
+    with_import = listed("models", "--import", "faulty")
+    assert "tiny_custom" in with_import and "['torch']" in with_import, "--import is never cached"
+    cache.write_text("{not json")
+    assert listed() == made, "a damaged cache is made again"
+
+
+def test_the_list_cache_key_changes_with_versions_and_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.metadata
+
+    src = tmp_path / "expctl"
+    src.mkdir()
+    (src / "models.py").write_text("x = 1\n")
+    monkeypatch.setattr(catalogue, "__file__", str(src / "catalogue.py"))
+    first = catalogue.key()
+    assert catalogue.key() == first
+    (src / "models.py").write_text("x = 22\n")
+    assert catalogue.key() != first, "an edited source file"
+    edited = catalogue.key()
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda d: "9.9" if d == "torchvision" else real(d)
+    )
+    assert catalogue.key() != edited, "another torchvision"

@@ -1,0 +1,108 @@
+"""`expctl list`, fast: the text of every registered component, kept in the user's cache folder.
+
+Listing imports every built-in component module, torch and torchvision's models (seconds: they
+pull in torch._dynamo). The text depends only on the code that registers the names, so it is kept
+once per set of versions: Python, torch, torchvision and expctl's own source files (their sizes
+and modification times). What else can register a name is never cached: ``--import`` modules,
+installed plugins (``expctl.plugins`` entry points), anything registered in this process before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from expctl import registry
+
+CACHE_ENV = "EXPCTL_CACHE_DIR"  # where the cache lives (default: $XDG_CACHE_HOME/expctl)
+_PREFIX = "list-"
+
+
+def listing(kinds: Sequence[str]) -> str:
+    """What `expctl list` prints for `kinds` (canonical kind names): from the cache when only
+    expctl's own modules can register names (`registry.pristine`), else made here."""
+    path = _cache_file() if registry.pristine() else None
+    texts = _read(path) if path is not None else None
+    if texts is None:
+        texts = {kind: render(kind) for kind in (registry.KINDS if path else kinds)}
+        if path is not None:
+            _write(path, texts)
+    return "".join(texts[kind] for kind in kinds)
+
+
+def render(kind: str) -> str:
+    """One kind's section: each name with its description, then its settable arguments."""
+    lines = [f"{kind}:"]
+    for name in registry.names(kind):
+        entry = registry.get(kind, name)
+        lines.append(f"  {name:<28} {entry.description}")
+        sig = registry.describe(entry)
+        if sig:
+            lines.append(f"  {'':<28}   ({sig})")
+    return "\n".join(lines) + "\n"
+
+
+def cache_dir() -> Path:
+    """EXPCTL_CACHE_DIR, else $XDG_CACHE_HOME/expctl, else ~/.cache/expctl."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expctl"
+
+
+def key() -> str:
+    """What the listing is made of: Python, torch, torchvision, expctl's source files (its
+    version among them: __init__.py)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = [sys.version]
+    for dist in ("torch", "torchvision"):
+        try:
+            versions.append(version(dist))
+        except PackageNotFoundError:
+            versions.append("")
+    root = Path(__file__).resolve().parent
+    files = [
+        (str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
+        for p in sorted(root.rglob("*.py"))
+        for st in (p.stat(),)
+    ]
+    text = json.dumps([versions, str(root), files])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _cache_file() -> Path:
+    return cache_dir() / f"{_PREFIX}{key()}.json"
+
+
+def _read(path: Path) -> dict[str, str] | None:
+    """The cached texts, or None when absent or unreadable (then they are made again)."""
+    try:
+        texts = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(texts, dict) or set(texts) != set(registry.KINDS):
+        return None
+    return {str(k): str(v) for k, v in texts.items()}
+
+
+def _write(path: Path, texts: dict[str, str]) -> None:
+    """Store the texts atomically, replacing those of other versions; a cache that cannot be
+    written is no error (the next listing makes the texts again)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(texts, f)
+        try:
+            os.replace(f.name, path)
+        finally:
+            Path(f.name).unlink(missing_ok=True)
+        for old in path.parent.glob(f"{_PREFIX}*.json"):
+            if old != path:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass
