@@ -261,18 +261,20 @@ def import_user_modules(
     modules: Iterable[str], found: Mapping[str, Mapping[str, str]] | None = None
 ) -> None:
     """Import the modules a config lists under ``imports:`` (their decorators register names),
-    searching the current directory, the -C file's folder (EXPCTL_IMPORT_PATH) and, last, the
-    folders a run recorded for them (`found`, from its imports.json: see `origins`), after the
-    standard library and site-packages."""
+    after the standard library and site-packages: first from the folders a run recorded for
+    them (`found`, from its imports.json: see `origins`) while the recorded file is still there,
+    so that a same-named module elsewhere never stands in for it; then from the current
+    directory and the -C file's folder (EXPCTL_IMPORT_PATH)."""
     import os
     import sys
 
     modules, found = list(modules), found or {}
     for mod in modules:
         check_module_name(mod)
-    search_working_dir_last()
+    recorded = [found[m] for m in modules if m in found]
+    search_first(w["path"] for w in recorded if Path(w.get("file") or w["path"]).exists())
     extra = [str(Path.cwd()), *os.environ.get(IMPORT_PATH, "").split(os.pathsep)]
-    extra += [found[mod]["path"] for mod in modules if mod in found]
+    extra += [w["path"] for w in recorded]
     for folder in extra:
         if folder and folder not in sys.path:
             sys.path.append(folder)

@@ -114,6 +114,15 @@ def test_load_model_finds_the_module_that_sat_beside_the_config_file(neighbour: 
 
     loaded = load()
     assert loaded.returncode == 0 and loaded.stdout.strip() == "8", loaded.stderr
+    impostor = root / "neighbour_models.py"  # same name, in the directory Python starts in
+    impostor.write_text(
+        conftest.NEIGHBOUR.replace("8), nn.ReLU(), nn.Linear(8,", "5), nn.ReLU(), nn.Linear(5,")
+    )
+    loaded = load()
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "8", (
+        "the recorded module, not the impostor"
+    )
+    impostor.unlink()
     module = neighbour.with_name("neighbour_models.py")
     module.rename(module.with_name("renamed.py"))
     gone = load()
