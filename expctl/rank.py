@@ -59,7 +59,7 @@ def main(
                 with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
                     parts = build(cfg, env, device)
                 rows = _restore(cfg, env, parts, state, run_dir)
-                check_monitors(monitors(cfg), parts, env)
+                check_monitors(_monitors(cfg, run_dir), parts, env)
                 hooks.on_start(run_dir)
                 stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
                 if stored is not None:
@@ -217,6 +217,15 @@ def _log_start(
         if parts.limit_val_batches
         else "",
     )
+
+
+def _monitors(cfg: Config, run_dir: Path) -> dict[str, str]:
+    """The metrics this run acts on (see config.monitors) and, for a sweep's trial, the
+    validation metric the sweep ranks by: a typo there fails the trial before it trains."""
+    names = monitors(cfg)
+    if RunDir(run_dir).trial.exists() and cfg.sweep.metric.startswith("val/"):
+        names["sweep.metric"] = cfg.sweep.metric
+    return names
 
 
 def launcher_name(env: DistEnv) -> str:

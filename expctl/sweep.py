@@ -94,21 +94,30 @@ def parse_space(overrides: Sequence[str]) -> tuple[list[str], list[Dimension]]:
                 values = [int(v) for v in values]
             dims.append(Dimension(key, values=[_text(v) for v in values]))
         elif isinstance(value, IntervalSweep):
-            dims.append(
-                Dimension(
-                    key,
-                    low=float(value.start or 0),
-                    high=float(value.end or 0),
-                    log="log" in value.tags,
-                    integer="int" in value.tags,
-                )
-            )
+            dims.append(_interval(text, key, value))
         else:
             raise UserError(
                 f"{text}: {type(value).__name__} is not supported in sweeps",
                 "use a,b / range() / choice() / interval()",
             )
     return plain, dims
+
+
+def _interval(text: str, key: str, value: Any) -> Dimension:
+    """The Dimension of an interval(low, high) sweep, its bounds checked before anything exists."""
+    low, high = float(value.start or 0), float(value.end or 0)
+    log = "log" in value.tags
+    if not low < high:
+        raise UserError(
+            f"{text}: interval({low:g}, {high:g}) needs low < high",
+            f"e.g. {key}=interval({min(low, high):g},{max(low, high):g})",
+        )
+    if log and low <= 0:
+        raise UserError(
+            f"{text}: a log interval needs low > 0 (got {low:g})",
+            f"e.g. {key}='tag(log, interval(1e-5, {high:g}))'",
+        )
+    return Dimension(key, low=low, high=high, log=log, integer="int" in value.tags)
 
 
 def _grid(dims: list[Dimension]) -> list[dict[str, Any]]:

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, cli_env
+from conftest import SMALL, TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import ledger
+from expctl import cli, ledger
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -580,3 +580,17 @@ def test_best_yml_runs_from_another_directory_with_its_neighbour_module(neighbou
     run_cli("sweep", "best", str(sweep), cwd=root)
     again = run_cli("run", "-C", str(sweep / "best.yml"), "train.max_steps=2", cwd=root)
     assert "results in" in again.stdout and "neighbour_mlp" in again.stdout
+
+
+def test_a_misspelt_sweep_metric_fails_the_trial_before_it_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a user trial: every trial used to train in full, then fail on the missing metric."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["run", "-m", *SMALL, "sweep.metric=val/accuracy", "optim.lr=0.1,0.2"])
+    out, err = capsys.readouterr()
+    assert code != 0
+    assert "sweep.metric" in out + err and "Did you mean 'val/acc'" in out + err, out + err
+    assert not list(tmp_path.rglob("metrics.jsonl")) or all(
+        p.stat().st_size == 0 for p in tmp_path.rglob("metrics.jsonl")
+    ), "no trial trained"

@@ -236,6 +236,9 @@ CORPUS: list[tuple[list[str], str]] = [
     (["runs", "gone_run", "--filter", "imports"], "expected KEY=VALUE"),
     (["diff", "gone_run", "."], ".: not a run directory"),
     (["diff", "nowhere", "gone_run"], "nowhere: not a run directory"),
+    # from a user trial: interval bounds, checked before the sweep directory exists
+    (["run", "-m", "sweep=random", "optim.lr=interval(0.1, 0.01)"], "needs low < high"),
+    (["run", "-m", "sweep=tpe", "optim.lr=tag(log, interval(-1, 0.1))"], "a log interval needs"),
     # issue 13: loggers
     (["run", "logger=[csv,tensorbord]"], "unknown logger name 'tensorbord'. Did you mean"),
     (["run", "logger=[csv]", "logger.mlflow.experiment=x"], "pick it too: logger=[csv,mlflow]"),
