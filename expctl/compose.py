@@ -436,10 +436,29 @@ def compose(
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             node = hydra_compose(config_name=PRIMARY, overrides=cli.keys)
     raw, interps = schema.resolve(node, "config")
+    _absolute_paths(raw, interps)
     _check_logger_keys(raw, stack.loggers)
     confstore.complete(raw)
     with schema.redacted(raw, interps):
         return schema.validate(raw, check_components=check_components, interpolations=interps)
+
+
+PATH_KEYS = ("data.root", "checkpoint.init", "checkpoint.resume")
+ARRAYS_PATH_KEYS = ("data.train", "data.val", "data.test")  # data=arrays: its files
+
+
+def _absolute_paths(raw: dict[str, Any], interps: dict[str, str]) -> None:
+    """Make the relative file paths a user wrote absolute, from the current directory: the frozen
+    config then names the same files wherever its run is continued, evaluated or loaded."""
+    keys = PATH_KEYS + (ARRAYS_PATH_KEYS if (raw.get("data") or {}).get("name") == "arrays" else ())
+    for dotted in keys:
+        section, key = dotted.split(".")
+        value = (raw.get(section) or {}).get(key)
+        if not isinstance(value, str) or dotted in interps or value in ("", "auto", "never", "???"):
+            continue
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            raw[section][key] = str(path.absolute())
 
 
 def _check_logger_keys(raw: dict[str, Any], picked: list[str]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import expctl as run_cli
 from omegaconf import MISSING, OmegaConf
 
 from expctl import compose, config, confstore, registry, yamlfile
@@ -387,3 +388,19 @@ def test_a_multi_line_secret_from_the_environment_reaches_env(
     monkeypatch.setenv("EXPCTL_TEST_SECRET", "-----BEGIN KEY-----\nabc\n-----END KEY-----")
     cfg = compose.compose(None, ["env.T=${oc.env:EXPCTL_TEST_SECRET}"], check_components=False)
     assert cfg.env["T"].count("\n") == 2
+
+
+def test_relative_file_paths_are_frozen_absolute(tmp_path: Path) -> None:
+    """From a user trial: `data.root=imgs` frozen as written named other files once the run was
+    evaluated or continued from another directory."""
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "best.pt").write_bytes(b"")
+    (tmp_path / "t.csv").write_text("a,y\n1,0\n2,1\n")
+    out = run_cli(
+        "show", "data=arrays", "data.train=t.csv", "checkpoint.init=w/best.pt", cwd=tmp_path
+    ).stdout
+    assert f"train: {tmp_path / 't.csv'}" in out and f"init: {tmp_path / 'w' / 'best.pt'}" in out
+    for split in ("train", "val"):
+        (tmp_path / "imgs" / split / "cat").mkdir(parents=True)
+    out = run_cli("show", "data.root=imgs", "data.name=image_folder", cwd=tmp_path).stdout
+    assert f"root: {tmp_path / 'imgs'}" in out and "train: train" in out  # a sub-folder's name
