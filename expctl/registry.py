@@ -195,9 +195,12 @@ def load_builtins() -> None:
 
 
 def pristine() -> bool:
-    """Whether nothing registered names (or a provider of names) in this process yet and no
-    installed plugin will: loading now would register the built-in names only."""
-    if _loaded or any(r.entries for r in _REGISTRIES.values()) or any(_PROVIDERS.values()):
+    """Whether nothing but expctl's own modules registered names (or a provider of names) in
+    this process yet and no installed plugin will: loading now would register the built-in
+    names only (expctl.loggers registers its loggers when it is imported)."""
+    entries = [e for r in _REGISTRIES.values() for e in r.entries.values()]
+    foreign = [e for e in entries if not getattr(e.factory, "__module__", "").startswith("expctl.")]
+    if _loaded or foreign or any(_PROVIDERS.values()):
         return False
     from importlib.metadata import entry_points
 
