@@ -459,6 +459,14 @@ def _absolute_paths(raw: dict[str, Any], interps: dict[str, str]) -> None:
         path = Path(value).expanduser()
         if not path.is_absolute():
             raw[section][key] = str(path.absolute())
+    mlflow = ((raw.get("logger") or {}).get("mlflow") or {}).get("tracking_uri")
+    if (
+        isinstance(mlflow, str)
+        and mlflow.startswith("sqlite:///")
+        and "logger.mlflow.tracking_uri" not in interps
+    ):
+        file = Path(mlflow[len("sqlite:///") :]).expanduser()  # sqlite:////abs is already absolute
+        raw["logger"]["mlflow"]["tracking_uri"] = f"sqlite:///{file.absolute()}"
 
 
 def _check_logger_keys(raw: dict[str, Any], picked: list[str]) -> None:

@@ -177,7 +177,25 @@ _MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAI
 _MLFLOW_BATCH = 100  # MLflow's limit of params per log_batch call
 
 
-@register("loggers", "mlflow", check=_requires("mlflow", "mlflow"))
+MLFLOW_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "file")
+
+
+def _mlflow_check(tracking_uri: str | None = None, **_: Any) -> None:
+    """Before a run directory exists: mlflow is installed, and the tracking URI has a scheme
+    MLflow stores runs under (a relative SQLite path is made absolute by composition)."""
+    _requires("mlflow", "mlflow")()
+    if tracking_uri is None:
+        return
+    scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0] if ":" in tracking_uri else ""
+    if scheme not in MLFLOW_SCHEMES:
+        raise UserError(
+            f"logger.mlflow.tracking_uri: '{tracking_uri}' has no scheme MLflow tracks to "
+            f"(one of: {', '.join(MLFLOW_SCHEMES)})",
+            "e.g. logger.mlflow.tracking_uri=sqlite:///$PWD/mlruns.db or http://HOST:5000",
+        )
+
+
+@register("loggers", "mlflow", check=_mlflow_check)
 class MLflow(Logger):
     """An MLflow run: the flattened config as params, the metrics at their steps.
 

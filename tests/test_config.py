@@ -404,3 +404,6 @@ def test_relative_file_paths_are_frozen_absolute(tmp_path: Path) -> None:
         (tmp_path / "imgs" / split / "cat").mkdir(parents=True)
     out = run_cli("show", "data.root=imgs", "data.name=image_folder", cwd=tmp_path).stdout
     assert f"root: {tmp_path / 'imgs'}" in out and "train: train" in out  # a sub-folder's name
+    uri = "logger.mlflow.tracking_uri=sqlite:///m.db"
+    out = run_cli("show", "logger=[mlflow]", uri, cwd=tmp_path).stdout
+    assert f"tracking_uri: sqlite:///{tmp_path / 'm.db'}" in out

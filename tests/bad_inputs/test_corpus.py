@@ -240,6 +240,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "-m", "sweep=random", "optim.lr=interval(0.1, 0.01)"], "needs low < high"),
     (["run", "-m", "sweep=tpe", "optim.lr=tag(log, interval(-1, 0.1))"], "a log interval needs"),
     # issue 13: loggers
+    (["run", "logger=[mlflow]", "logger.mlflow.tracking_uri=foo://bar"], "has no scheme MLflow"),
     (["run", "logger=[csv,tensorbord]"], "unknown logger name 'tensorbord'. Did you mean"),
     (["run", "logger=[csv]", "logger.mlflow.experiment=x"], "pick it too: logger=[csv,mlflow]"),
     (["run", "logger=[mlflow]", "logger.mlflow.experimnt=x"], "Did you mean 'experiment'?"),
