@@ -1,44 +1,56 @@
 #!/usr/bin/env bash
-# What ran on the GPU machine (device tool, nvidia-h100-x2), from the repository root:
-#   carry: .whl (hydra-core, omegaconf, antlr4, submitit, shtab wheels), .data (Fashion-MNIST .gz)
-#   bash bench/gpu.sh bn     reported vs saved-model accuracy (bench/bn_parity.py)
-#   bash bench/gpu.sh images JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
-# Prints the harness table (1 and 2 GPUs), the speedrun (expctl and raw) and a profile summary.
+# What ran on the GPU machines (device tool), from the repository root:
+#   carry: .whl (hydra-core, omegaconf, antlr4, submitit, shtab, PyYAML wheels), .data/fashion-mnist
+#   bash bench/gpu.sh scale-a   peak + compute-bound ResNet-50 and CIFAR-style ResNet-18, 1/2/4 GPUs
+#   bash bench/gpu.sh scale-b   launch-bound ResNet-18 32x32 and the Fashion CNN, 1/2/4 GPUs (+ the
+#                               static-batch ceiling), then the fashion_speedrun, 3 runs per recipe
+#   bash bench/gpu.sh compile   eager vs torch.compile (default; reduce-overhead where launch-bound)
+#   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
+#   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
+# Tables go to stdout and to $OUT/*.md, raw figures to $OUT/*.json.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab PyYAML || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data
+export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data/fashion-mnist
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L
-python3 -c "import torch, sys; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0])"
-part=${1:-all}
-if [ "$part" = bn ]; then
+nvidia-smi topo -m 2>/dev/null | head -8
+python3 -c "import torch, sys, os; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0], 'cpus', os.cpu_count())"
+ngpu=$(nvidia-smi -L | wc -l)
+counts=1; [ "$ngpu" -ge 2 ] && counts=1,2; [ "$ngpu" -ge 4 ] && counts=1,2,4
+part=${1:-scale-a}
+case "$part" in
+scale-a)
+  python3 bench/harness.py --suite gpu --gpus $counts --only compute,cifar --out "$OUT/scale_a.json" 2>&1 | tee "$OUT/scale_a.md" ;;
+scale-b)
+  python3 bench/harness.py --suite gpu --gpus $counts --only launch,fashion --out "$OUT/scale_b.json" 2>&1 | tee "$OUT/scale_b.md"
+  echo "== fashion_speedrun, one GPU"
+  CUDA_VISIBLE_DEVICES=0 python3 bench/speedrun.py --root .data/fashion-mnist --repeats ${SPEED_REPEATS:-3} \
+    --variant "batch 1024, lr 0.4=data.batch_size=1024 optim.lr=0.4 sched.warmup_steps=60" \
+    --variant "batch 1024, lr 0.4, 12 epochs=data.batch_size=1024 optim.lr=0.4 sched.warmup_steps=60 train.max_epochs=12" \
+    2>&1 | tee "$OUT/speedrun.md" ;;
+compile)
+  CUDA_VISIBLE_DEVICES=0 python3 bench/harness.py --suite compile --repeats 1 --out "$OUT/compile.json" 2>&1 | tee "$OUT/compile.md" ;;
+final)  # the rest, in one call: compile on ResNet-50; CUDA graphs with DDP; repeats where noisy
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 bench/harness.py --suite compile --repeats 1 --only compute --out "$OUT/compile_compute.json" 2>&1 | tee "$OUT/compile_compute.md"
+  CUDA_VISIBLE_DEVICES=0 timeout 80 python3 bench/speedrun.py --root .data/fashion-mnist --repeats 3 --raw 0 --no-preset \
+    --variant "batch 1024, lr 0.4=data.batch_size=1024 optim.lr=0.4 sched.warmup_steps=60" 2>&1 | tee "$OUT/speedrun1024.md"
+  timeout 80 python3 bench/harness.py --suite gpu --gpus 2 --only launch --no-reference --expctl-args "train.compile=true train.compile_mode=reduce-overhead" --out "$OUT/launch_ddp_cudagraphs.json" 2>&1 | tee "$OUT/launch_ddp_cudagraphs.md"
+  timeout 50 python3 bench/harness.py --suite gpu --gpus 4 --only cifar --no-reference --out "$OUT/cifar4.json" 2>&1 | tee "$OUT/cifar4.md"
+  CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/harness.py --suite gpu --gpus 1 --only launch --repeats 2 --out "$OUT/launch_repeats.json" 2>&1 | tee "$OUT/launch_repeats.md" ;;
+bn)
   echo "== reported accuracy vs the saved model's, Fashion-MNIST ResNet-18, 240 steps"
   python3 bench/bn_parity.py --workers 1 2 --extra data.root=.data/fashion-mnist
-  python3 bench/bn_parity.py --workers 2 --extra data.root=.data/fashion-mnist train.sync_batchnorm=true
-  exit
-fi
-if [ "$part" = images ]; then
+  python3 bench/bn_parity.py --workers 2 --extra data.root=.data/fashion-mnist train.sync_batchnorm=true ;;
+images)
   echo "== issue 11: ResNet-50 from 20,000 JPEGs (bench/images_bench.py)"
   [ -d /tmp/jpegs/train ] || python3 bench/images_bench.py make --root /tmp/jpegs
   echo "-- 1 GPU, 16 cores (taskset 0-15)"
   CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 bench/images_bench.py run --root /tmp/jpegs --gpus 1 --steps ${STEPS:-80} --warmup 20 ${ONLY:+--only $ONLY} | tee "$OUT/images1.md"
-  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  if [ "$ngpu" -ge 2 ]; then
     echo "-- 2 GPUs, all cores"
     python3 bench/images_bench.py run --root /tmp/jpegs --gpus 2 --steps ${STEPS:-80} --warmup 20 ${ONLY:+--only $ONLY} | tee "$OUT/images2.md"
-  fi
-  exit
-fi
-if [ "$part" = all ] || [ "$part" = speedrun ]; then
-  echo "== speedrun: expctl (x2) then raw (x2), one GPU"
-  for i in 1 2; do
-    CUDA_VISIBLE_DEVICES=0 python3 -m expctl run experiment=fashion_speedrun data.root=.data run.dir=/tmp/speed$i >"$OUT/speed$i.log" 2>&1
-    python3 -c "import json; r=json.load(open('/tmp/speed$i/result.json')); print('expctl', {k: r[k] for k in ('val/acc', 'time/train_s')})"
-    CUDA_VISIBLE_DEVICES=0 python3 bench/raw_speedrun.py --root .data
-  done
-fi
-if [ "$part" = all ] || [ "$part" = harness ]; then
-  echo "== harness"
-  python3 bench/harness.py --suite gpu --repeats ${REPEATS:-3} --out "$OUT/gpu.json" 2>&1 | tee "$OUT/gpu.log" | grep -v Warning
-fi
+  fi ;;
+*) echo "unknown part: $part" >&2; exit 2 ;;
+esac

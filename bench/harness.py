@@ -1,13 +1,22 @@
-"""Run the same training three ways and print one table: expctl, a raw DDP script, Lightning.
+"""expctl against a plain DDP loop on the same model, the same tensors and the same data path.
 
-    python bench/harness.py --suite cpu            # MLP and CNN, 1 and 2 gloo workers
-    python bench/harness.py --suite gpu            # ResNet-18 3x32x32 and the Fashion CNN, 1-2 GPUs
-    python bench/harness.py --suite cpu --smoke    # seconds-long, what the tests run
+    python bench/harness.py --suite cpu --repeats 5     # MLP and CNN, 1 and 2 gloo workers
+    python bench/harness.py --suite gpu                 # four workloads at 1, 2, 4 GPUs, MFU
+    python bench/harness.py --suite compile             # eager vs torch.compile, warm-up and gain
+    python bench/harness.py --suite cpu --smoke         # seconds-long, what the tests run
 
-Same model, data, global batch and precision for all three; the first --warmup steps are not
-timed; each cell is the median of --repeats runs made in this one invocation, so the ratios
-compare like with like. expctl's throughput comes from its own metrics.jsonl (the time stamps of
-its train events at steps W and S); the others print theirs. Results go to --out as JSON.
+Contenders: `expctl` (`expctl run ...`, throughput from its own metrics.jsonl between steps
+W and S), `raw-tensor` (bench/raw_ddp.py indexing whole tensors, on the GPU when there is one:
+expctl's in-memory data path, so the ratio measures the framework) and `raw-loader` (the same
+script through a DataLoader, as most scripts are written: it measures the data path). The first
+--warmup steps are not timed. Runs are interleaved (expctl, raw, expctl, raw...) so drift hits
+all alike; cells are medians with min..max. Results go to --out as JSON after every row.
+
+GPU workloads span the range: launch-bound (ResNet-18 with its ImageNet stem on 32x32 images:
+1x1 final feature maps), CIFAR-style (the 3x3 stem, no max-pool: bench_models.resnet18_cifar),
+compute-bound (ResNet-50 at 224x224, batch 256) and the Fashion-MNIST CNN. Model FLOPs per
+sample (forward + backward, counted by torch.utils.flop_counter) against the bf16 matmul rate
+measured on GPU 0 in the same invocation (bench/peak.py) give the MFU column.
 """
 
 from __future__ import annotations
@@ -21,21 +30,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DATA_ROOT = os.environ.get("EXPCTL_BENCH_DATA", "/usr/share/datasets/fashion-mnist")
-GPU_COUNTS = [int(n) for n in os.environ.get("EXPCTL_BENCH_GPUS", "1,2,4,8").split(",")]
 
 
 @dataclass
 class Workload:
     name: str
     model: str
-    nproc: int
     batch: int  # per worker
     steps: int
     warmup: int
@@ -43,68 +50,44 @@ class Workload:
     shape: str = "1x28x28"
     precision: str = "32"
     samples: int = 16384
-    lightning: bool = True
-    raw_variants: dict[str, list[str]] = field(default_factory=lambda: {"raw": []})
+    repeats: int = 1  # GPU suite: runs per contender (the CPU suite takes --repeats)
 
 
-def suites(smoke: bool) -> dict[str, list[Workload]]:
-    s = 4 if smoke else 1  # smoke: 4x fewer steps
-    cpu = [
-        Workload("cpu mlp 1w", "mlp", 1, 128, 400 // s, 100 // s),
-        Workload("cpu mlp 2w", "mlp", 2, 128, 400 // s, 100 // s),
-        Workload("cpu cnn 1w", "cnn", 1, 64, 120 // s, 40 // s),
-        Workload("cpu cnn 2w", "cnn", 2, 64, 120 // s, 40 // s),
-    ]
-    loaders = {"raw": ["--loader", "dataloader"], "raw-tensor": ["--loader", "tensor"]}
-    for w in cpu:
-        w.raw_variants = loaders
-    gpu_raw = {
-        "raw (channels_last)": ["--channels-last", "--workers", "4"],
-        "raw (no channels_last)": ["--workers", "4"],
-    }
-
-    def resnet(n: int, **kw: Any) -> Workload:  # ResNet-18, CIFAR-shaped synthetic data, bf16
-        return Workload(
-            f"gpu resnet18 {n}g",
-            "resnet18",
-            n,
-            512,
-            300,
-            60,
-            shape="3x32x32",
-            precision="bf16",
-            samples=65536,
-            **kw,
-        )
-
-    cl_only = {"raw (channels_last)": gpu_raw["raw (channels_last)"]}
-    gpu = [resnet(n, raw_variants=gpu_raw) for n in (1, 2)] + [
-        Workload(
-            f"gpu fashion-cnn {n}g",
-            "cnn",
-            n,
-            512,
-            300,
-            60,
-            data="fashion",
-            precision="bf16",
-            raw_variants=cl_only,
-        )
-        for n in (1, 2)
-    ]
-    scaling = [resnet(n, lightning=False, raw_variants=cl_only) for n in GPU_COUNTS]
-    return {"cpu": cpu, "gpu": gpu, "scaling": scaling}
+def workloads(suite: str, smoke: bool) -> list[Workload]:
+    if suite == "cpu":
+        s = 4 if smoke else 1  # smoke: 4x fewer steps
+        return [
+            Workload("mlp", "mlp", 128, 400 // s, 100 // s),
+            Workload("cnn", "cnn", 64, 120 // s, 40 // s),
+        ]
+    gpu = [
+        Workload("compute: resnet50 224", "resnet50", 256, 140, 40, shape="3x224x224",
+                 precision="bf16", samples=2048, repeats=2),
+        Workload("cifar: resnet18 3x3 stem 32", "resnet18_cifar", 512, 150, 40,
+                 shape="3x32x32", precision="bf16", samples=32768),
+        Workload("launch: resnet18 32", "resnet18", 512, 300, 60, shape="3x32x32",
+                 precision="bf16", samples=65536),
+        Workload("fashion cnn", "cnn", 512, 300, 60, data="fashion", precision="bf16"),
+    ]  # fmt: skip
+    if smoke:  # CPU-sized stand-ins that still go through every code path
+        for w in gpu:
+            w.shape, w.samples, w.batch, w.steps, w.warmup, w.repeats = "3x32x32", 256, 8, 6, 2, 1
+            w.precision = "32"
+            if w.data == "fashion":
+                w.batch = 64
+    if suite == "compile":
+        return [w for w in gpu if w.name.startswith(("compute", "launch"))]
+    return gpu
 
 
-def _run(
-    cmd: list[str], env: dict[str, str], timeout: float = 900
-) -> subprocess.CompletedProcess[str]:
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[str, float]:
+    t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(
-            f"{' '.join(cmd[:6])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+            f"{' '.join(cmd[:8])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}"
         )
-    return proc
+    return proc.stdout, time.perf_counter() - t
 
 
 def _json_line(text: str) -> dict[str, Any]:
@@ -114,8 +97,11 @@ def _json_line(text: str) -> dict[str, Any]:
     raise RuntimeError(f"no JSON result in output:\n{text[-2000:]}")
 
 
-def run_expctl(w: Workload, root: Path, env: dict[str, str], extra: list[str]) -> float:
-    run_dir = root / f"expctl-{w.name.replace(' ', '_')}-{time.time_ns()}"
+def run_expctl(
+    w: Workload, nproc: int, root: Path, env: dict[str, str], extra: list[str]
+) -> tuple[float, float]:
+    """samples/s between the train events at steps `warmup` and `steps`, and the wall time."""
+    run_dir = root / f"expctl-{time.time_ns()}"
     data = (
         ["data=fashion_mnist", f"data.root={DATA_ROOT}"]
         if w.data == "fashion"
@@ -128,8 +114,11 @@ def run_expctl(w: Workload, root: Path, env: dict[str, str], extra: list[str]) -
     )
     overrides = [
         f"model={w.model}",
+        *(["imports=[bench_models]"] if w.model == "resnet18_cifar" else []),
         *data,
         "optim=sgd",
+        "optim.lr=0.05",
+        "optim.momentum=0.9",
         "sched=none",
         f"data.batch_size={w.batch}",
         f"train.precision={w.precision}",
@@ -141,188 +130,262 @@ def run_expctl(w: Workload, root: Path, env: dict[str, str], extra: list[str]) -
         f"run.dir={run_dir}",
         *extra,
     ]
-    if w.nproc > 1:
-        overrides += ["launcher=local", f"launcher.nproc={w.nproc}"]
-    _run([sys.executable, "-m", "expctl", "run", *overrides], env)
+    if nproc > 1:
+        overrides += ["launcher=local", f"launcher.nproc={nproc}"]
+    _, wall = _run([sys.executable, "-m", "expctl", "run", *overrides], env)
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [e for e in events if "train/loss" in e]
     first = next(e for e in train if e["step"] == w.warmup)
     last = train[-1]
     shutil.rmtree(run_dir, ignore_errors=True)
-    return (last["step"] - first["step"]) * w.batch * w.nproc / (last["time"] - first["time"])
+    rate = (last["step"] - first["step"]) * w.batch * nproc / (last["time"] - first["time"])
+    return rate, wall
 
 
-def _base_args(w: Workload) -> list[str]:
-    return [
-        "--model",
-        w.model,
-        "--data",
-        w.data,
-        "--root",
-        DATA_ROOT,
-        "--shape",
-        w.shape,
-        "--samples",
-        str(w.samples),
-        "--batch",
-        str(w.batch),
-        "--steps",
-        str(w.steps),
-        "--warmup",
-        str(w.warmup),
-        "--precision",
-        w.precision,
+def run_raw(
+    w: Workload, nproc: int, env: dict[str, str], variant: list[str]
+) -> tuple[float, float]:
+    args = [
+        *("--model", w.model, "--data", w.data, "--root", DATA_ROOT, "--shape", w.shape),
+        *("--samples", str(w.samples), "--batch", str(w.batch), "--steps", str(w.steps)),
+        *("--warmup", str(w.warmup), "--precision", w.precision),
     ]
-
-
-def run_raw(w: Workload, env: dict[str, str], variant: list[str]) -> float:
-    script = [str(HERE / "raw_ddp.py"), *_base_args(w), *variant]
-    if w.nproc > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={w.nproc}",
-            *script,
-        ]
+    script = [str(HERE / "raw_ddp.py"), *args, *variant]
+    if nproc > 1:
+        launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd = [sys.executable, *launch, *script]
     else:
         cmd = [sys.executable, *script]
-    return float(_json_line(_run(cmd, env).stdout)["samples_per_s"])
+    out, wall = _run(cmd, env)
+    return float(_json_line(out)["samples_per_s"]), wall
 
 
-def run_lightning(w: Workload, env: dict[str, str], root: Path) -> float:
-    cmd = [
-        sys.executable,
-        str(HERE / "lightning_bench.py"),
-        *_base_args(w),
-        "--devices",
-        str(w.nproc),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return float(_json_line(proc.stdout)["samples_per_s"])
+def flops_per_sample(w: Workload) -> float:
+    """Forward + backward FLOPs of one training sample (matmuls and convolutions)."""
+    import torch
+    from raw_ddp import make_model
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = (1, 28, 28) if w.data == "fashion" else tuple(int(s) for s in w.shape.split("x"))
+    model = make_model(w.model, shape, 10)
+    x = torch.randn(2, *shape)
+    with FlopCounterMode(display=False) as counter:
+        model(x).sum().backward()
+    return counter.get_total_flops() / 2
 
 
-def lightning_available() -> bool:
-    code = "import importlib.util as u; print(bool(u.find_spec('lightning') or u.find_spec('pytorch_lightning')))"
-    return (
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
-        == "True"
-    )
+def gpu_peak(env: dict[str, str]) -> dict[str, Any]:
+    return _json_line(_run([sys.executable, str(HERE / "peak.py")], env)[0])
 
 
-def startup(env: dict[str, str], root: Path, repeats: int) -> dict[str, float]:
-    """`expctl --help` wall time, and process start to the first training step of the default job."""
-    helps, firsts = [], []
-    for i in range(repeats):
-        t = time.perf_counter()
-        _run([sys.executable, "-m", "expctl", "--help"], env)
-        helps.append(time.perf_counter() - t)
-        run_dir = root / f"first-{i}"
-        t0 = time.time()
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "expctl",
-                "run",
-                "train.max_steps=1",
-                "train.log_every=1",
-                f"run.dir={run_dir}",
-            ],
-            env,
-        )
-        first = next(
-            json.loads(x)
-            for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if '"train/loss"' in x
-        )
-        firsts.append(first["time"] - t0)
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return {"help_s": statistics.median(helps), "first_step_s": statistics.median(firsts)}
+def static_ceiling(env: dict[str, str]) -> float:
+    """ResNet-18 3x32x32 bf16 steps on one static batch, no data path, no framework."""
+    gpu0 = {**env, "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
+    out, _ = _run([sys.executable, str(HERE / "scaling_probe.py"), "alone"], gpu0)
+    return float(_json_line(out)["per_gpu"])
+
+
+def contenders(suite: str, w: Workload, nproc: int, cuda: bool) -> dict[str, list[str] | None]:
+    """label -> raw_ddp flags (None: expctl)."""
+    cl = ["--channels-last"] if cuda else []
+    if suite == "compile":  # CUDA graphs (reduce-overhead) where launches bound the step
+        modes = ["default", "reduce-overhead"] if w.name.startswith("launch") else ["default"]
+        out_c: dict[str, list[str] | None] = {
+            "expctl": None,
+            "raw-tensor": ["--loader", "tensor", *cl],
+        }
+        for mode in modes:
+            tag = "" if mode == "default" else f" {mode}"
+            out_c[f"expctl compile{tag}"] = []
+            out_c[f"raw-tensor compile{tag}"] = ["--loader", "tensor", *cl, "--compile", mode]
+        return out_c
+    out: dict[str, list[str] | None] = {"expctl": None, "raw-tensor": ["--loader", "tensor", *cl]}
+    if suite == "cpu" or nproc == 1:
+        out["raw-loader"] = ["--loader", "dataloader", *cl, "--workers", "4" if cuda else "0"]
+    return out
+
+
+def expctl_extra(label: str) -> list[str]:
+    if "compile" not in label:
+        return []
+    mode = label.rpartition("compile")[2].strip() or "default"
+    return ["train.compile=true", f"train.compile_mode={mode}"]
+
+
+def measure(
+    suite: str, w: Workload, nproc: int, repeats: int, root: Path, env: dict[str, str],
+    extra: list[str], cuda: bool,
+) -> dict[str, Any]:  # fmt: skip
+    runs: dict[str, list[float]] = {}
+    walls: dict[str, list[float]] = {}
+    errors: dict[str, str] = {}
+    for _ in range(repeats):  # interleaved, so drift hits every contender alike
+        for label, variant in contenders(suite, w, nproc, cuda).items():
+            if label in errors:
+                continue
+            try:
+                if variant is None or label.startswith("expctl"):
+                    rate, wall = run_expctl(w, nproc, root, env, [*extra, *expctl_extra(label)])
+                else:
+                    rate, wall = run_raw(w, nproc, env, variant)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                errors[label] = str(e)[-600:]
+                print(f"  {label} failed: {str(e)[-300:]}", file=sys.stderr, flush=True)
+                continue
+            runs.setdefault(label, []).append(rate)
+            walls.setdefault(label, []).append(wall)
+    row: dict[str, Any] = {"workload": w.name, "gpus": nproc, "batch": w.batch, "runs": runs}
+    row["walls"], row["errors"] = walls, errors
+    row["steps"], row["warmup"] = w.steps, w.warmup
+    row["median"] = {k: statistics.median(v) for k, v in runs.items()}
+    return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument(
-        "--suite",
-        choices=("cpu", "gpu", "scaling"),
-        default="cpu",
-        help="scaling: ResNet-18 on EXPCTL_BENCH_GPUS (default 1,2,4,8) GPUs, expctl and raw",
-    )
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument(
-        "--smoke", action="store_true", help="short runs, one repeat (used by the tests)"
-    )
-    p.add_argument("--only", default="", help="run workloads whose name contains this")
+    p.add_argument("--suite", choices=("cpu", "gpu", "compile"), default="cpu")
+    p.add_argument("--repeats", type=int, default=None, help="runs per contender (cpu: 3)")
+    p.add_argument("--gpus", default="1,2,4", help="GPU (cpu: worker) counts, e.g. 1,2,4")
+    p.add_argument("--smoke", action="store_true", help="short runs (used by the tests)")
+    p.add_argument("--only", default="", help="workloads whose name contains one of A,B,..")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--no-reference", action="store_true", help="skip the peak and the ceiling")
     p.add_argument("--expctl-args", default="", help="extra expctl overrides, space separated")
     args = p.parse_args()
-    repeats = 1 if args.smoke else args.repeats
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
-    has_lightning = lightning_available()
-    results: dict[str, Any] = {"suite": args.suite, "repeats": repeats, "rows": []}
+    sys.path.insert(0, str(HERE))
+    cuda = args.suite != "cpu" and not args.smoke
+    counts = [int(n) for n in args.gpus.split(",")] if args.suite == "gpu" else [1]
+    if args.suite == "cpu":
+        counts = [int(n) for n in args.gpus.split(",") if int(n) <= 2]
+    results: dict[str, Any] = {"suite": args.suite, "rows": [], "machine": os.uname().nodename}
+    if cuda and not args.no_reference:
+        results["peak"] = gpu_peak(env)
+        print(f"bf16 matmul peak: {results['peak']}", flush=True)
+        if args.suite == "gpu" and (not args.only or "launch" in args.only):
+            results["static_ceiling"] = static_ceiling(env)
+            print(
+                f"static-batch ceiling (ResNet-18 32x32, 1 GPU): {results['static_ceiling']:,.0f}"
+            )
     with tempfile.TemporaryDirectory(prefix="expctl-bench-") as tmp:
-        root = Path(tmp)
-        if args.suite == "cpu" and not args.only:
-            results["startup"] = startup(env, root, repeats)
-        for w in suites(args.smoke)[args.suite]:
-            if args.only and args.only not in w.name:
+        for w in workloads(args.suite, args.smoke):
+            if args.only and not any(o in w.name for o in args.only.split(",")):
                 continue
-            row: dict[str, Any] = {"workload": w.name, "batch": w.batch, "precision": w.precision}
-            runs: dict[str, list[float]] = {"expctl": []}
-            for _ in range(repeats):  # interleaved, so drift hits every contender alike
-                runs["expctl"].append(run_expctl(w, root, env, args.expctl_args.split()))
-                for label, variant in w.raw_variants.items():
-                    runs.setdefault(label, []).append(run_raw(w, env, variant))
-                if has_lightning and w.lightning:
-                    runs.setdefault("lightning", []).append(run_lightning(w, env, root))
-            row.update({k: statistics.median(v) for k, v in runs.items()})
-            row["runs"] = runs
-            results["rows"].append(row)
-            print(format_row(row), flush=True)
+            repeats = args.repeats or (w.repeats if args.suite != "cpu" else 3)
+            flops = flops_per_sample(w)
+            for n in counts:
+                row = measure(
+                    args.suite, w, n, 1 if args.smoke else repeats, Path(tmp), env,
+                    args.expctl_args.split(), cuda,
+                )  # fmt: skip
+                row["flops_per_sample"] = flops
+                results["rows"].append(row)
+                print(format_row(row), flush=True)
+                if args.out:
+                    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print()
-    print(format_table(results))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(format_tables(results))
 
 
 def format_row(row: dict[str, Any]) -> str:
-    cells = [f"{k}={v:,.0f}/s" for k, v in row.items() if isinstance(v, float)]
-    return f"{row['workload']:<22} " + "  ".join(cells)
+    cells = [f"{k}={v:,.0f}/s" for k, v in row["median"].items()]
+    return f"{row['workload']:<30} x{row['gpus']}  " + "  ".join(cells)
 
 
-def format_table(results: dict[str, Any]) -> str:
-    """Markdown: samples/s per contender, and expctl's ratio to each."""
-    names: list[str] = []
-    for row in results["rows"]:
-        names += [k for k, v in row.items() if isinstance(v, float) and k not in names]
-    others = [n for n in names if n != "expctl"]
-    head = (
-        "| workload | "
-        + " | ".join(f"{n} samples/s" for n in names)
-        + " | "
-        + " | ".join(f"expctl / {n}" for n in others)
-        + " |"
-    )
-    lines = [head, "|" + "---|" * (1 + len(names) + len(others))]
-    for row in results["rows"]:
-        cells = [f"{row[n]:,.0f}" if n in row else "-" for n in names]
-        ratios = [f"{row['expctl'] / row[n]:.3f}" if n in row else "-" for n in others]
-        lines.append(f"| {row['workload']} | " + " | ".join(cells + ratios) + " |")
-    if "startup" in results:
-        s = results["startup"]
-        lines.append(
-            f"\n`expctl --help`: {s['help_s']:.3f} s; start to first training step (default job): {s['first_step_s']:.2f} s"
+def _spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:,.0f}"
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}..{max(values):,.0f})"
+
+
+def format_tables(results: dict[str, Any]) -> str:
+    """Markdown tables; ratios are of medians."""
+    rows = results["rows"]
+    suite = results["suite"]
+    out: list[str] = []
+    if suite == "cpu":
+        out += [
+            "| workload | workers | expctl samples/s | raw-tensor | raw-loader | expctl / raw-tensor "
+            "| expctl / raw-loader |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            m, runs = r["median"], r["runs"]
+            names = ("expctl", "raw-tensor", "raw-loader")
+            cells = [_spread(runs[k]) if k in runs else "-" for k in names]
+            ratios = [
+                f"{m['expctl'] / m[k]:.3f}" if k in m and "expctl" in m else "-" for k in names[1:]
+            ]
+            out.append(f"| {r['workload']} | {r['gpus']} | " + " | ".join(cells + ratios) + " |")
+        return "\n".join(out)
+    peak = results.get("peak", {}).get("bf16_matmul_tflops")
+    if suite == "compile":
+        out += [
+            "| workload | contender | img/s | / eager of the same | wall s | warm-up s vs eager |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            m, walls = r["median"], r["walls"]
+            for k, v in m.items():
+                base = "expctl" if k.startswith("expctl") else "raw-tensor"
+                timed = (r["steps"] - r["warmup"]) * r["batch"]
+                # wall minus the timed steps' share, against the eager run's: compile's warm-up
+                warm = (
+                    statistics.median(walls[k]) - timed / v
+                    - (statistics.median(walls[base]) - timed / m[base])
+                    if base in m else float("nan")
+                )  # fmt: skip
+                ratio = f"{v / m[base]:.3f}" if base in m else "-"
+                out.append(
+                    f"| {r['workload']} | {k} | {_spread(r['runs'][k])} | {ratio} | "
+                    f"{statistics.median(walls[k]):.1f} | {warm:+.1f} |"
+                )
+            for k, e in r["errors"].items():
+                out.append(f"| {r['workload']} | {k} | failed: {e.splitlines()[-1][:80]} | | | |")
+        return "\n".join(out)
+    out += [
+        f"bf16 matmul peak measured on GPU 0: {peak:.0f} TFLOP/s" if peak else "",
+        "",
+        "| workload | GPUs | expctl img/s | raw-tensor img/s | expctl / raw | expctl scaling "
+        "| raw scaling | raw-loader img/s | model TFLOP/s per GPU (expctl) | MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    one = {(r["workload"], k): v for r in rows if r["gpus"] == 1 for k, v in r["median"].items()}
+    for r in rows:
+        m, n = r["median"], r["gpus"]
+        e, raw = m.get("expctl"), m.get("raw-tensor")
+
+        def scaling(k: str, v: float | None, r: dict[str, Any] = r, n: int = n) -> str:
+            base = one.get((r["workload"], k))
+            return f"{v / (n * base):.3f}" if v and base else "-"
+
+        tflops = e * r["flops_per_sample"] / n / 1e12 if e else None
+        cells = [
+            r["workload"],
+            str(n),
+            _spread(r["runs"]["expctl"]) if e else "failed",
+            _spread(r["runs"]["raw-tensor"]) if raw else "failed",
+            f"{e / raw:.3f}" if e and raw else "-",
+            scaling("expctl", e),
+            scaling("raw-tensor", raw),
+            f"{m['raw-loader']:,.0f}" if "raw-loader" in m else "",
+            f"{tflops:.1f}" if tflops else "-",
+            f"{tflops / peak:.1%}" if tflops and peak else "-",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    if "static_ceiling" in results:
+        c = results["static_ceiling"]
+        e1 = one.get(("launch: resnet18 32", "expctl"))
+        out.append(
+            f"\nStatic-batch ceiling (bench/scaling_probe.py alone, 1 GPU): {c:,.0f} img/s"
+            + (f"; expctl launch-bound 1 GPU / ceiling = {e1 / c:.3f}" if e1 else "")
         )
-    return "\n".join(lines)
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

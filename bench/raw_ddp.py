@@ -1,7 +1,9 @@
 """The baseline: a plain PyTorch DDP training loop, as a competent engineer writes it.
 
 torchrun (or one process), DistributedSampler, autocast, channels_last and fused Adam/SGD when
-asked, no framework. The model and data builders are expctl's, so the three contenders train
+asked, torch.compile when asked, no framework. `--loader tensor` indexes whole tensors (on the
+GPU when there is one: expctl's in-memory data path); `--loader dataloader` is the DataLoader most
+scripts use. The model and data builders are expctl's, so the three contenders train
 the very same network on the very same tensors; nothing else of expctl runs here.
 
     torchrun --nproc_per_node=2 bench/raw_ddp.py --model cnn --data synthetic --batch 256
@@ -22,7 +24,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
-    from expctl import models
     from expctl.datasets.idx import fashion_mnist
     from expctl.datasets.synthetic import synthetic
 
@@ -31,17 +32,26 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.T
     else:
         shape = tuple(int(s) for s in args.shape.split("x"))
         splits = synthetic(shape=shape, num_samples=args.samples, val_samples=0)
-    info = splits.info
     torch.manual_seed(0)
-    if args.model == "mlp":
-        model = models.mlp(input_shape=info.input_shape, num_classes=info.num_classes or 10)
-    elif args.model == "cnn":
-        model = models.cnn(in_channels=info.input_shape[0], num_classes=info.num_classes or 10)
-    else:
-        from torchvision.models import get_model
-
-        model = get_model(args.model, weights=None, num_classes=info.num_classes or 10)
+    model = make_model(args.model, splits.info.input_shape, splits.info.num_classes or 10)
     return model, splits.train  # type: ignore[return-value]
+
+
+def make_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """The network by expctl's name for it, built by the same builder expctl uses."""
+    from expctl import models
+
+    if name == "mlp":
+        return models.mlp(input_shape=input_shape, num_classes=num_classes)
+    if name == "cnn":
+        return models.cnn(in_channels=input_shape[0], num_classes=num_classes)
+    if name == "resnet18_cifar":
+        from bench_models import resnet18_cifar
+
+        return resnet18_cifar(in_channels=input_shape[0], num_classes=num_classes)
+    from torchvision.models import get_model
+
+    return get_model(name, weights=None, num_classes=num_classes)
 
 
 def common_args() -> argparse.ArgumentParser:
@@ -65,6 +75,7 @@ def main() -> None:
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--loader", default="dataloader", choices=("dataloader", "tensor"))
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--compile", default=None, help="torch.compile mode (default, reduce-overhead)")
     args = p.parse_args()
 
     distributed = "RANK" in os.environ
@@ -92,6 +103,8 @@ def main() -> None:
     model.to(memory_format=fmt)  # type: ignore[call-overload]
     if distributed:
         model = DDP(model, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
+    if args.compile:
+        model = torch.compile(model, mode=args.compile)  # type: ignore[assignment]
     fused = {"fused": True} if cuda else {}
     if args.optim == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(
@@ -105,10 +118,12 @@ def main() -> None:
         dataset, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True
     )
 
+    if args.loader == "tensor":  # the in-memory path: whole tensors on the device, once
+        x_all, y_all = (t.to(device) for t in dataset.tensors)
+
     def batches(epoch: int):  # type: ignore[no-untyped-def]
         sampler.set_epoch(epoch)
-        if args.loader == "tensor":  # the in-memory path: index whole tensors, as expctl does
-            x_all, y_all = (t.to(device) for t in dataset.tensors)
+        if args.loader == "tensor":  # index whole tensors, as expctl does
             idx = torch.tensor(list(sampler), device=device)
             for i in range(0, len(idx) - args.batch + 1, args.batch):
                 sel = idx[i : i + args.batch]
@@ -154,7 +169,7 @@ def main() -> None:
                 {
                     "samples_per_s": timed * args.batch * world / elapsed,
                     "ms_per_step": 1000 * elapsed / timed,
-                    "loss": float(loss),
+                    "loss": float(loss.detach()),
                 }
             ),
             flush=True,

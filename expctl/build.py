@@ -299,6 +299,22 @@ def _schedulers(
     return made, length if inferred else None
 
 
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _batchnorm_buffers_only(model: nn.Module) -> bool:
+    """Whether every buffer is a BatchNorm running statistic. DDP's default broadcasts rank 0's
+    buffers before every forward (one collective per step); a training forward never reads these
+    (BatchNorm normalises by the batch), rank 0's evolve the same either way, and the loop gives
+    every rank rank 0's before it validates or saves (`sync_buffers`): so the broadcast is
+    skipped. Any other buffer may be read by the forward, and keeps DDP's default."""
+    owners = {
+        name.rpartition(".")[0] for name, _ in model.named_buffers(remove_duplicate=False)
+    }
+    modules = dict(model.named_modules(remove_duplicate=False))
+    return all(isinstance(modules.get(o), _BATCHNORMS) for o in owners)
+
+
 def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
     out: nn.Module = model
     if env.distributed and any(p.requires_grad for p in model.parameters()):
@@ -308,7 +324,8 @@ def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> 
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
+            broadcast_buffers=not _batchnorm_buffers_only(model),
         )
     if cfg.train.compile:
-        out = torch.compile(out)  # type: ignore[assignment]
+        out = torch.compile(out, mode=cfg.train.compile_mode)  # type: ignore[assignment]
     return out

@@ -65,7 +65,11 @@ class TrainConfig:
     step: str = "supervised"  # registered training step
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
     channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
-    compile: bool = False
+    compile: bool = False  # torch.compile the models (warm-up cost: see bench/RESULTS.md)
+    compile_mode: str = _f(
+        "default",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    )  # torch.compile's mode (reduce-overhead: CUDA graphs)
     on_nan: str = _f("stop", choices=("stop", "skip"))
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
     early_stop: EarlyStopConfig = _f(EarlyStopConfig())

@@ -388,7 +388,9 @@ def ahead(
 def _index_batches(
     tensors: Sequence[torch.Tensor], indices: list[int], batch_size: int, device: torch.device
 ) -> Iterator[tuple[torch.Tensor, ...]]:
-    idx = torch.tensor(indices, dtype=torch.long, device=tensors[0].device)
+    idx = torch.tensor(indices, dtype=torch.long)
+    if tensors[0].device.type == "cuda":  # pinned and asynchronous: no host sync per epoch
+        idx = idx.pin_memory().to(tensors[0].device, non_blocking=True)
     pin = device.type == "cuda" and tensors[0].device.type == "cpu"
     for start in range(0, len(idx) - batch_size + 1, batch_size):
         sel = idx[start : start + batch_size]
