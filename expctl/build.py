@@ -16,6 +16,7 @@ from expctl.config import Config
 from expctl.data import Loading, Splits, TrainBatches, auto_workers, check_splits
 from expctl.dist import DistEnv
 from expctl.errors import UserError
+from expctl.startup import paused_gc
 from expctl.steps import StepContext
 
 log = logging.getLogger("expctl")
@@ -110,7 +111,8 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         augment=cfg.data.augment,
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
-    optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
+    with paused_gc():  # the first optimizer imports torch._dynamo
+        optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
     schedulers, sched_length = _schedulers(cfg, optimizers, total_steps)
     loss_fn = _make(
         "loss", cfg.loss.name, registry.get("losses", cfg.loss.name).factory, **cfg.loss.args

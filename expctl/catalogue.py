@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from expctl import registry
+from expctl.layout import cache_dir
 
-CACHE_ENV = "EXPCTL_CACHE_DIR"  # where the cache lives (default: $XDG_CACHE_HOME/expctl)
 _PREFIX = "list-"
 
 
@@ -45,13 +45,6 @@ def render(kind: str) -> str:
         if sig:
             lines.append(f"  {'':<28}   ({sig})")
     return "\n".join(lines) + "\n"
-
-
-def cache_dir() -> Path:
-    """EXPCTL_CACHE_DIR, else $XDG_CACHE_HOME/expctl, else ~/.cache/expctl."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expctl"
 
 
 def key() -> str:

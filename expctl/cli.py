@@ -223,7 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(completion.completion_script(_parser(), args.shell))
             return 0
         if args.command == "_worker":
-            from expctl import launch
+            from expctl.startup import paused_gc
+
+            with paused_gc():
+                from expctl import launch  # torch
 
             launch.worker(args.run_dir, args.evaluation, args.config, args.launch)
             return 0
@@ -261,8 +264,10 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(
             "--repeat needs -m (a sweep)", "add -m, e.g. expctl run -m --repeat 3 optim.lr=0.01,0.1"
         )
-    from expctl import api
+    from expctl.startup import paused_gc
 
+    with paused_gc():
+        from expctl import api  # torch
     result = api.run(args.config, args.overrides, wait=args.wait)
     if result.metrics and _is_main():  # under torchrun / srun: rank 0 reports
         print(f"expctl: done  {_shown(result.metrics)}\nexpctl: results in {result.run_dir}")

@@ -30,11 +30,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("expctl")
+
+
+CACHE_ENV = "EXPCTL_CACHE_DIR"  # the user's cache folder: `expctl list`, decoded .gz datasets
+
+
+def cache_dir() -> Path:
+    """EXPCTL_CACHE_DIR, else $XDG_CACHE_HOME/expctl, else ~/.cache/expctl."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expctl"
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:

@@ -41,8 +41,10 @@ SMALL = [
 ]
 
 
-# the `expctl list` cache of this test session, not the user's (~/.cache/expctl)
+# the cache of this test session (`expctl list`, decoded .gz datasets), not the user's
+# (~/.cache/expctl), for the CLI processes and this one
 LIST_CACHE = tempfile.TemporaryDirectory(prefix="expctl-list-cache-")
+os.environ["EXPCTL_CACHE_DIR"] = LIST_CACHE.name
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ expands them."""
 from __future__ import annotations
 
 import gzip
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -113,3 +114,26 @@ def test_the_real_fashion_mnist_files_are_read_whole() -> None:
     x = data.read_idx(files["val_x"], data.IDX_SHAPES["val_x"])
     y = data.read_idx(files["val_y"], data.IDX_SHAPES["val_y"])
     assert tuple(x.shape) == (10000, 28, 28) and tuple(y.shape) == (10000,)
+
+
+def test_a_gz_is_decoded_once_then_read_from_its_checked_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from expctl.datasets import idx as data
+
+    monkeypatch.setenv("EXPCTL_CACHE_DIR", str(tmp_path / "cache"))
+    path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", (10, 28, 28), 7840)
+    first = data.read_idx(path, data.IDX_SHAPES["train_x"])
+    (copy,) = (tmp_path / "cache" / "data").iterdir()
+    assert copy.read_bytes()[16:] == bytes(7840)
+    copy.write_bytes(copy.read_bytes()[:16] + bytes([7]) * 7840)  # proof the copy is what's read
+    assert int(data.read_idx(path, data.IDX_SHAPES["train_x"]).sum()) == 7 * 7840
+    copy.write_bytes(copy.read_bytes()[:100])  # damaged: the .gz is decoded again, the copy made
+    assert data.read_idx(path, data.IDX_SHAPES["train_x"]).equal(first)
+    assert copy.stat().st_size == 16 + 7840
+    os.utime(path, ns=(1, 1))  # the .gz changed: decoded again, the old copy replaced
+    data.read_idx(path, data.IDX_SHAPES["train_x"])
+    assert [p.name for p in copy.parent.iterdir()] != [copy.name]
+    assert len(list(copy.parent.iterdir())) == 1
+    with pytest.raises(UserError, match=r"declares 10 x 28 x 28, expected N x 28 x 28 with N <= 5"):
+        data.read_idx(path, (5, 28, 28))  # a limit the file exceeds: refused, copy or not

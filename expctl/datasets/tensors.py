@@ -53,10 +53,11 @@ def with_val(
 
 
 def images_to_float(
-    x: torch.Tensor, normalize: str, stats_from: torch.Tensor | None = None
-) -> torch.Tensor:
-    """uint8 images (N, C, H, W) as float: standardised per channel with the mean/std of
-    `stats_from` (default: x itself), scaled to [-1, 1] (tanh) or to [0, 1] (none)."""
+    x: torch.Tensor, normalize: str, stats: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """uint8 images (N, C, H, W) as float: standardised per channel with `stats` (mean, std;
+    default: those of x itself), scaled to [-1, 1] (tanh) or to [0, 1] (none); and the stats
+    used (standard only), for the other splits."""
     if normalize not in NORMALIZE:
         raise UserError(
             f"data.normalize: '{normalize}' is not one of: {', '.join(NORMALIZE)}",
@@ -64,13 +65,13 @@ def images_to_float(
         )
     out = x.float().div_(255.0)
     if normalize == "tanh":
-        return out.sub_(0.5).div_(0.5)
+        return out.sub_(0.5).div_(0.5), None
     if normalize == "standard":
-        ref = (stats_from if stats_from is not None else x).float().div(255.0)
-        mean = ref.mean(dim=(0, 2, 3), keepdim=True)
-        std = ref.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
-        return out.sub_(mean).div_(std)
-    return out
+        if stats is None:  # of the [0, 1] images, before they are standardised in place
+            mean = out.mean(dim=(0, 2, 3), keepdim=True)
+            stats = mean, out.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+        return out.sub_(stats[0]).div_(stats[1]), stats
+    return out, None
 
 
 def in_memory(
@@ -89,11 +90,10 @@ def in_memory(
         num_classes or (len(classes) if classes else int(y.max()) + 1),
         tuple(classes) if classes else None,
     )
-    sets = [TensorDataset(images_to_float(x, normalize), y.long())]
-    if test is not None:
-        sets.append(
-            TensorDataset(images_to_float(test[0], normalize, stats_from=x), test[1].long())
-        )
+    train_x, stats = images_to_float(x, normalize)
+    sets = [TensorDataset(train_x, y.long())]
+    if test is not None:  # standardised with the training images' stats
+        sets.append(TensorDataset(images_to_float(test[0], normalize, stats)[0], test[1].long()))
     splits = with_val(sets[0], sets[1] if test is not None else None, info, val_split)
     if not isinstance(splits.train, TensorDataset):  # a carved Subset: back to plain tensors
         splits.train, splits.val = (_tensors(splits.train), _tensors(splits.val))

@@ -1,0 +1,47 @@
+"""Start-up helpers: the cycle collector paused while torch loads, left as it was found."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from expctl.startup import paused_gc
+
+
+@pytest.fixture
+def collector() -> Iterator[None]:
+    was = gc.isenabled()
+    yield
+    gc.unfreeze()
+    (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_paused_gc_leaves_the_collector_as_it_found_it(collector: None, enabled: bool) -> None:
+    (gc.enable if enabled else gc.disable)()
+    with paused_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled() is enabled
+    with pytest.raises(KeyError), paused_gc():
+        raise KeyError("x")
+    assert gc.isenabled() is enabled
+
+
+def test_paused_gc_freezes_what_an_import_made_and_nothing_else(
+    collector: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gc.unfreeze()
+    with paused_gc():
+        made = [[] for _ in range(100)]
+    assert gc.get_freeze_count() == 0  # nothing imported: a later collection still sees `made`
+    (tmp_path / "expctl_fresh_module.py").write_text("TABLE = [[i] for i in range(100)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with paused_gc():
+        import expctl_fresh_module  # noqa: F401
+    sys.modules.pop("expctl_fresh_module")
+    assert gc.get_freeze_count() >= 100
+    del made
