@@ -1,5 +1,5 @@
 """The fashion_speedrun recipe as a plain PyTorch script: same network (expctl's speednet), data
-on the GPU, batch 512, bf16, channels_last, crop+flip augmentation, SGD-Nesterov, warm-up +
+on the GPU, batch 1024, bf16, channels_last, crop+flip augmentation, SGD-Nesterov, warm-up +
 cosine, label smoothing, 10 epochs, one evaluation at the end. Prints one JSON line with the
 training seconds (loop + final evaluation, as expctl's time/train_s) and the test accuracy.
 
@@ -24,9 +24,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", default=None)
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--warmup", type=int, default=120)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=0.4)
+    p.add_argument("--warmup", type=int, default=60)
     args = p.parse_args()
 
     device = torch.device("cuda")

@@ -24,7 +24,9 @@ def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:
             "cpu",
             "--smoke",
             "--only",
-            "mlp 1w",
+            "mlp",
+            "--gpus",
+            "1",
             "--out",
             str(out),
         ],
@@ -35,9 +37,33 @@ def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| cpu mlp 1w |" in proc.stdout and "expctl / raw" in proc.stdout
+    assert "| mlp | 1 |" in proc.stdout and "expctl / raw-tensor" in proc.stdout
     (row,) = json.loads(out.read_text())["rows"]
-    assert row["expctl"] > 0 and row["raw"] > 0 and row["raw-tensor"] > 0
+    assert set(row["median"]) == {"expctl", "raw-tensor", "raw-loader"}
+    assert all(v > 0 for v in row["median"].values()) and not row["errors"]
+
+
+def test_gpu_suite_smoke_runs_every_workload_on_the_cpu(tmp_path: Path) -> None:
+    """The GPU suite's code paths (the CIFAR-stem model imported by expctl as a user module,
+    2 workers, the scaling and FLOP columns) on CPU-sized stand-ins."""
+    out = tmp_path / "g.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "harness.py"),
+            *("--suite", "gpu", "--smoke", "--gpus", "1,2", "--only", "cifar", "--out", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["gpus"] for r in rows] == [1, 2] and not any(r["errors"] for r in rows)
+    assert rows[0]["flops_per_sample"] > 0
+    assert "| cifar: resnet18 3x3 stem 32 | 2 |" in proc.stdout
 
 
 def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:

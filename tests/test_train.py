@@ -419,3 +419,27 @@ def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) ->
             *args, how.group(1).split()[-1], cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0")
         )
     assert "resumed from" in again.stdout, again.stdout
+
+
+def test_ddp_skips_the_buffer_broadcast_only_for_batchnorm_statistics() -> None:
+    """A training forward never reads BatchNorm's running statistics, so DDP's per-step
+    broadcast of them is skipped (the loop syncs them before validating and saving); a model
+    with any other buffer keeps DDP's broadcast, since its forward may read it."""
+    from torchvision.models import resnet18
+
+    from expctl.build import _batchnorm_buffers_only
+
+    class Offset(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+            self.register_buffer("offset", torch.zeros(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bn(x) + self.offset
+
+    assert _batchnorm_buffers_only(resnet18())
+    assert _batchnorm_buffers_only(torch.nn.Linear(3, 2))  # no buffers: nothing to broadcast
+    assert _batchnorm_buffers_only(torch.nn.SyncBatchNorm(4))
+    assert not _batchnorm_buffers_only(Offset())
+    assert not _batchnorm_buffers_only(torch.nn.Sequential(torch.nn.Linear(4, 4), Offset()))

@@ -69,6 +69,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "train.channels_last=maybe"], "not one of: auto, true, false"),
     (["run", "sched=multistep", "sched.interval=hourly"], "not one of: epoch, step"),
     (["run", "train.on_nan=ignore"], "not one of: stop, skip"),
+    (["run", "train.compile_mode=fast"], "not one of: default, reduce-overhead, max-autotune"),
     (["run", "data.augment=rotate"], "not one of: none, flip, crop_flip"),
     (
         ["run", "train.step=gan"],
