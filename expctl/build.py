@@ -310,9 +310,7 @@ def _batchnorm_buffers_only(model: nn.Module) -> bool:
     (BatchNorm normalises by the batch), rank 0's evolve the same either way, and the loop gives
     every rank rank 0's before it validates or saves (`sync_buffers`): so the broadcast is
     skipped. Any other buffer may be read by the forward, and keeps DDP's default."""
-    owners = {
-        name.rpartition(".")[0] for name, _ in model.named_buffers(remove_duplicate=False)
-    }
+    owners = {name.rpartition(".")[0] for name, _ in model.named_buffers(remove_duplicate=False)}
     modules = dict(model.named_modules(remove_duplicate=False))
     return all(isinstance(modules.get(o), _BATCHNORMS) for o in owners)
 
