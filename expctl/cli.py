@@ -348,9 +348,11 @@ def _runs(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from expctl import compose, config
     from expctl.dist import detect
+    from expctl.startup import paused_gc
 
     notes: list[str] = []
-    cfg = compose.compose(args.config, args.overrides, notes=notes)
+    with paused_gc():  # composing reads the chosen components' signatures: torch loads
+        cfg = compose.compose(args.config, args.overrides, notes=notes)
     env = detect(os.environ)
     out = [
         config.to_yaml(cfg, frozen=False),
