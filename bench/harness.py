@@ -247,7 +247,7 @@ def main() -> None:
     )
     p.add_argument("--suite", choices=("cpu", "gpu", "compile"), default="cpu")
     p.add_argument("--repeats", type=int, default=None, help="runs per contender (cpu: 3)")
-    p.add_argument("--gpus", default="1,2,4", help="GPU (cpu: worker) counts, e.g. 1,2,4")
+    p.add_argument("--gpus", default=None, help="GPU (cpu: worker) counts (1,2,4; cpu: 1,2)")
     p.add_argument("--smoke", action="store_true", help="short runs (used by the tests)")
     p.add_argument("--only", default="", help="workloads whose name contains one of A,B,..")
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -260,9 +260,23 @@ def main() -> None:
     }
     sys.path.insert(0, str(HERE))
     cuda = args.suite != "cpu" and not args.smoke
+    args.gpus = args.gpus or ("1,2" if args.suite == "cpu" else "1,2,4")
     counts = [int(n) for n in args.gpus.split(",")] if args.suite == "gpu" else [1]
     if args.suite == "cpu":
-        counts = [int(n) for n in args.gpus.split(",") if int(n) <= 2]
+        counts = [int(n) for n in args.gpus.split(",")]
+        if max(counts) > 2:
+            p.error(f"--suite cpu runs 1 or 2 workers, not {max(counts)}")
+    names = [w.name for w in workloads(args.suite, args.smoke)]
+    if args.only and not any(o in n for o in args.only.split(",") for n in names):
+        p.error(f"--only {args.only} matches no workload of --suite {args.suite}: {names}")
+    if cuda:
+        import torch
+
+        if torch.cuda.device_count() < max(counts):
+            p.error(
+                f"--suite {args.suite} needs {max(counts)} CUDA GPU(s), this machine has "
+                f"{torch.cuda.device_count()} (--smoke runs CPU-sized stand-ins)"
+            )
     results: dict[str, Any] = {"suite": args.suite, "rows": [], "machine": os.uname().nodename}
     if cuda and not args.no_reference:
         results["peak"] = gpu_peak(env)
@@ -288,6 +302,8 @@ def main() -> None:
                 print(format_row(row), flush=True)
                 if args.out:
                     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    if args.smoke and args.suite != "cpu":
+        print("\n(smoke: CPU-sized stand-ins on the CPU; the columns say GPUs for workers)")
     print()
     print(format_tables(results))
 
@@ -348,9 +364,9 @@ def format_tables(results: dict[str, Any]) -> str:
             for k, e in r["errors"].items():
                 out.append(f"| {r['workload']} | {k} | failed: {e.splitlines()[-1][:80]} | | | |")
         return "\n".join(out)
+    if peak:
+        out += [f"bf16 matmul peak measured on GPU 0: {peak:.0f} TFLOP/s", ""]
     out += [
-        f"bf16 matmul peak measured on GPU 0: {peak:.0f} TFLOP/s" if peak else "",
-        "",
         "| workload | GPUs | expctl img/s | raw-tensor img/s | expctl / raw | expctl scaling "
         "| raw scaling | raw-loader img/s | model TFLOP/s per GPU (expctl) | MFU |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -13,6 +13,8 @@ import torch
 
 
 def main(n: int = 8192, warmup: int = 20, iters: int = 100) -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("peak.py: no CUDA GPU here (it measures a GPU's bf16 matmul rate)")
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(warmup):

@@ -320,11 +320,16 @@ def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> 
     if env.distributed and any(p.requires_grad for p in model.parameters()):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        sync = not _batchnorm_buffers_only(model)
+        # torch >= 2.13 names it forward_sync_buffers (buffers still synced once at init);
+        # broadcast_buffers, its older name, is deprecated there
+        newer = "forward_sync_buffers" in inspect.signature(DDP).parameters
+        flag: dict[str, Any] = {"forward_sync_buffers" if newer else "broadcast_buffers": sync}
         out = DDP(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
-            broadcast_buffers=not _batchnorm_buffers_only(model),
+            **flag,
         )
     if cfg.train.compile:
         out = torch.compile(out, mode=cfg.train.compile_mode)  # type: ignore[assignment]

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from expctl import registry
-from expctl.layout import cache_dir
+from expctl.layout import cache_dir, cache_write
 
 _PREFIX = "list-"
 
@@ -86,16 +84,5 @@ def _read(path: Path) -> dict[str, str] | None:
 def _write(path: Path, texts: dict[str, str]) -> None:
     """Store the texts atomically, replacing those of other versions; a cache that cannot be
     written is no error (the next listing makes the texts again)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump(texts, f)
-        try:
-            os.replace(f.name, path)
-        finally:
-            Path(f.name).unlink(missing_ok=True)
-        for old in path.parent.glob(f"{_PREFIX}*.json"):
-            if old != path:
-                old.unlink(missing_ok=True)
-    except OSError:
-        pass
+    stale = list(path.parent.glob(f"{_PREFIX}*.json")) if path.parent.is_dir() else []
+    cache_write(path, [json.dumps(texts).encode()], stale)

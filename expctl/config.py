@@ -626,6 +626,11 @@ def _cross_checks(cfg: Config) -> None:
                 f"{where}={name}: only validation metrics (val/...) can be monitored",
                 f"e.g. {where}=val/loss or {where}=val/acc",
             )
+    if t.compile_mode != "default" and not t.compile:
+        raise UserError(
+            f"train.compile_mode={t.compile_mode} does nothing without train.compile=true",
+            "add train.compile=true, or drop train.compile_mode",
+        )
     if t.grad_accum > 1 and t.step != "supervised":
         raise UserError(
             f"train.grad_accum={t.grad_accum} is handled by the supervised step only "

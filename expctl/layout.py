@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,31 @@ def cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expctl"
+
+
+def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ()) -> None:
+    """Write a cache file atomically (a temporary file in its folder, then renamed) and remove
+    `stale` older versions of it. A cache that cannot be written is no error: the temporary file
+    is removed whatever fails (a full disk, a signal's exception), and the caller makes the
+    content again next time."""
+    import tempfile
+
+    tmp: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
+            tmp = Path(f.name)
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, path)
+        for old in stale:
+            if old != path and old.suffix != ".tmp":
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -137,3 +139,25 @@ def test_a_gz_is_decoded_once_then_read_from_its_checked_copy(
     assert len(list(copy.parent.iterdir())) == 1
     with pytest.raises(UserError, match=r"declares 10 x 28 x 28, expected N x 28 x 28 with N <= 5"):
         data.read_idx(path, (5, 28, 28))  # a limit the file exceeds: refused, copy or not
+
+
+def test_a_cache_write_that_fails_midway_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """A full disk (here: a file-size limit, in a child process) stops the decoded copy's write
+    part way: the run still gets its data, and no partial temporary file is left behind."""
+    path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", (10, 28, 28), 7840)
+    code = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "from expctl.datasets import idx\n"
+        f"x = idx.read_idx(Path({str(path)!r}), idx.IDX_SHAPES['train_x'])\n"
+        "print(tuple(x.shape))\n"
+    )
+    env = {**os.environ, "EXPCTL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "(10, 28, 28)"
+    assert list((tmp_path / "cache" / "data").iterdir()) == []  # no copy, no .tmp

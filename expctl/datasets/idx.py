@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import os
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import torch
 from expctl.data import Splits
 from expctl.datasets.tensors import in_memory, not_found, root_of
 from expctl.errors import UserError
-from expctl.layout import cache_dir
+from expctl.layout import cache_dir, cache_write
 from expctl.registry import register
 
 IDX_FILES = {
@@ -125,29 +123,17 @@ def _decoded(path: Path) -> Path | None:
     except OSError:
         return None
     name = hashlib.sha256(str(where).encode()).hexdigest()[:16]
-    version = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:8]
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"  # ctime: not settable
+    version = hashlib.sha256(stamp.encode()).hexdigest()[:8]
     return cache_dir() / "data" / f"{where.stem}-{name}-{version}"
 
 
 def _keep(copy: Path, dims: list[int], body: bytearray) -> None:
-    """Store a decoded IDX file atomically, replacing older versions of it; a cache that cannot
-    be written is no error (the next run decodes the .gz again)."""
+    """Store a decoded IDX file, replacing older versions of it (`layout.cache_write`)."""
     head = b"\x00\x00\x08" + bytes([len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims)
     stem = copy.name.rsplit("-", 1)[0]
-    try:
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=copy.parent, delete=False, suffix=".tmp") as f:
-            f.write(head)
-            f.write(body)
-        try:
-            os.replace(f.name, copy)
-        finally:
-            Path(f.name).unlink(missing_ok=True)
-        for old in copy.parent.glob(f"{stem}-*"):
-            if old != copy and old.suffix != ".tmp":
-                old.unlink(missing_ok=True)
-    except OSError:
-        pass
+    stale = list(copy.parent.glob(f"{stem}-*")) if copy.parent.is_dir() else []
+    cache_write(copy, [head, bytes(body)], stale)
 
 
 def _idx_header(path: Path, head: bytes, limit: tuple[int, ...]) -> list[int]:

@@ -70,6 +70,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "sched=multistep", "sched.interval=hourly"], "not one of: epoch, step"),
     (["run", "train.on_nan=ignore"], "not one of: stop, skip"),
     (["run", "train.compile_mode=fast"], "not one of: default, reduce-overhead, max-autotune"),
+    (["run", "train.compile_mode=reduce-overhead"], "does nothing without train.compile=true"),
     (["run", "data.augment=rotate"], "not one of: none, flip, crop_flip"),
     (
         ["run", "train.step=gan"],
