@@ -111,7 +111,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         augment=cfg.data.augment,
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
-    with paused_gc():  # the first optimizer imports torch._dynamo
+    with paused_gc(freeze=False):  # the first optimizer imports torch._dynamo (see paused_gc)
         optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
     schedulers, sched_length = _schedulers(cfg, optimizers, total_steps)
     loss_fn = _make(

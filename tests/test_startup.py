@@ -45,3 +45,18 @@ def test_paused_gc_freezes_what_an_import_made_and_nothing_else(
     sys.modules.pop("expctl_fresh_module")
     assert gc.get_freeze_count() >= 100
     del made
+
+
+def test_paused_gc_without_freeze_freezes_nothing(
+    collector: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """build.py pauses the collector around the first optimizer without freezing: process
+    groups exist by then, and frozen ones outlived the workers' clean exit (an abort at exit)."""
+    gc.unfreeze()
+    (tmp_path / "expctl_other_module.py").write_text("TABLE = [[i] for i in range(100)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with paused_gc(freeze=False):
+        assert not gc.isenabled()
+        import expctl_other_module  # noqa: F401
+    sys.modules.pop("expctl_other_module")
+    assert gc.get_freeze_count() == 0
