@@ -395,6 +395,7 @@ def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) ->
     import time
 
     args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=slow", "checkpoint.every=2"]
+    args += ["train.max_epochs=10"]  # 16 s of slow steps: the interrupt lands before the end
     args += ["-m", "optim.lr=0.1,0.2"] if sweep else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "expctl", *args],
