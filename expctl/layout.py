@@ -106,16 +106,8 @@ def read_imports(path: Path) -> dict[str, dict[str, str]]:
     """An imports.json: for each module of a config's ``imports:``, the ``file`` it was imported
     from and the search ``path`` folder holding it, when the run was created ({} without one; a
     warning when it cannot be read)."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        log.warning("cannot read %s (%s): ignored", path, e)
-        return {}
-    if not isinstance(data, dict) or not all(
-        isinstance(v, dict) and isinstance(v.get("path"), str) for v in data.values()
-    ):
+    data = _read_mapping(path)
+    if not all(isinstance(v, dict) and isinstance(v.get("path"), str) for v in data.values()):
         log.warning("%s does not map modules to where they were found: ignored", path)
         return {}
     return {str(k): {"file": str(v.get("file", "")), "path": v["path"]} for k, v in data.items()}

@@ -14,29 +14,24 @@ from conftest import REPO, cli_env
 pytestmark = pytest.mark.slow
 
 
-def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:
-    out = tmp_path / "r.json"
+def _bench(script: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """Run bench/SCRIPT ARGS as a user would; fail with its stderr when it fails."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "harness.py"),
-            "--suite",
-            "cpu",
-            "--smoke",
-            "--only",
-            "mlp",
-            "--gpus",
-            "1",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, str(REPO / "bench" / script), *args],
         capture_output=True,
         text=True,
         env=cli_env(),
         timeout=600,
-        cwd=REPO,
+        cwd=cwd,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_harness_smoke_prints_a_table_with_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = _bench("harness.py", "--suite", "cpu", "--smoke", "--only", "mlp", "--gpus", "1",
+                  "--out", str(out))  # fmt: skip
     assert "| mlp | 1 |" in proc.stdout and "expctl / raw-tensor" in proc.stdout
     (row,) = json.loads(out.read_text())["rows"]
     assert set(row["median"]) == {"expctl", "raw-tensor", "raw-loader"}
@@ -47,19 +42,8 @@ def test_gpu_suite_smoke_runs_every_workload_on_the_cpu(tmp_path: Path) -> None:
     """The GPU suite's code paths (the CIFAR-stem model imported by expctl as a user module,
     2 workers, the FLOP column) on CPU-sized stand-ins."""
     out = tmp_path / "g.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "harness.py"),
-            *("--suite", "gpu", "--smoke", "--gpus", "2", "--only", "cifar", "--out", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=600,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _bench("harness.py", "--suite", "gpu", "--smoke", "--gpus", "2", "--only", "cifar",
+                  "--out", str(out))  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert [r["gpus"] for r in rows] == [2] and not any(r["errors"] for r in rows)
     assert rows[0]["flops_per_sample"] > 0
@@ -68,19 +52,9 @@ def test_gpu_suite_smoke_runs_every_workload_on_the_cpu(tmp_path: Path) -> None:
 
 def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:
     out = tmp_path / "l.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "latency.py"),
-            *("--repeats", "1", "--only", "status", "--out", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=600,
-        cwd=tmp_path,
+    proc = _bench(
+        "latency.py", "--repeats", "1", "--only", "status", "--out", str(out), cwd=tmp_path
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| expctl status RUN | after | 1 |" in proc.stdout, proc.stdout
     (row,) = [r for r in json.loads(out.read_text()) if r["command"] == "expctl status RUN"]
     assert row["torch"] == 0 and row["min_s"] > 0
