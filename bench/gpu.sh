@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # What ran on the GPU machines (device tool), from the repository root:
 #   carry: .whl (hydra-core, omegaconf, antlr4, submitit, shtab, PyYAML wheels), .data/fashion-mnist
+#   bash bench/gpu.sh all       the whole GPU suite in one invocation: peak, ceiling, four workloads
+#                               at 1/2/4 GPUs, one run per contender, where the wall time goes
+#   bash bench/gpu.sh speed     fashion_speedrun recipes (3 runs each) and CUDA graphs with DDP
 #   bash bench/gpu.sh scale-a   peak + compute-bound ResNet-50 and CIFAR-style ResNet-18, 1/2/4 GPUs
 #   bash bench/gpu.sh scale-b   launch-bound ResNet-18 32x32 and the Fashion CNN, 1/2/4 GPUs (+ the
 #                               static-batch ceiling), then the fashion_speedrun, 3 runs per recipe
@@ -19,8 +22,18 @@ nvidia-smi topo -m 2>/dev/null | head -8
 python3 -c "import torch, sys, os; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'python', sys.version.split()[0], 'cpus', os.cpu_count())"
 ngpu=$(nvidia-smi -L | wc -l)
 counts=1; [ "$ngpu" -ge 2 ] && counts=1,2; [ "$ngpu" -ge 4 ] && counts=1,2,4
-part=${1:-scale-a}
+part=${1:-all}
 case "$part" in
+all)  # one invocation inside the device tool's 10 minutes: no row starts after 480 s
+  python3 bench/harness.py --suite gpu --gpus $counts --deadline ${DEADLINE:-480} --out "$OUT/all.json" 2>&1 | tee "$OUT/all.md" ;;
+speed)
+  CUDA_VISIBLE_DEVICES=0 timeout 330 python3 bench/speedrun.py --root .data/fashion-mnist --repeats 3 --raw 1 \
+    --variant "batch 2048, lr 0.8, 10 epochs=data.batch_size=2048 optim.lr=0.8 sched.warmup_steps=30" \
+    --variant "batch 2048, lr 0.8, 12 epochs=data.batch_size=2048 optim.lr=0.8 sched.warmup_steps=30 train.max_epochs=12" \
+    --variant "batch 1536, lr 0.6, 10 epochs=data.batch_size=1536 optim.lr=0.6 sched.warmup_steps=40" \
+    2>&1 | tee "$OUT/speedrun.md"
+  [ "$ngpu" -ge 2 ] && timeout 220 python3 bench/harness.py --suite gpu --gpus 1,2 --only launch --no-reference \
+    --expctl-args "train.compile=true train.compile_mode=reduce-overhead" --out "$OUT/launch_cudagraphs.json" 2>&1 | tee "$OUT/launch_cudagraphs.md" ;;
 scale-a)
   python3 bench/harness.py --suite gpu --gpus $counts --only compute,cifar --out "$OUT/scale_a.json" 2>&1 | tee "$OUT/scale_a.md" ;;
 scale-b)

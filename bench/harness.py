@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,6 @@ class Workload:
     shape: str = "1x28x28"
     precision: str = "32"
     samples: int = 16384
-    repeats: int = 1  # GPU suite: runs per contender (the CPU suite takes --repeats)
 
 
 def workloads(suite: str, smoke: bool) -> list[Workload]:
@@ -61,17 +61,17 @@ def workloads(suite: str, smoke: bool) -> list[Workload]:
             Workload("cnn", "cnn", 64, 120 // s, 40 // s),
         ]
     gpu = [
-        Workload("compute: resnet50 224", "resnet50", 256, 140, 40, shape="3x224x224",
-                 precision="bf16", samples=2048, repeats=2),
-        Workload("cifar: resnet18 3x3 stem 32", "resnet18_cifar", 512, 150, 40,
+        Workload("compute: resnet50 224", "resnet50", 256, 100, 30, shape="3x224x224",
+                 precision="bf16", samples=1024),
+        Workload("cifar: resnet18 3x3 stem 32", "resnet18_cifar", 512, 120, 30,
                  shape="3x32x32", precision="bf16", samples=32768),
-        Workload("launch: resnet18 32", "resnet18", 512, 300, 60, shape="3x32x32",
+        Workload("launch: resnet18 32", "resnet18", 512, 240, 60, shape="3x32x32",
                  precision="bf16", samples=65536),
-        Workload("fashion cnn", "cnn", 512, 300, 60, data="fashion", precision="bf16"),
+        Workload("fashion cnn", "cnn", 512, 240, 60, data="fashion", precision="bf16"),
     ]  # fmt: skip
     if smoke:  # CPU-sized stand-ins that still go through every code path
         for w in gpu:
-            w.shape, w.samples, w.batch, w.steps, w.warmup, w.repeats = "3x32x32", 256, 8, 6, 2, 1
+            w.shape, w.samples, w.batch, w.steps, w.warmup = "3x32x32", 256, 8, 6, 2
             w.precision = "32"
             if w.data == "fashion":
                 w.batch = 64
@@ -80,14 +80,25 @@ def workloads(suite: str, smoke: bool) -> list[Workload]:
     return gpu
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[str, float]:
-    t = time.perf_counter()
+@dataclass
+class Timed:
+    """One contender run: samples/s over the timed steps, and where its wall time went."""
+
+    rate: float
+    wall: float
+    start: float  # launch -> training loop ready (imports, CUDA, process group, data, model)
+    end: float  # last timed step -> process exit (final validation, checkpoint, teardown)
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[str, float, float]:
+    """stdout, wall seconds, and the launch time (time.time(), to compare with logged times)."""
+    t, launched = time.perf_counter(), time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(
             f"{' '.join(cmd[:8])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}"
         )
-    return proc.stdout, time.perf_counter() - t
+    return proc.stdout, time.perf_counter() - t, launched
 
 
 def _json_line(text: str) -> dict[str, Any]:
@@ -97,10 +108,10 @@ def _json_line(text: str) -> dict[str, Any]:
     raise RuntimeError(f"no JSON result in output:\n{text[-2000:]}")
 
 
-def run_expctl(
-    w: Workload, nproc: int, root: Path, env: dict[str, str], extra: list[str]
-) -> tuple[float, float]:
-    """samples/s between the train events at steps `warmup` and `steps`, and the wall time."""
+def run_expctl(w: Workload, nproc: int, root: Path, env: dict[str, str], extra: list[str]) -> Timed:
+    """samples/s between the train events at steps `warmup` and `steps`; start: launch to the
+    run's first train.log line (written once data and model are ready); end: the last metrics
+    event (the final validation) to exit."""
     run_dir = root / f"expctl-{time.time_ns()}"
     data = (
         ["data=fashion_mnist", f"data.root={DATA_ROOT}"]
@@ -132,19 +143,20 @@ def run_expctl(
     ]
     if nproc > 1:
         overrides += ["launcher=local", f"launcher.nproc={nproc}"]
-    _, wall = _run([sys.executable, "-m", "expctl", "run", *overrides], env)
+    _, wall, launched = _run([sys.executable, "-m", "expctl", "run", *overrides], env)
+    exited = time.time()
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [e for e in events if "train/loss" in e]
     first = next(e for e in train if e["step"] == w.warmup)
     last = train[-1]
+    head = (run_dir / "train.log").read_text()[:23]  # "2026-11-27 01:27:35,874 INFO run ..."
+    ready = datetime.strptime(head, "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time, as logged
     shutil.rmtree(run_dir, ignore_errors=True)
     rate = (last["step"] - first["step"]) * w.batch * nproc / (last["time"] - first["time"])
-    return rate, wall
+    return Timed(rate, wall, ready - launched, exited - events[-1]["time"])
 
 
-def run_raw(
-    w: Workload, nproc: int, env: dict[str, str], variant: list[str]
-) -> tuple[float, float]:
+def run_raw(w: Workload, nproc: int, env: dict[str, str], variant: list[str]) -> Timed:
     args = [
         *("--model", w.model, "--data", w.data, "--root", DATA_ROOT, "--shape", w.shape),
         *("--samples", str(w.samples), "--batch", str(w.batch), "--steps", str(w.steps)),
@@ -156,8 +168,10 @@ def run_raw(
         cmd = [sys.executable, *launch, *script]
     else:
         cmd = [sys.executable, *script]
-    out, wall = _run(cmd, env)
-    return float(_json_line(out)["samples_per_s"]), wall
+    out, wall, launched = _run(cmd, env)
+    exited, got = time.time(), _json_line(out)
+    start, end = got["t_ready"] - launched, exited - got["t_done"]
+    return Timed(float(got["samples_per_s"]), wall, start, end)
 
 
 def flops_per_sample(w: Workload) -> float:
@@ -181,7 +195,7 @@ def gpu_peak(env: dict[str, str]) -> dict[str, Any]:
 def static_ceiling(env: dict[str, str]) -> float:
     """ResNet-18 3x32x32 bf16 steps on one static batch, no data path, no framework."""
     gpu0 = {**env, "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
-    out, _ = _run([sys.executable, str(HERE / "scaling_probe.py"), "alone"], gpu0)
+    out, _, _ = _run([sys.executable, str(HERE / "scaling_probe.py"), "alone"], gpu0)
     return float(_json_line(out)["per_gpu"])
 
 
@@ -218,24 +232,29 @@ def measure(
 ) -> dict[str, Any]:  # fmt: skip
     runs: dict[str, list[float]] = {}
     walls: dict[str, list[float]] = {}
+    phases: dict[str, list[list[float]]] = {}
     errors: dict[str, str] = {}
-    for _ in range(repeats):  # interleaved, so drift hits every contender alike
+    if cuda:  # each run sees only the GPUs it trains on (both contenders alike)
+        visible = env.get("CUDA_VISIBLE_DEVICES") or ",".join(str(i) for i in range(8))
+        env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(visible.split(",")[:nproc])}
+    for i in range(repeats):  # interleaved, so drift hits every contender alike
         for label, variant in contenders(suite, w, nproc, cuda).items():
-            if label in errors:
+            if label in errors or (label == "raw-loader" and i > 0):  # the loader: one run
                 continue
             try:
                 if variant is None or label.startswith("expctl"):
-                    rate, wall = run_expctl(w, nproc, root, env, [*extra, *expctl_extra(label)])
+                    got = run_expctl(w, nproc, root, env, [*extra, *expctl_extra(label)])
                 else:
-                    rate, wall = run_raw(w, nproc, env, variant)
+                    got = run_raw(w, nproc, env, variant)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 errors[label] = str(e)[-600:]
                 print(f"  {label} failed: {str(e)[-300:]}", file=sys.stderr, flush=True)
                 continue
-            runs.setdefault(label, []).append(rate)
-            walls.setdefault(label, []).append(wall)
+            runs.setdefault(label, []).append(got.rate)
+            walls.setdefault(label, []).append(got.wall)
+            phases.setdefault(label, []).append([got.start, got.end])
     row: dict[str, Any] = {"workload": w.name, "gpus": nproc, "batch": w.batch, "runs": runs}
-    row["walls"], row["errors"] = walls, errors
+    row["walls"], row["phases"], row["errors"] = walls, phases, errors
     row["steps"], row["warmup"] = w.steps, w.warmup
     row["median"] = {k: statistics.median(v) for k, v in runs.items()}
     return row
@@ -246,13 +265,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--suite", choices=("cpu", "gpu", "compile"), default="cpu")
-    p.add_argument("--repeats", type=int, default=None, help="runs per contender (cpu: 3)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per contender (cpu: 3, else 1)")
     p.add_argument("--gpus", default=None, help="GPU (cpu: worker) counts (1,2,4; cpu: 1,2)")
     p.add_argument("--smoke", action="store_true", help="short runs (used by the tests)")
     p.add_argument("--only", default="", help="workloads whose name contains one of A,B,..")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--no-reference", action="store_true", help="skip the peak and the ceiling")
     p.add_argument("--expctl-args", default="", help="extra expctl overrides, space separated")
+    p.add_argument(
+        "--deadline", type=float, default=None,
+        help="seconds: start no row after this (the rows left are listed as not run)",
+    )  # fmt: skip
     args = p.parse_args()
     env = {
         **os.environ,
@@ -277,7 +300,9 @@ def main() -> None:
                 f"--suite {args.suite} needs {max(counts)} CUDA GPU(s), this machine has "
                 f"{torch.cuda.device_count()} (--smoke runs CPU-sized stand-ins)"
             )
+    began = time.perf_counter()
     results: dict[str, Any] = {"suite": args.suite, "rows": [], "machine": os.uname().nodename}
+    results["not_run"] = []
     if cuda and not args.no_reference:
         results["peak"] = gpu_peak(env)
         print(f"bf16 matmul peak: {results['peak']}", flush=True)
@@ -290,9 +315,12 @@ def main() -> None:
         for w in workloads(args.suite, args.smoke):
             if args.only and not any(o in w.name for o in args.only.split(",")):
                 continue
-            repeats = args.repeats or (w.repeats if args.suite != "cpu" else 3)
+            repeats = args.repeats or (3 if args.suite == "cpu" else 1)
             flops = flops_per_sample(w)
             for n in counts:
+                if args.deadline and time.perf_counter() - began > args.deadline:
+                    results["not_run"].append(f"{w.name} x{n}")
+                    continue
                 row = measure(
                     args.suite, w, n, 1 if args.smoke else repeats, Path(tmp), env,
                     args.expctl_args.split(), cuda,
@@ -304,8 +332,32 @@ def main() -> None:
                     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     if args.smoke and args.suite != "cpu":
         print("\n(smoke: CPU-sized stand-ins on the CPU; the columns say GPUs for workers)")
+    results["seconds"] = time.perf_counter() - began
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print()
     print(format_tables(results))
+    print(f"\n(one invocation: {results['seconds']:.0f} s)")
+
+
+def format_phases(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each run's wall time went (medians, seconds): start = launch to the training loop,
+    end = the last step to exit; the rest is the steps (warm-up included)."""
+    out = [
+        "| workload | GPUs | expctl wall s | start | end | raw-tensor wall s | start | end |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [r["workload"], str(r["gpus"])]
+        for k in ("expctl", "raw-tensor"):
+            if k not in r.get("phases", {}):
+                cells += ["-", "-", "-"]
+                continue
+            ph = r["phases"][k]
+            cells.append(f"{statistics.median(r['walls'][k]):.1f}")
+            cells += [f"{statistics.median(p[j] for p in ph):.1f}" for j in (0, 1)]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -394,6 +446,9 @@ def format_tables(results: dict[str, Any]) -> str:
             f"{tflops / peak:.1%}" if tflops and peak else "-",
         ]
         out.append("| " + " | ".join(cells) + " |")
+    out += ["", *format_phases(rows)]
+    if results.get("not_run"):
+        out.append(f"\nNot run (--deadline reached): {', '.join(results['not_run'])}")
     if "static_ceiling" in results:
         c = results["static_ceiling"]
         e1 = one.get(("launch: resnet18 32", "expctl"))

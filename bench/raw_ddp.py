@@ -143,6 +143,7 @@ def main() -> None:
 
     step, epoch, t0 = 0, 0, 0.0
     model.train()
+    t_ready = time.time()  # wall clock: the harness compares it with the launch time
     while step < args.steps:
         for x, y in batches(epoch):
             if step == args.warmup:
@@ -162,6 +163,7 @@ def main() -> None:
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    t_done = time.time()
     timed = args.steps - args.warmup
     if rank == 0:
         print(
@@ -170,6 +172,8 @@ def main() -> None:
                     "samples_per_s": timed * args.batch * world / elapsed,
                     "ms_per_step": 1000 * elapsed / timed,
                     "loss": float(loss.detach()),
+                    "t_ready": t_ready,
+                    "t_done": t_done,
                 }
             ),
             flush=True,
