@@ -61,13 +61,13 @@ def workloads(suite: str, smoke: bool) -> list[Workload]:
             Workload("cnn", "cnn", 64, 120 // s, 40 // s),
         ]
     gpu = [
-        Workload("compute: resnet50 224", "resnet50", 256, 100, 30, shape="3x224x224",
+        Workload("compute: resnet50 224", "resnet50", 256, 80, 25, shape="3x224x224",
                  precision="bf16", samples=1024),
-        Workload("cifar: resnet18 3x3 stem 32", "resnet18_cifar", 512, 120, 30,
+        Workload("cifar: resnet18 3x3 stem 32", "resnet18_cifar", 512, 100, 30,
                  shape="3x32x32", precision="bf16", samples=32768),
-        Workload("launch: resnet18 32", "resnet18", 512, 240, 60, shape="3x32x32",
+        Workload("launch: resnet18 32", "resnet18", 512, 200, 50, shape="3x32x32",
                  precision="bf16", samples=65536),
-        Workload("fashion cnn", "cnn", 512, 240, 60, data="fashion", precision="bf16"),
+        Workload("fashion cnn", "cnn", 512, 200, 50, data="fashion", precision="bf16"),
     ]  # fmt: skip
     if smoke:  # CPU-sized stand-ins that still go through every code path
         for w in gpu:
