@@ -134,7 +134,9 @@ def main() -> None:
             yield from (one for _ in range(len(sampler) // args.batch))
             return
         if args.loader == "tensor":  # index whole tensors, as expctl does
-            idx = torch.tensor(list(sampler), device=device)
+            # pinned + non_blocking, as expctl: a pageable copy would wait for the queued steps
+            idx = torch.tensor(list(sampler))
+            idx = (idx.pin_memory() if cuda else idx).to(device, non_blocking=True)
             for i in range(0, len(idx) - args.batch + 1, args.batch):
                 sel = idx[i : i + args.batch]
                 yield x_all[sel], y_all[sel]

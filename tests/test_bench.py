@@ -48,6 +48,10 @@ def test_gpu_suite_smoke_runs_every_workload_on_the_cpu(tmp_path: Path) -> None:
     assert [r["gpus"] for r in rows] == [2] and not any(r["errors"] for r in rows)
     assert rows[0]["flops_per_sample"] > 0
     assert "| cifar: resnet18 3x3 stem 32 | 2 |" in proc.stdout
+    for label in ("expctl", "raw-tensor"):  # each run's wall split: start, steps, end
+        ((start, end),) = rows[0]["phases"][label]
+        (wall,) = rows[0]["walls"][label]
+        assert 0 < start < wall and 0 < end < wall and start + end < wall, (label, start, end)
 
 
 def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:
@@ -58,3 +62,11 @@ def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:
     assert "| expctl status RUN | after | 1 |" in proc.stdout, proc.stdout
     (row,) = [r for r in json.loads(out.read_text()) if r["command"] == "expctl status RUN"]
     assert row["torch"] == 0 and row["min_s"] > 0
+
+
+def test_harness_deadline_starts_no_row_after_it_and_lists_them(tmp_path: Path) -> None:
+    out = tmp_path / "d.json"
+    proc = _bench("harness.py", "--suite", "cpu", "--smoke", "--deadline", "0", "--out", str(out))
+    got = json.loads(out.read_text())
+    assert got["rows"] == [] and got["not_run"] == ["mlp x1", "mlp x2", "cnn x1", "cnn x2"]
+    assert "Not run (--deadline 0 s reached): mlp x1, mlp x2, cnn x1, cnn x2" in proc.stdout
