@@ -41,6 +41,15 @@ SMALL = [
 ]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: the Slurm tests (one xdist group, serial on one worker: the run's critical
+    path) start at once instead of after the files collected before them; then the slow tier."""
+    rank = {"slurm": 0, "slow": 1}
+    items.sort(
+        key=lambda it: min((rank[m.name] for m in it.iter_markers() if m.name in rank), default=2)
+    )
+
+
 # the cache of this test session (`expctl list`, decoded .gz datasets), not the user's
 # (~/.cache/expctl), for the CLI processes and this one
 LIST_CACHE = tempfile.TemporaryDirectory(prefix="expctl-list-cache-")
