@@ -6,13 +6,16 @@ leaves them out; a factory may return one module or a dict of named modules (the
 
 from __future__ import annotations
 
+import json
 import math
 import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from expctl.layout import cache_dir, cache_write
 from expctl.registry import add_provider, register
 
 _DATA = ("in_channels", "num_classes", "input_shape")
@@ -241,21 +244,172 @@ def _builder_sets(builder: object, cls: type) -> list[str] | None:
 
 
 def _register_torchvision() -> None:
+    """Register torchvision's classifiers from the signature cache when it is current: composing
+    a config then checks a torchvision model's arguments without importing torchvision (and
+    torch._dynamo with it: ~2 s in every process that launches workers). Models whose class
+    has a default JSON cannot hold (a class, a partial: ViT, Swin, ShuffleNet, MaxViT) are
+    registered by a second provider that imports torchvision, only if one of them is asked for."""
+    path = _signature_cache()
+    specs = _read_specs(path) if path is not None else None
+    if specs is None:
+        specs = _torchvision_specs()
+        if path is not None:
+            stale = list(path.parent.glob("torchvision-*.json")) if path.parent.is_dir() else []
+            cache_write(path, [json.dumps(specs).encode()], stale)
+    for name, spec in specs["models"].items():
+        _register_tv(name, _stub(name, spec["params"]), spec["deferred"])
+    if specs["imported"]:
+        add_provider("models", _register_imported)
+
+
+def _register_tv(name: str, params_of: Callable[..., object] | None, deferred: object) -> None:
+    register(
+        "models",
+        name,
+        inferred=("in_channels", "num_classes"),
+        params_of=params_of,
+        deferred=deferred if isinstance(deferred, list) else None,
+    )(_torchvision_factory(name))
+
+
+def _register_imported() -> None:
+    """Every classifier from torchvision itself (the cached ones again, to the same entries)."""
+    for name, cls, builder in _torchvision_classes():
+        if isinstance(cls, type):
+            _register_tv(name, cls, _builder_sets(builder, cls))
+        else:
+            _register_tv(name, None, None)
+
+
+def _torchvision_classes() -> list[tuple[str, object, object]]:
+    """(name, the class its builder returns or None, the builder) of every classifier."""
     from torchvision import models as tvm
 
+    out = []
     for name in tvm.list_models(module=tvm):
         builder = tvm.get_model_builder(name)
         try:
             cls = typing.get_type_hints(builder).get("return")
         except Exception:  # an annotation torchvision cannot resolve: accept any argument
             cls = None
-        register(
-            "models",
-            name,
-            inferred=("in_channels", "num_classes"),
-            params_of=cls if isinstance(cls, type) else None,
-            deferred=_builder_sets(builder, cls) if isinstance(cls, type) else None,
-        )(_torchvision_factory(name))
+        out.append((name, cls, builder))
+    return out
+
+
+_UNCACHEABLE = object()
+
+
+def _torchvision_specs() -> dict[str, typing.Any]:
+    """What registering each classifier needs, as JSON: its class's parameters (name, kind,
+    default, annotation) and the arguments its builder sets; `imported`: the names whose class
+    defaults JSON cannot hold."""
+    models: dict[str, typing.Any] = {}
+    imported: list[str] = []
+    for name, cls, builder in _torchvision_classes():
+        params = _spec(cls)
+        if params is _UNCACHEABLE:
+            imported.append(name)
+            continue
+        deferred = _builder_sets(builder, cls) if isinstance(cls, type) else None
+        models[name] = {"params": params, "deferred": deferred}  # deferred None: all of them
+    return {"models": models, "imported": imported}
+
+
+def _spec(cls: object) -> typing.Any:
+    """[[name, kind, default, annotation], ...] of `cls`'s signature; None when `cls` is not a
+    class (any argument is accepted); _UNCACHEABLE when a default is no JSON value."""
+    import inspect
+
+    if not isinstance(cls, type):
+        return None
+    out = []
+    for p in inspect.signature(cls).parameters.values():
+        default = _encode(p.default) if p.default is not p.empty else {"empty": True}
+        if default is _UNCACHEABLE:
+            return _UNCACHEABLE
+        ann = p.annotation
+        text = None if ann is p.empty else ann.__name__ if isinstance(ann, type) else str(ann)
+        out.append([p.name, p.kind.name, default, text])
+    return out
+
+
+def _encode(value: object) -> object:
+    """A default as JSON that decodes to an equal value of the same types (tuples tagged)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _UNCACHEABLE
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v) for v in value]
+        if any(i is _UNCACHEABLE for i in items):
+            return _UNCACHEABLE
+        return {"tuple": items} if isinstance(value, tuple) else items
+    return _UNCACHEABLE  # a class, a function, a partial, a dict (none is a classifier default)
+
+
+def _decode(value: typing.Any) -> object:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        return tuple(_decode(v) for v in value["tuple"])
+    return value
+
+
+def _stub(name: str, params: typing.Any) -> Callable[..., object] | None:
+    """A callable carrying the signature a spec describes (what `params_of` is read for)."""
+    import inspect
+
+    if params is None:
+        return None
+
+    def params_of(*args: object, **kwargs: object) -> typing.NoReturn:
+        raise TypeError(f"{name}: a signature from expctl's cache, not torchvision's class")
+
+    empty = inspect.Parameter.empty
+    params_of.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                pname,
+                getattr(inspect.Parameter, kind),
+                default=empty if default == {"empty": True} else _decode(default),
+                annotation=empty if ann is None else ann,
+            )
+            for pname, kind, default, ann in params
+        ]
+    )
+    return params_of
+
+
+def _signature_cache() -> Path | None:
+    """The cache file for this Python, torch, torchvision and this file; None without
+    torchvision (its import then fails as before)."""
+    import hashlib
+    import importlib.util
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    spec = importlib.util.find_spec("torchvision")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        versions = [sys.version, version("torch"), version("torchvision")]
+    except PackageNotFoundError:
+        return None
+    folders = [Path(loc) / "models" for loc in spec.submodule_search_locations]
+    files = [Path(__file__), *(f for d in folders for f in sorted(d.glob("*.py")))]
+    stats = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
+    digest = hashlib.sha256(json.dumps([versions, stats]).encode()).hexdigest()[:24]
+    return cache_dir() / f"torchvision-{digest}.json"
+
+
+def _read_specs(path: Path) -> dict[str, typing.Any] | None:
+    """The cached specs, or None when absent or unreadable (then they are made again)."""
+    try:
+        specs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(specs, dict) and isinstance(specs.get("models"), dict)
+    return specs if ok and isinstance(specs.get("imported"), list) else None
 
 
 add_provider("models", _register_torchvision)

@@ -128,8 +128,10 @@ def add_provider(kind: str, provider: Callable[[], None]) -> None:
     _PROVIDERS[canonical_kind(kind)].append(provider)
 
 
-def _provide(kind: str) -> None:
-    while _PROVIDERS[kind]:
+def _provide(kind: str, until: str | None = None) -> None:
+    """Run `kind`'s pending providers in order (those a provider adds too), all of them or
+    until `until` is registered."""
+    while _PROVIDERS[kind] and (until is None or until not in _REGISTRIES[kind].entries):
         _PROVIDERS[kind].pop(0)()
 
 
@@ -352,7 +354,7 @@ def get(kind: str, name: str) -> Entry:
     load_builtins()
     reg = _REGISTRIES[canonical_kind(kind)]
     if name not in reg.entries:
-        _provide(reg.kind)
+        _provide(reg.kind, until=name)
     if name not in reg.entries:
         raise unknown_name(
             f"{_SECTIONS[reg.kind]} name",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli_env
 
 from expctl import registry
 from expctl.errors import UserError
@@ -134,3 +137,83 @@ def test_every_torchvision_model_builds_from_its_config_node(name: str) -> None:
         assert "meta" in str(e)
         pytest.skip(f"{name} cannot be built on the meta device")
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def _facts(entry: registry.Entry) -> object:
+    """Everything composing, checking and listing read from a model's entry."""
+    from expctl import confstore
+
+    params = entry.parameters().values()
+    return (
+        [
+            (p.name, p.kind, p.default, type(p.default), registry._annotation_name(p))
+            for p in params
+        ],
+        registry.describe(entry),
+        entry.accepts_any(),
+        [entry.defers(p.name) for p in params],
+        confstore.node_defaults("model", entry),
+    )
+
+
+def test_the_torchvision_signature_cache_describes_each_model_as_torchvision_does() -> None:
+    """Each classifier's entry rebuilt from the cache's JSON equals the one made from
+    torchvision's class: parameters (kind, default and its type, annotation), what `expctl
+    list` prints, which null arguments the builder sets, the config node."""
+    from expctl import models
+
+    specs = json.loads(json.dumps(models._torchvision_specs()))
+    assert "resnet18" in specs["models"] and "vit_b_16" in specs["imported"]
+    inferred = frozenset(("in_channels", "num_classes"))
+    for name, cls, builder in models._torchvision_classes():
+        if name not in specs["models"]:
+            continue
+        real_sets = models._builder_sets(builder, cls) if isinstance(cls, type) else None
+        factory = models._torchvision_factory(name)
+        real = registry.Entry(
+            name, factory, inferred=inferred, params_of=cls if isinstance(cls, type) else None,
+            deferred=None if real_sets is None else frozenset(real_sets),
+        )  # fmt: skip
+        spec = specs["models"][name]
+        cached = registry.Entry(
+            name, factory, inferred=inferred, params_of=models._stub(name, spec["params"]),
+            deferred=None if spec["deferred"] is None else frozenset(spec["deferred"]),
+        )  # fmt: skip
+        assert _facts(cached) == _facts(real), name
+
+
+COMPOSE = """
+import sys
+from expctl import compose
+from expctl.errors import UserError
+print(compose.compose(None, ["model=resnet18", "model.name=resnet50"]).model.args)
+print("torchvision" in sys.modules)
+try:  # (the error looks through every name, torchvision's included, for the key's owner)
+    compose.compose(None, ["model=resnet18", "model.widht_per_group=3"])
+except UserError as e:
+    print(e.message)
+"""
+
+
+def test_composing_a_torchvision_model_imports_torchvision_once_per_version(
+    tmp_path: Path,
+) -> None:
+    """The first composition writes the signature cache; the next checks the same arguments,
+    with the same errors, without importing torchvision; a damaged cache is made again."""
+
+    def compose() -> list[str]:
+        env = cli_env(EXPCTL_CACHE_DIR=str(tmp_path))
+        proc = subprocess.run(
+            [sys.executable, "-c", COMPOSE], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.splitlines()
+
+    first, second = compose(), compose()
+    assert first[1] == "True" and second[1] == "False"
+    assert first[0] == second[0] and "'width_per_group': 64" in first[0]
+    assert first[2] == second[2] and "Did you mean 'width_per_group'" in first[2]
+    (cache,) = tmp_path.glob("torchvision-*.json")
+    cache.write_text('{"models": ')
+    third = compose()
+    assert third == first and json.loads(cache.read_text())["models"]
