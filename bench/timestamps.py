@@ -16,9 +16,13 @@ def main() -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
+    try:
+        proc = subprocess.Popen(
+            sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+    except OSError as e:  # no such command, not executable
+        print(f"timestamps.py: cannot run {sys.argv[1]!r}: {e.strerror}", file=sys.stderr)
+        return 127
     assert proc.stdout is not None
     for line in proc.stdout:
         print(f"{time.perf_counter() - t0:7.2f}  {line.rstrip()}", flush=True)

@@ -70,3 +70,24 @@ def test_harness_deadline_starts_no_row_after_it_and_lists_them(tmp_path: Path) 
     got = json.loads(out.read_text())
     assert got["rows"] == [] and got["not_run"] == ["mlp x1", "mlp x2", "cnn x1", "cnn x2"]
     assert "Not run (--deadline 0 s reached): mlp x1, mlp x2, cnn x1, cnn x2" in proc.stdout
+
+
+def test_timestamps_prefixes_each_line_and_passes_the_exit_code_on() -> None:
+    cmd = [sys.executable, str(REPO / "bench" / "timestamps.py"), sys.executable, "-c",
+           "import sys; print('a'); print('b', file=sys.stderr); sys.exit(3)"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 3 and len(lines) == 3, proc.stdout
+    assert [x.split()[1:] for x in lines] == [["a"], ["b"], ["exit", "3"]]
+    assert all(float(x.split()[0]) >= 0 for x in lines)
+    missing = [sys.executable, str(REPO / "bench" / "timestamps.py"), "no-such-command-x"]
+    proc = subprocess.run(missing, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 127 and "cannot run 'no-such-command-x'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_startup_ab_without_two_trees_says_how_to_use_it() -> None:
+    proc = subprocess.run(
+        ["bash", str(REPO / "bench" / "startup_ab.sh"), "."], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "usage: bash bench/startup_ab.sh TREE_A TREE_B" in proc.stderr

@@ -447,10 +447,11 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
 
 def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
     """N short trials as one Slurm job array: every one ends completed, stopped or failed with its
-    reason (CI runs 16; EXPCTL_LOAD_TRIALS=200 runs the full load, ~10 min on 2 cores)."""
+    reason (CI runs 8, two waves on the cluster's 4 CPUs; EXPCTL_LOAD_TRIALS=200 runs the full
+    load, ~10 min on 2 cores)."""
     from expctl import ledger
 
-    n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "16"))
+    n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "8"))
     proc = run_cli(
         "run",
         "-C",
