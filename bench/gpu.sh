@@ -11,7 +11,26 @@
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
 # Tables go to stdout and to $OUT/*.md, raw figures to $OUT/*.json.
+#   bash bench/gpu.sh bg all    start a part in its own process session: it outlives the call (the
+#                               device tool keeps such processes while the machine is held), so one
+#                               invocation can run longer than one call's 10 minutes; then, within
+#                               30 s of each return (the machine's idle limit):
+#   bash bench/gpu.sh poll all 560   wait up to 560 s for it, print its log's tail, copy its files to $OUT
 set -uo pipefail
+case "${1:-}" in
+bg)
+  p=${2:?usage: gpu.sh bg PART}; rm -rf "/tmp/bg-$p"; mkdir -p "/tmp/bg-$p"
+  OUT=/tmp/bg-$p DEADLINE=${DEADLINE:-100000} setsid nohup bash -c \
+    "bash '$0' '$p' > /tmp/bg-$p/log 2>&1; echo \$? > /tmp/bg-$p/rc" < /dev/null > /dev/null 2>&1 &
+  echo "started $p in the background: bash bench/gpu.sh poll $p SECONDS"; exit 0 ;;
+poll)
+  p=${2:?usage: gpu.sh poll PART SECONDS}; n=${3:-560}
+  [ -d "/tmp/bg-$p" ] || { echo "no background $p on this machine (a fresh one?)" >&2; exit 2; }
+  for ((i = 0; i < n; i += 5)); do [ -e "/tmp/bg-$p/rc" ] && break; sleep 5; done
+  tail -c 6000 "/tmp/bg-$p/log"; cp -r "/tmp/bg-$p/." "${OUT:-/tmp/out}/" 2>/dev/null
+  if [ -e "/tmp/bg-$p/rc" ]; then echo "== $p finished, exit $(cat "/tmp/bg-$p/rc")"; else echo "== $p still running"; fi
+  exit 0 ;;
+esac
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab PyYAML || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data/fashion-mnist
