@@ -253,8 +253,9 @@ def _register_torchvision() -> None:
     specs = _read_specs(path) if path is not None else None
     if specs is None:
         specs = _torchvision_specs()
-        if path is not None:
-            stale = list(path.parent.glob("torchvision-*.json")) if path.parent.is_dir() else []
+        if path is not None:  # the newest 8 stay: one per environment sharing the folder
+            others = list(path.parent.glob("torchvision-*.json")) if path.parent.is_dir() else []
+            stale = sorted(others, key=_mtime, reverse=True)[7:]
             cache_write(path, [json.dumps(specs).encode()], stale)
     for name, spec in specs["models"].items():
         _register_tv(name, _stub(name, spec["params"]), spec["deferred"])
@@ -400,6 +401,13 @@ def _signature_cache() -> Path | None:
     stats = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
     digest = hashlib.sha256(json.dumps([versions, stats]).encode()).hexdigest()[:24]
     return cache_dir() / f"torchvision-{digest}.json"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile by another process
+        return 0.0
 
 
 def _read_specs(path: Path) -> dict[str, typing.Any] | None:

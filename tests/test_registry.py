@@ -217,3 +217,22 @@ def test_composing_a_torchvision_model_imports_torchvision_once_per_version(
     cache.write_text('{"models": ')
     third = compose()
     assert third == first and json.loads(cache.read_text())["models"]
+
+
+def test_the_signature_cache_keeps_the_newest_eight_versions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Environments sharing a cache folder (other torchvision versions) keep theirs: writing a
+    new version removes only what is older than the newest seven others."""
+    from expctl import models
+
+    for i in range(10):
+        old = tmp_path / f"torchvision-old{i}.json"
+        old.write_text("{}")
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
+    monkeypatch.setenv("EXPCTL_CACHE_DIR", str(tmp_path))
+    models._register_torchvision()
+    left = sorted(p.name for p in tmp_path.glob("torchvision-*.json"))
+    mine = models._signature_cache()
+    assert mine is not None and mine.name in left and len(left) == 8
+    assert [n for n in left if n != mine.name] == [f"torchvision-old{i}.json" for i in range(3, 10)]
