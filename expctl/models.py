@@ -251,16 +251,29 @@ def _register_torchvision() -> None:
     registered by a second provider that imports torchvision, only if one of them is asked for."""
     path = _signature_cache()
     specs = _read_specs(path) if path is not None else None
-    if specs is None:
+    entries = _from_specs(specs) if specs is not None else None
+    if specs is None or entries is None:  # no cache, or a damaged one: made again
         specs = _torchvision_specs()
+        entries = _from_specs(specs) or []
         if path is not None:  # the newest 8 stay: one per environment sharing the folder
             others = list(path.parent.glob("torchvision-*.json")) if path.parent.is_dir() else []
             stale = sorted(others, key=_mtime, reverse=True)[7:]
             cache_write(path, [json.dumps(specs).encode()], stale)
-    for name, spec in specs["models"].items():
-        _register_tv(name, _stub(name, spec["params"]), spec["deferred"])
+    for name, params_of, deferred in entries:
+        _register_tv(name, params_of, deferred)
     if specs["imported"]:
         add_provider("models", _register_imported)
+
+
+def _from_specs(specs: dict[str, typing.Any]) -> list[tuple[str, typing.Any, object]] | None:
+    """(name, params_of, deferred) of each cached model; None when a spec is malformed."""
+    try:
+        return [
+            (str(name), _stub(name, spec["params"]), spec["deferred"])
+            for name, spec in specs["models"].items()
+        ]
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
 
 
 def _register_tv(name: str, params_of: Callable[..., object] | None, deferred: object) -> None:
