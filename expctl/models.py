@@ -258,7 +258,8 @@ def _register_torchvision() -> None:
         if path is not None:  # the newest 8 stay: one per environment sharing the folder
             others = list(path.parent.glob("torchvision-*.json")) if path.parent.is_dir() else []
             stale = sorted(others, key=_mtime, reverse=True)[7:]
-            cache_write(path, [json.dumps(specs).encode()], stale)
+            stored = {"specs": specs, "sha256": _digest(specs)}
+            cache_write(path, [json.dumps(stored).encode()], stale)
     for name, params_of, deferred in entries:
         _register_tv(name, params_of, deferred)
     if specs["imported"]:
@@ -424,13 +425,23 @@ def _mtime(path: Path) -> float:
 
 
 def _read_specs(path: Path) -> dict[str, typing.Any] | None:
-    """The cached specs, or None when absent or unreadable (then they are made again)."""
+    """The cached specs, or None when absent, unreadable or not as written (a checksum of the
+    content guards against a truncated or edited file: then they are made again)."""
     try:
-        specs = json.loads(path.read_text())
-    except (OSError, ValueError):
+        stored = json.loads(path.read_text())
+        specs, digest = stored["specs"], stored["sha256"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if digest != _digest(specs):
         return None
     ok = isinstance(specs, dict) and isinstance(specs.get("models"), dict)
     return specs if ok and isinstance(specs.get("imported"), list) else None
+
+
+def _digest(specs: object) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(specs, sort_keys=True).encode()).hexdigest()
 
 
 add_provider("models", _register_torchvision)

@@ -214,10 +214,21 @@ def test_composing_a_torchvision_model_imports_torchvision_once_per_version(
     assert first[0] == second[0] and "'width_per_group': 64" in first[0]
     assert first[2] == second[2] and "Did you mean 'width_per_group'" in first[2]
     (cache,) = tmp_path.glob("torchvision-*.json")
-    damaged = ['{"models": ', '{"models": {"resnet18": {"params": "x"}}, "imported": []}']
+    good = json.loads(cache.read_text())
+    edited = json.loads(cache.read_text())
+    for param in edited["specs"]["models"]["resnet18"]["params"]:
+        if param[0] == "groups":  # groups=1 -> 7 by hand, the checksum left as it was
+            param[2] = 7
+    assert edited != good
+    damaged = [
+        '{"specs": {"models": ',  # truncated
+        json.dumps({**good, "specs": {"models": {}, "imported": []}}),  # well-formed, emptied
+        json.dumps(edited),
+        json.dumps({"specs": {"models": {"resnet18": {"params": "x"}}, "imported": []}}),
+    ]
     for text in damaged:
         cache.write_text(text)
-        assert compose() == first and len(json.loads(cache.read_text())["models"]) > 50
+        assert compose() == first and json.loads(cache.read_text()) == good
 
 
 def test_the_signature_cache_keeps_the_newest_eight_versions(
