@@ -284,11 +284,20 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     cuda = args.suite != "cpu" and not args.smoke
     args.gpus = args.gpus or ("1,2" if args.suite == "cpu" else "1,2,4")
-    counts = [int(n) for n in args.gpus.split(",")] if args.suite == "gpu" else [1]
-    if args.suite == "cpu":
+    try:
         counts = [int(n) for n in args.gpus.split(",")]
-        if max(counts) > 2:
-            p.error(f"--suite cpu runs 1 or 2 workers, not {max(counts)}")
+    except ValueError:
+        p.error(f"--gpus {args.gpus}: a comma-separated list of counts, e.g. 1,2,4")
+    if min(counts) < 1:
+        p.error(f"--gpus {args.gpus}: counts are 1 or more")
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: 1 or more")
+    if args.deadline is not None and not args.deadline >= 0:  # (nan too)
+        p.error(f"--deadline {args.deadline:g}: seconds, 0 or more")
+    if args.suite == "compile":
+        counts = [1]
+    if args.suite == "cpu" and max(counts) > 2:
+        p.error(f"--suite cpu runs 1 or 2 workers, not {max(counts)}")
     names = [w.name for w in workloads(args.suite, args.smoke)]
     if args.only and not any(o in n for o in args.only.split(",") for n in names):
         p.error(f"--only {args.only} matches no workload of --suite {args.suite}: {names}")

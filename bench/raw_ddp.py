@@ -71,6 +71,12 @@ def common_args() -> argparse.ArgumentParser:
     return p
 
 
+def _print_profile(prof: torch.profiler.profile) -> None:
+    prof.__exit__(None, None, None)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    print(table, file=sys.stderr, flush=True)
+
+
 def main() -> None:
     p = common_args()
     p.add_argument("--channels-last", action="store_true")
@@ -78,7 +84,11 @@ def main() -> None:
         "--loader", default="dataloader", choices=("dataloader", "tensor", "static"),
         help="static: one batch, made once and reused (no per-step data work: the ceiling)",
     )  # fmt: skip
-    p.add_argument("--profile", type=int, default=0, help="print a profile of N steps (rank 0)")
+    p.add_argument(
+        "--profile", type=int, default=0,
+        help="print a profile of the first N timed steps (rank 0; the JSON's rate then includes "
+        "the profiler's cost: a diagnostic run, not a measurement)",
+    )  # fmt: skip
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--compile", default=None, help="torch.compile mode (default, reduce-overhead)")
     args = p.parse_args()
@@ -87,6 +97,12 @@ def main() -> None:
     rank, world = (
         (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if distributed else (0, 1)
     )
+    if not 0 <= args.warmup < args.steps:
+        p.error(f"--warmup {args.warmup} must be >= 0 and below --steps {args.steps}")
+    if not 0 <= args.profile <= args.steps - args.warmup:
+        p.error(f"--profile {args.profile}: at most the {args.steps - args.warmup} timed steps")
+    if args.batch < 1 or args.batch > args.samples // world:
+        p.error(f"--batch {args.batch}: 1 to the {args.samples // world} samples each rank has")
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
@@ -167,10 +183,7 @@ def main() -> None:
                 prof = torch.profiler.profile()
                 prof.__enter__()
             if prof is not None and step == args.warmup + args.profile:
-                prof.__exit__(None, None, None)
-                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-                print(table, file=sys.stderr, flush=True)
-                prof = None
+                prof = _print_profile(prof)
             x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
             with amp:
                 loss = loss_fn(model(x), y)
@@ -181,6 +194,8 @@ def main() -> None:
             if step == args.steps:
                 break
         epoch += 1
+    if prof is not None:  # --profile covered every timed step
+        prof = _print_profile(prof)
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
@@ -193,6 +208,7 @@ def main() -> None:
                     "samples_per_s": timed * args.batch * world / elapsed,
                     "ms_per_step": 1000 * elapsed / timed,
                     "loss": float(loss.detach()),
+                    "profiled_steps": args.profile,
                     "t_ready": t_ready,
                     "t_done": t_done,
                 }

@@ -18,8 +18,9 @@ def main() -> int:
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(
-            sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-        )
+            sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace", bufsize=1,
+        )  # fmt: skip
     except OSError as e:  # no such command, not executable
         print(f"timestamps.py: cannot run {sys.argv[1]!r}: {e.strerror}", file=sys.stderr)
         return 127
@@ -28,7 +29,7 @@ def main() -> int:
         print(f"{time.perf_counter() - t0:7.2f}  {line.rstrip()}", flush=True)
     code = proc.wait()
     print(f"{time.perf_counter() - t0:7.2f}  exit {code}", flush=True)
-    return code
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says
 
 
 if __name__ == "__main__":

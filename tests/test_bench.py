@@ -80,6 +80,11 @@ def test_timestamps_prefixes_each_line_and_passes_the_exit_code_on() -> None:
     assert proc.returncode == 3 and len(lines) == 3, proc.stdout
     assert [x.split()[1:] for x in lines] == [["a"], ["b"], ["exit", "3"]]
     assert all(float(x.split()[0]) >= 0 for x in lines)
+    killed = [sys.executable, str(REPO / "bench" / "timestamps.py"), "bash", "-c", "kill -9 $$"]
+    assert subprocess.run(killed, capture_output=True, timeout=60).returncode == 128 + 9
+    binary = [sys.executable, str(REPO / "bench" / "timestamps.py"), "printf", "\\377\\n"]
+    proc = subprocess.run(binary, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "\ufffd" in proc.stdout
     missing = [sys.executable, str(REPO / "bench" / "timestamps.py"), "no-such-command-x"]
     proc = subprocess.run(missing, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 127 and "cannot run 'no-such-command-x'" in proc.stderr
@@ -91,3 +96,29 @@ def test_startup_ab_without_two_trees_says_how_to_use_it() -> None:
         ["bash", str(REPO / "bench" / "startup_ab.sh"), "."], capture_output=True, text=True
     )
     assert proc.returncode == 2 and "usage: bash bench/startup_ab.sh TREE_A TREE_B" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "says"),
+    [
+        ("harness.py", ["--gpus", "0"], "--gpus 0: counts are 1 or more"),
+        ("harness.py", ["--gpus", "abc"], "--gpus abc: a comma-separated list"),
+        ("harness.py", ["--deadline", "-5"], "--deadline -5: seconds, 0 or more"),
+        ("harness.py", ["--repeats", "0"], "--repeats 0: 1 or more"),
+        ("raw_ddp.py", ["--steps", "5", "--warmup", "10"], "--warmup 10 must be >= 0 and below"),
+        ("raw_ddp.py", ["--steps", "20", "--warmup", "5", "--profile", "50"], "at most the 15"),
+        ("raw_ddp.py", ["--batch", "512", "--samples", "100"], "--batch 512: 1 to the 100"),
+    ],
+)
+def test_bench_scripts_refuse_bad_arguments_in_one_line(
+    script: str, args: list[str], says: str
+) -> None:
+    """(raw_ddp.py once looped forever on a batch larger than its data, and crashed at exit
+    when --profile outlasted the run; the harness measured 0 workers as 0 samples/s.)"""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), "--suite", "cpu", "--smoke", *args]
+        if script == "harness.py"
+        else [sys.executable, str(REPO / "bench" / script), "--model", "mlp", *args],
+        capture_output=True, text=True, env=cli_env(), timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
