@@ -93,6 +93,14 @@ def unknown_key(key: str, choices: Mapping[str, str]) -> UserError:
                 f"{'has' if len(owners) == 1 else 'have'} it: pick one first; "
                 f"`expctl show {section}={name}` lists what {name} takes",
             )
+        if name and _takes_an_object(section, name, rest):
+            kind = schema.COMPONENT_KINDS[section]
+            return UserError(
+                f"{section}.{rest}: '{name}' takes a class, function or module for '{rest}', "
+                "which a config value cannot give",
+                f"set it in code: @expctl.register('{kind}', 'my_{name}') on a function that "
+                f"builds {name} with it, in a module listed under imports:",
+            )
         return UserError(
             f"{section}.{rest}: '{name}' has no argument '{rest}'.{did_you_mean(rest, valid)} "
             f"Valid: {choices_text(valid) or '(none)'}",
@@ -139,8 +147,20 @@ def component_keys(section: str, name: str | None) -> list[str]:
             entry = registry.get(schema.COMPONENT_KINDS[section], name)
         except UserError:
             return keys
-        keys += [k for k in entry.parameters() if k not in keys]
+        params = entry.parameters().items()
+        keys += [k for k, p in params if k not in keys and registry.settable(p)]
     return keys
+
+
+def _takes_an_object(section: str, name: str, key: str) -> bool:
+    """Whether `key` is an argument of the component that no YAML value can set (a class or
+    function: torchvision's norm_layer)."""
+    kind = schema.COMPONENT_KINDS.get(section)
+    try:
+        params = registry.get(kind, name).parameters() if kind else {}
+    except UserError:
+        return False
+    return key in params and not registry.settable(params[key])
 
 
 def _owners(section: str, key: str) -> list[str]:

@@ -120,6 +120,9 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "trian.max_epochs=1"], "Did you mean 'train.max_epochs'"),
     (["run", "precision=bf16"], "Did you mean 'train.precision'"),
     (["run", "model=resnet50", "model.width=3"], "not a key of model=resnet50"),
+    # an argument no YAML value can give (it said "has no argument 'norm_layer'. Did you mean
+    # 'norm_layer'?", listing it as valid)
+    (["run", "model=resnet18", "model.norm_layer=x"], "takes a class, function or module"),
     (["run", "-C", "sgd_body.yml", "optim=adamm"], "Did you mean 'adam'"),
     (["run", "-C", "sgd_body.yml", "optim=adam", "optim.momentum=0.9"], "not a key of optim=adam"),
     (["run", "-C", "two_names.yml"], "optim is both 'adam' and 'sgd'"),
