@@ -49,7 +49,7 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
         if getattr(h, "_expctl", False):
             root.removeHandler(h)
             h.close()
-    console = _Console(sys.stdout if enabled else sys.stderr)
+    console = _Console(stdout=enabled)
     console.setLevel(logging.INFO if enabled else logging.WARNING)
     console.setFormatter(
         logging.Formatter("%(message)s" if enabled else f"[rank {rank}] %(message)s")
@@ -77,7 +77,21 @@ def write_failed(path: Path, error: OSError) -> RunError:
 
 class _Console(logging.StreamHandler):
     """The console: lines go above a progress bar (tqdm.write), except those logged with
-    ``extra={"console": False}`` (train lines, which the bar shows on a terminal)."""
+    ``extra={"console": False}`` (train lines, which the bar shows on a terminal). The stream is
+    sys.stdout or sys.stderr as they are at each line, not as they were when the run began (a
+    handler left by a finished run, in a notebook or a test, never writes to a closed stream)."""
+
+    def __init__(self, stdout: bool) -> None:
+        self._stdout = stdout
+        super().__init__()
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stdout if self._stdout else sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass  # StreamHandler.__init__ sets it: the property decides
 
     def emit(self, record: logging.LogRecord) -> None:
         if not getattr(record, "console", True):

@@ -5,6 +5,7 @@ tmpfs."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,3 +61,22 @@ def test_result_json_on_a_full_disk_is_one_run_error_and_leaves_no_temporary(
     ):
         rep.result({"step": 8, "val/acc": 0.5})
     assert sorted(p.name for p in full_tmpfs.iterdir()) == ["filler"]
+
+
+def test_the_console_writes_to_stdout_as_it_is_now_not_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finished run leaves its console handler: a later line (the next run's composition, in a
+    notebook or a test) goes to the stdout of that moment, never to a closed one."""
+    import io
+
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", first)
+    setup_logging(None, True)
+    logging.getLogger("expctl").info("one")
+    first.close()
+    second, errors = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", second)
+    monkeypatch.setattr(sys, "stderr", errors)
+    logging.getLogger("expctl").info("two")
+    assert second.getvalue() == "two\n" and errors.getvalue() == ""
