@@ -9,14 +9,13 @@ installed plugins (``expctl.plugins`` entry points), anything registered in this
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from expctl import registry
-from expctl.layout import cache_dir, cache_write
+from expctl.layout import cache_dir, cache_key, cache_write
 
 _PREFIX = "list-"
 
@@ -56,14 +55,7 @@ def key() -> str:
             versions.append(version(dist))
         except PackageNotFoundError:
             versions.append("")
-    root = Path(__file__).resolve().parent
-    files = [
-        (str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
-        for p in sorted(root.rglob("*.py"))
-        for st in (p.stat(),)
-    ]
-    text = json.dumps([versions, str(root), files])
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    return cache_key(versions, sorted(Path(__file__).resolve().parent.rglob("*.py")))
 
 
 def _cache_file() -> Path:

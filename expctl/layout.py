@@ -49,6 +49,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expctl"
 
 
+def cache_key(versions: Iterable[str], files: Iterable[Path]) -> str:
+    """A cache's key: what it was made from (package versions, and the path, size and mtime of
+    each source file it depends on)."""
+    import hashlib
+
+    stats = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
+    return hashlib.sha256(json.dumps([list(versions), stats]).encode()).hexdigest()[:24]
+
+
 def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ()) -> None:
     """Write a cache file atomically (a temporary file in its folder, then renamed) and remove
     `stale` older versions of it. A cache that cannot be written is no error: the temporary file

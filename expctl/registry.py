@@ -38,6 +38,7 @@ _SECTIONS = {
 LOGGER_RUNTIME = ("run_dir", "start_step")  # what expctl passes a logger that asks for it
 _BUILTIN_MODULES = (
     "expctl.models",
+    "expctl.tvmodels",
     *(f"expctl.datasets.{m}" for m in ("idx", "vision", "images", "arrays", "synthetic")),
     "expctl.optim",
     "expctl.steps",

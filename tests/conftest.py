@@ -290,3 +290,27 @@ def image_tree(root: Path, classes: int = 3, per_class: int = 12, seed: int = 0)
                 folder / f"img_{i:03d}{suffix}", fmt, **({"quality": 90} if fmt == "JPEG" else {})
             )
     return root
+
+
+COMPOSE_RESNET = """
+import sys
+from expctl import compose
+from expctl.errors import UserError
+print(compose.compose(None, ["model=resnet18", "model.name=resnet50"]).model.args)
+print("torchvision" in sys.modules)
+try:  # (the error looks through every name, torchvision's included, for the key's owner)
+    compose.compose(None, ["model=resnet18", "model.widht_per_group=3"])
+except UserError as e:
+    print(e.message)
+"""
+
+
+def compose_resnet(cache: Path) -> list[str]:
+    """In a fresh process with EXPCTL_CACHE_DIR=cache: a torchvision model's composed arguments,
+    whether torchvision got imported, and the error of a misspelled argument (three lines)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPOSE_RESNET],
+        capture_output=True, text=True, env=cli_env(EXPCTL_CACHE_DIR=str(cache)), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()

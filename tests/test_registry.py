@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_env
+from conftest import compose_resnet
 
 from expctl import registry
 from expctl.errors import UserError
@@ -160,75 +159,38 @@ def test_the_torchvision_signature_cache_describes_each_model_as_torchvision_doe
     """Each classifier's entry rebuilt from the cache's JSON equals the one made from
     torchvision's class: parameters (kind, default and its type, annotation), what `expctl
     list` prints, which null arguments the builder sets, the config node."""
-    from expctl import models
+    from expctl import tvmodels
 
-    specs = json.loads(json.dumps(models._torchvision_specs()))
+    specs = json.loads(json.dumps(tvmodels._torchvision_specs()))
     assert "resnet18" in specs["models"] and "vit_b_16" in specs["imported"]
     inferred = frozenset(("in_channels", "num_classes"))
-    for name, cls, builder in models._torchvision_classes():
+    for name, cls, builder in tvmodels._torchvision_classes():
         if name not in specs["models"]:
             continue
-        real_sets = models._builder_sets(builder, cls) if isinstance(cls, type) else None
-        factory = models._torchvision_factory(name)
+        real_sets = tvmodels._builder_sets(builder, cls) if isinstance(cls, type) else None
+        factory = tvmodels._torchvision_factory(name)
         real = registry.Entry(
             name, factory, inferred=inferred, params_of=cls if isinstance(cls, type) else None,
             deferred=None if real_sets is None else frozenset(real_sets),
         )  # fmt: skip
         spec = specs["models"][name]
         cached = registry.Entry(
-            name, factory, inferred=inferred, params_of=models._stub(name, spec["params"]),
+            name, factory, inferred=inferred, params_of=tvmodels._stub(name, spec["params"]),
             deferred=None if spec["deferred"] is None else frozenset(spec["deferred"]),
         )  # fmt: skip
         assert _facts(cached) == _facts(real), name
-
-
-COMPOSE = """
-import sys
-from expctl import compose
-from expctl.errors import UserError
-print(compose.compose(None, ["model=resnet18", "model.name=resnet50"]).model.args)
-print("torchvision" in sys.modules)
-try:  # (the error looks through every name, torchvision's included, for the key's owner)
-    compose.compose(None, ["model=resnet18", "model.widht_per_group=3"])
-except UserError as e:
-    print(e.message)
-"""
 
 
 def test_composing_a_torchvision_model_imports_torchvision_once_per_version(
     tmp_path: Path,
 ) -> None:
     """The first composition writes the signature cache; the next checks the same arguments,
-    with the same errors, without importing torchvision; a damaged cache is made again."""
-
-    def compose() -> list[str]:
-        env = cli_env(EXPCTL_CACHE_DIR=str(tmp_path))
-        proc = subprocess.run(
-            [sys.executable, "-c", COMPOSE], capture_output=True, text=True, env=env, timeout=120
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return proc.stdout.splitlines()
-
-    first, second = compose(), compose()
+    with the same errors, without importing torchvision (a damaged cache:
+    bad_inputs/test_damaged_files.py)."""
+    first, second = compose_resnet(tmp_path), compose_resnet(tmp_path)
     assert first[1] == "True" and second[1] == "False"
     assert first[0] == second[0] and "'width_per_group': 64" in first[0]
     assert first[2] == second[2] and "Did you mean 'width_per_group'" in first[2]
-    (cache,) = tmp_path.glob("torchvision-*.json")
-    good = json.loads(cache.read_text())
-    edited = json.loads(cache.read_text())
-    for param in edited["specs"]["models"]["resnet18"]["params"]:
-        if param[0] == "groups":  # groups=1 -> 7 by hand, the checksum left as it was
-            param[2] = 7
-    assert edited != good
-    damaged = [
-        '{"specs": {"models": ',  # truncated
-        json.dumps({**good, "specs": {"models": {}, "imported": []}}),  # well-formed, emptied
-        json.dumps(edited),
-        json.dumps({"specs": {"models": {"resnet18": {"params": "x"}}, "imported": []}}),
-    ]
-    for text in damaged:
-        cache.write_text(text)
-        assert compose() == first and json.loads(cache.read_text()) == good
 
 
 def test_the_signature_cache_keeps_the_newest_eight_versions(
@@ -236,15 +198,15 @@ def test_the_signature_cache_keeps_the_newest_eight_versions(
 ) -> None:
     """Environments sharing a cache folder (other torchvision versions) keep theirs: writing a
     new version removes only what is older than the newest seven others."""
-    from expctl import models
+    from expctl import tvmodels
 
     for i in range(10):
         old = tmp_path / f"torchvision-old{i}.json"
         old.write_text("{}")
         os.utime(old, (1_000_000 + i, 1_000_000 + i))
     monkeypatch.setenv("EXPCTL_CACHE_DIR", str(tmp_path))
-    models._register_torchvision()
+    tvmodels._register_torchvision()
     left = sorted(p.name for p in tmp_path.glob("torchvision-*.json"))
-    mine = models._signature_cache()
+    mine = tvmodels._signature_cache()
     assert mine is not None and mine.name in left and len(left) == 8
     assert [n for n in left if n != mine.name] == [f"torchvision-old{i}.json" for i in range(3, 10)]

@@ -3,6 +3,7 @@ they can read and name the damaged file; a journal damaged beyond reading is one
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -62,3 +63,26 @@ def test_sweep_table_reads_a_truncated_journal_and_refuses_a_corrupt_one(
     err = capsys.readouterr().err
     assert f"{journal} is damaged" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 2
+
+
+def test_a_damaged_torchvision_signature_cache_is_made_again(tmp_path: Path) -> None:
+    """Truncated, emptied, edited by hand (checksum kept) or malformed: the composition is the
+    one made from torchvision (no traceback, no model hidden), and the file is written again."""
+    first = conftest.compose_resnet(tmp_path)
+    (cache,) = tmp_path.glob("torchvision-*.json")
+    good = json.loads(cache.read_text())
+    edited = json.loads(cache.read_text())
+    for param in edited["specs"]["models"]["resnet18"]["params"]:
+        if param[0] == "groups":  # groups=1 -> 7
+            param[2] = 7
+    assert edited != good
+    damaged = [
+        '{"specs": {"models": ',
+        json.dumps({**good, "specs": {"models": {}, "imported": []}}),
+        json.dumps(edited),
+        json.dumps({"specs": {"models": {"resnet18": {"params": "x"}}, "imported": []}}),
+    ]
+    for text in damaged:
+        cache.write_text(text)
+        assert conftest.compose_resnet(tmp_path) == first
+        assert json.loads(cache.read_text()) == good
