@@ -50,6 +50,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
 
 
+@pytest.fixture(autouse=True)
+def _no_logging_from_earlier_tests() -> Iterator[None]:
+    """Each test starts with expctl's logger as a fresh process has it: an in-process run leaves
+    its console handler behind (as it should in a notebook), which would print a later test's
+    INFO lines (`env: ...`) into output that test checks."""
+    import logging
+
+    yield
+    root = logging.getLogger("expctl")
+    for h in list(root.handlers):
+        if getattr(h, "_expctl", False):
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(logging.NOTSET)
+    root.propagate = True
+
+
 # the cache of this test session (`expctl list`, decoded .gz datasets), not the user's
 # (~/.cache/expctl), for the CLI processes and this one
 LIST_CACHE = tempfile.TemporaryDirectory(prefix="expctl-list-cache-")
