@@ -11,17 +11,19 @@
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
 # Tables go to stdout and to $OUT/*.md, raw figures to $OUT/*.json.
-#   bash bench/gpu.sh bg all    start a part in its own process session: it outlives the call (the
+#   bash bench/gpu.sh bg all speed   start parts, one after the other, in their own process session: it outlives the call (the
 #                               device tool keeps such processes while the machine is held), so one
 #                               invocation can run longer than one call's 10 minutes; then, within
 #                               30 s of each return (the machine's idle limit):
-#   bash bench/gpu.sh poll all 560   wait up to 560 s for it, print its log's tail, copy its files to $OUT
+#   bash bench/gpu.sh poll all+speed 560   wait up to 560 s for it, print its log's tail, copy its files to $OUT
 set -uo pipefail
 case "${1:-}" in
-bg)
-  p=${2:?usage: gpu.sh bg PART}; rm -rf "/tmp/bg-$p"; mkdir -p "/tmp/bg-$p"
+bg)  # gpu.sh bg all speed: the parts one after the other, polled as "all+speed"
+  shift; [ $# -ge 1 ] || { echo "usage: gpu.sh bg PART [PART ...]" >&2; exit 2; }
+  p=$(IFS=+; echo "$*"); rm -rf "/tmp/bg-$p"; mkdir -p "/tmp/bg-$p"
+  run=""; for q in "$@"; do run+="echo '=== part $q'; date; bash '$0' '$q'; "; done
   OUT=/tmp/bg-$p DEADLINE=${DEADLINE:-100000} setsid nohup bash -c \
-    "bash '$0' '$p' > /tmp/bg-$p/log 2>&1; echo \$? > /tmp/bg-$p/rc" < /dev/null > /dev/null 2>&1 &
+    "($run) > /tmp/bg-$p/log 2>&1; echo \$? > /tmp/bg-$p/rc" < /dev/null > /dev/null 2>&1 &
   echo "started $p in the background: bash bench/gpu.sh poll $p SECONDS"; exit 0 ;;
 poll)
   p=${2:?usage: gpu.sh poll PART SECONDS}; n=${3:-560}
@@ -47,8 +49,7 @@ all)  # one invocation inside the device tool's 10 minutes: no row starts after 
   python3 bench/harness.py --suite gpu --gpus $counts --deadline ${DEADLINE:-530} --out "$OUT/all.json" 2>&1 | tee "$OUT/all.md" ;;
 speed)  # time to accuracy; where the launch-bound step and the multi-GPU start-up go
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 bench/speedrun.py --root .data/fashion-mnist --repeats 3 --raw 1 \
-    --variant "batch 2048, lr 0.8, 10 epochs=data.batch_size=2048 optim.lr=0.8 sched.warmup_steps=30" \
-    --variant "batch 2048, lr 0.8, 12 epochs=data.batch_size=2048 optim.lr=0.8 sched.warmup_steps=30 train.max_epochs=12" \
+    --variant "width 24=model.width=24" --variant "width 24, 12 epochs=model.width=24 train.max_epochs=12" \
     2>&1 | tee "$OUT/speedrun.md"
   echo "== launch-bound ResNet-18 32x32, 1 GPU: static batch vs indexed batches (raw_ddp.py), the probe"
   w="--model resnet18 --shape 3x32x32 --samples 65536 --batch 512 --steps 200 --warmup 50 --precision bf16 --channels-last"
