@@ -8,6 +8,8 @@
 #   bash bench/gpu.sh scale-b   launch-bound ResNet-18 32x32 and the Fashion CNN, 1/2/4 GPUs (+ the
 #                               static-batch ceiling), then the fashion_speedrun, 3 runs per recipe
 #   bash bench/gpu.sh compile   eager vs torch.compile (default; reduce-overhead where launch-bound)
+#   bash bench/gpu.sh fashion   the Fashion CNN at 1 and 4 GPUs, 3 runs per contender
+#   bash bench/gpu.sh fprof     profiles of the Fashion CNN step, expctl and raw, 1 and 4 GPUs
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
 # Tables go to stdout and to $OUT/*.md, raw figures to $OUT/*.json.
@@ -83,6 +85,18 @@ final)  # the rest, in one call: compile on ResNet-50; CUDA graphs with DDP; rep
   timeout 200 python3 bench/harness.py --suite gpu --gpus 2 --only launch --no-reference --expctl-args "train.compile=true train.compile_mode=reduce-overhead" --out "$OUT/launch_ddp_cudagraphs.json" 2>&1 | tee "$OUT/launch_ddp_cudagraphs.md"
   timeout 120 python3 bench/harness.py --suite gpu --gpus 4 --only cifar --no-reference --out "$OUT/cifar4.json" 2>&1 | tee "$OUT/cifar4.md"
   CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/harness.py --suite gpu --gpus 1 --only launch --repeats 2 --out "$OUT/launch_repeats.json" 2>&1 | tee "$OUT/launch_repeats.md" ;;
+fashion)  # the Fashion CNN at 1 and 4 GPUs, 3 runs per contender (one run each read 0.96 / 0.70)
+  python3 bench/harness.py --suite gpu --gpus 1,4 --only fashion --repeats 3 --no-reference --out "$OUT/fashion.json" 2>&1 | tee "$OUT/fashion.md" ;;
+fprof)  # where the Fashion CNN's step goes, expctl and the raw loop, 1 and 4 GPUs (profiler on)
+  ov="model=cnn data=fashion_mnist data.root=$EXPCTL_BENCH_DATA optim=sgd optim.lr=0.05 optim.momentum=0.9 sched=none data.batch_size=512 train.precision=bf16 train.max_steps=200 train.log_every=50 train.val_every=1000 train.max_epochs=100000 checkpoint.every=1000000 imports=[step_profile] train.step=profiled"
+  w="--model cnn --data fashion --root $EXPCTL_BENCH_DATA --batch 512 --steps 200 --warmup 60 --precision bf16 --channels-last --loader tensor --profile 20"
+  for n in 1 4; do
+    echo "== expctl, $n GPU(s)"
+    python3 -m expctl run $ov run.dir=/tmp/fp$n $([ $n -gt 1 ] && echo launcher=local launcher.nproc=$n) 2>&1 | grep -v "^\s*$" | tail -30
+    echo "== raw, $n GPU(s)"
+    if [ $n -gt 1 ]; then python3 -m torch.distributed.run --standalone --nproc_per_node=$n bench/raw_ddp.py $w 2>&1 | tail -22
+    else python3 bench/raw_ddp.py $w 2>&1 | tail -22; fi
+  done 2>&1 | cut -c1-200 | tee "$OUT/fprof.md" ;;
 bn)
   echo "== reported accuracy vs the saved model's, Fashion-MNIST ResNet-18, 240 steps"
   python3 bench/bn_parity.py --workers 1 2 --extra data.root=.data/fashion-mnist
