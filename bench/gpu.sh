@@ -86,7 +86,7 @@ final)  # the rest, in one call: compile on ResNet-50; CUDA graphs with DDP; rep
   timeout 120 python3 bench/harness.py --suite gpu --gpus 4 --only cifar --no-reference --out "$OUT/cifar4.json" 2>&1 | tee "$OUT/cifar4.md"
   CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/harness.py --suite gpu --gpus 1 --only launch --repeats 2 --out "$OUT/launch_repeats.json" 2>&1 | tee "$OUT/launch_repeats.md" ;;
 fashion)  # the Fashion CNN at 1 and 4 GPUs, 3 runs per contender (one run each read 0.96 / 0.70)
-  python3 bench/harness.py --suite gpu --gpus 1,4 --only fashion --repeats 3 --no-reference --out "$OUT/fashion.json" 2>&1 | tee "$OUT/fashion.md" ;;
+  python3 bench/harness.py --suite gpu --gpus 1,4 --only fashion --repeats ${REPEATS:-3} --no-reference --out "$OUT/fashion.json" 2>&1 | tee "$OUT/fashion.md" ;;
 fprof)  # where the Fashion CNN's step goes, expctl and the raw loop, 1 and 4 GPUs (profiler on)
   ov="model=cnn data=fashion_mnist data.root=$EXPCTL_BENCH_DATA optim=sgd optim.lr=0.05 optim.momentum=0.9 sched=none data.batch_size=512 train.precision=bf16 train.max_steps=200 train.log_every=50 train.val_every=1000 train.max_epochs=100000 checkpoint.every=1000000 imports=[step_profile] train.step=profiled"
   w="--model cnn --data fashion --root $EXPCTL_BENCH_DATA --batch 512 --steps 200 --warmup 60 --precision bf16 --channels-last --loader tensor --profile 20"

@@ -7,10 +7,13 @@ It takes the config sections it uses (`train`, `checkpoint`), the built parts an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,10 +97,31 @@ def fit(
 ) -> dict[str, Any]:
     """Train from `state` to the end of the budget; returns the final metrics (result.json)."""
     per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum  # micro-batches
-    meter, ctx, status = Meter(), parts.ctx, "completed"
+    meter = Meter()
     loop.mark_step, loop.base_s = state.step, state.train_s
-    for m in ctx.models.values():
+    for m in parts.ctx.models.values():
         m.train()
+    with _collector(t.gc_every) as gc_every:
+        status = _loop(t, ck, parts, state, loop, meter, per_epoch, gc_every)
+    if meter.count:
+        state.train = meter.reduce(loop.env, "train/")
+        _check_finite(t, state, loop.run_dir)
+    return _finish(t, ck, parts, state, loop, status)
+
+
+def _loop(
+    t: TrainConfig,
+    ck: CheckpointConfig,
+    parts: Parts,
+    state: TrainState,
+    loop: Loop,
+    meter: Meter,
+    per_epoch: int,
+    gc_every: int,
+) -> str:
+    """Epochs of micro-batches until the budget is spent or the run stops; returns its status.
+    Every `gc_every` optimizer steps (0: never), Python's young generations are collected."""
+    ctx, status = parts.ctx, "completed"
     while status == "completed" and (
         not finished(t, state, parts.total_steps)
         or state.batch >= per_epoch  # restored at an epoch's last step: its end is due
@@ -115,6 +139,8 @@ def fit(
             state.step += 1
             loop.rep.advance(state.step, state.epoch)  # the bar moves; integers only, no sync
             _step_schedulers(parts, "step")
+            if gc_every and state.step % gc_every == 0:
+                gc.collect(1)  # the young objects, at the same step on every rank
             if state.step % t.log_every == 0:
                 _log_train(t, parts, state, meter, loop)
             if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
@@ -129,10 +155,27 @@ def fit(
                 break
         if state.batch >= per_epoch:
             status = _end_epoch(t, ck, parts, state, loop)
-    if meter.count:
-        state.train = meter.reduce(loop.env, "train/")
-        _check_finite(t, state, loop.run_dir)
-    return _finish(t, ck, parts, state, loop, status)
+    return status
+
+
+@contextlib.contextmanager
+def _collector(every: int) -> Iterator[int]:
+    """Python's cycle collector, run by the loop (as torchtitan's `gc_freq`): one full collection
+    before the first step, then none of its own; the loop collects the young generations every
+    `every` optimizer steps, at the same step on every rank. Left to itself, each rank collects
+    when its own allocations say so, and a pause on one rank (70 ms for the first collection
+    after the set-up) stalls the others at the next all-reduce: with N ranks, the step pays N
+    ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop). `every` = 0, or a
+    collector the user turned off: left as it is, and the loop collects nothing (yields 0)."""
+    if not every or not gc.isenabled():
+        yield 0
+        return
+    gc.collect()  # the set-up's objects: scanned once here, on every rank at once
+    gc.disable()
+    try:
+        yield every
+    finally:
+        gc.enable()
 
 
 def _end_epoch(

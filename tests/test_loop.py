@@ -125,3 +125,53 @@ def test_a_nonfinite_gradient_anywhere_is_found(bad: float | None) -> None:
     params[1].grad = torch.tensor([1.0, 2.0 if bad is None else bad])
     opt = torch.optim.SGD(params, lr=0.1)
     assert StepContext._finite(opt) is (bad is None)
+
+
+@pytest.mark.parametrize("every", [4, 0])
+def test_the_loop_runs_the_cycle_collector_at_the_same_steps_on_every_rank(
+    tmp_path: Path, every: int
+) -> None:
+    """train.gc_every=N: Python's automatic collection is off while the loop runs, and the young
+    generations are collected after every N-th step (so ranks pause together, not one after
+    another at each all-reduce); it is on again after the run. 0: Python's own schedule."""
+    import gc
+
+    import gcprobe
+
+    assert gc.isenabled()
+    gcprobe.reset()
+    try:
+        cfg = _cfg(tmp_path, "imports=[gcprobe]", "train.step=gcprobe", "train.max_steps=10",
+                   f"train.gc_every={every}", "train.log_every=100")  # fmt: skip
+        rank.main(cfg, DistEnv(), Recorder())
+    finally:
+        gcprobe.stop()
+    assert gc.isenabled()
+    assert len(gcprobe.ENABLED) == 10
+    if every:
+        assert not any(gcprobe.ENABLED)
+        during = [c for c in gcprobe.COLLECTED if c[0] < 10]  # before the last step
+        assert during == [(4, 1), (8, 1)]
+    else:
+        assert all(gcprobe.ENABLED)
+
+
+def test_a_collector_the_user_turned_off_stays_off(tmp_path: Path) -> None:
+    """gc.disable() before the run (a user who manages collection): the loop neither turns it
+    on nor collects, even at train.gc_every's steps."""
+    import gc
+
+    import gcprobe
+
+    gcprobe.reset()
+    gc.disable()
+    try:
+        cfg = _cfg(tmp_path, "imports=[gcprobe]", "train.step=gcprobe", "train.max_steps=3",
+                   "train.gc_every=1", "train.log_every=100")  # fmt: skip
+        rank.main(cfg, DistEnv(), Recorder())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gcprobe.stop()
+    assert gcprobe.ENABLED == [False, False, False]
+    assert gcprobe.COLLECTED == []  # and the loop collects nothing either

@@ -58,6 +58,8 @@ CORPUS: list[tuple[list[str], str]] = [
     # zero, negative and out-of-range sizes
     (["run", "train.grad_accum=0"], "below the minimum 1"),
     (["run", "train.log_every=0"], "below the minimum 1"),
+    (["run", "train.gc_every=-1"], "below the minimum 0"),
+    (["run", "train.gc_every=often"], "train.gc_every"),
     (["run", "train.val_every=-1"], "below the minimum 1"),
     (["run", "train.grad_clip=-1"], "below the minimum 0"),
     (["run", "checkpoint.keep=0"], "below the minimum 1"),
