@@ -40,7 +40,11 @@ class Profiled(Supervised):
             self.prof.__exit__(None, None, None)
             table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
             print(table, file=sys.stderr)
-            print(f"profiled window: {wall * 1e3:.2f} ms a step (profiler on)", file=sys.stderr, flush=True)
+            print(
+                f"profiled window: {wall * 1e3:.2f} ms a step (profiler on)",
+                file=sys.stderr,
+                flush=True,
+            )
             self.prof = None
         self.calls += 1
         return super().train_step(ctx, batch)

@@ -71,7 +71,7 @@ class TrainConfig:
         choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     )  # torch.compile's mode (reduce-overhead: CUDA graphs)
     on_nan: str = _f("stop", choices=("stop", "skip"))
-    gc_every: int = _f(50, min=0)  # steps between the ranks' joint Python garbage collections (0: Python's own)
+    gc_every: int = _f(50, min=0)  # steps between the ranks' joint Python GC runs (0: Python's)
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
     early_stop: EarlyStopConfig = _f(EarlyStopConfig())
 

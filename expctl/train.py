@@ -32,6 +32,9 @@ from expctl.steps import no_sync
 log = logging.getLogger("expctl")
 
 
+FULL_GC = 20  # every FULL_GC-th of the loop's collections is a full one (see `_collector`)
+
+
 @dataclass
 class TrainState:
     """Where training stands: optimizer steps, epochs done, micro-batches done in the epoch, the
@@ -139,8 +142,8 @@ def _loop(
             state.step += 1
             loop.rep.advance(state.step, state.epoch)  # the bar moves; integers only, no sync
             _step_schedulers(parts, "step")
-            if gc_every and state.step % gc_every == 0:
-                gc.collect(1)  # the young objects, at the same step on every rank
+            if gc_every and state.step % gc_every == 0:  # at the same step on every rank
+                gc.collect(2 if state.step % (FULL_GC * gc_every) == 0 else 1)
             if state.step % t.log_every == 0:
                 _log_train(t, parts, state, meter, loop)
             if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
@@ -162,7 +165,8 @@ def _loop(
 def _collector(every: int) -> Iterator[int]:
     """Python's cycle collector, run by the loop (as torchtitan's `gc_freq`): one full collection
     before the first step, then none of its own; the loop collects the young generations every
-    `every` optimizer steps, at the same step on every rank. Left to itself, each rank collects
+    `every` optimizer steps, and all of them every `FULL_GC` x `every` (what outlived two young
+    collections and became garbage later), at the same step on every rank. Left to itself, each rank collects
     when its own allocations say so, and a pause on one rank (70 ms for the first collection
     after the set-up) stalls the others at the next all-reduce: with N ranks, the step pays N
     ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop). `every` = 0, or a

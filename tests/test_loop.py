@@ -127,13 +127,14 @@ def test_a_nonfinite_gradient_anywhere_is_found(bad: float | None) -> None:
     assert StepContext._finite(opt) is (bad is None)
 
 
-@pytest.mark.parametrize("every", [4, 0])
+@pytest.mark.parametrize("every", [4, 1, 0])
 def test_the_loop_runs_the_cycle_collector_at_the_same_steps_on_every_rank(
     tmp_path: Path, every: int
 ) -> None:
     """train.gc_every=N: Python's automatic collection is off while the loop runs, and the young
-    generations are collected after every N-th step (so ranks pause together, not one after
-    another at each all-reduce); it is on again after the run. 0: Python's own schedule."""
+    generations are collected after every N-th step and all of them after every 20th collection
+    (so ranks pause together, not one after another at each all-reduce); it is on again after
+    the run. 0: Python's own schedule."""
     import gc
 
     import gcprobe
@@ -141,17 +142,18 @@ def test_the_loop_runs_the_cycle_collector_at_the_same_steps_on_every_rank(
     assert gc.isenabled()
     gcprobe.reset()
     try:
-        cfg = _cfg(tmp_path, "imports=[gcprobe]", "train.step=gcprobe", "train.max_steps=10",
+        cfg = _cfg(tmp_path, "imports=[gcprobe]", "train.step=gcprobe", "train.max_steps=22", "train.max_epochs=50",
                    f"train.gc_every={every}", "train.log_every=100")  # fmt: skip
         rank.main(cfg, DistEnv(), Recorder())
     finally:
         gcprobe.stop()
     assert gc.isenabled()
-    assert len(gcprobe.ENABLED) == 10
+    assert len(gcprobe.ENABLED) == 22
     if every:
         assert not any(gcprobe.ENABLED)
-        during = [c for c in gcprobe.COLLECTED if c[0] < 10]  # before the last step
-        assert during == [(4, 1), (8, 1)]
+        during = [c for c in gcprobe.COLLECTED if c[0] < 22]  # before the last step
+        # the young generations every `every` steps; every 20th collection a full one
+        assert during == [(s, 2 if s % (20 * every) == 0 else 1) for s in range(every, 22, every)]
     else:
         assert all(gcprobe.ENABLED)
 

@@ -11,7 +11,9 @@ from expctl import register
 from expctl.steps import Supervised
 
 ENABLED: list[bool] = []  # gc.isenabled() at each call of train_step
-COLLECTED: list[tuple[int, int]] = []  # (steps done, generation) of collections after the first step
+COLLECTED: list[
+    tuple[int, int]
+] = []  # (steps done, generation) of collections after the first step
 
 
 def _watch(phase: str, info: dict[str, Any]) -> None:
