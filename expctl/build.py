@@ -44,8 +44,8 @@ class Parts:
 def pick_device(cfg: Config, env: DistEnv) -> torch.device:
     """cuda:LOCAL_RANK when CUDA is asked for (or auto and present), else cpu."""
     want = cfg.train.device
+    _cpu_threads(env)
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
-        _cpu_threads(env)
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError(
@@ -73,7 +73,10 @@ def _cuda_defaults() -> None:
 
 
 def _cpu_threads(env: DistEnv) -> None:
-    """Split the cores between the ranks of this node (torchrun sets OMP_NUM_THREADS=1)."""
+    """Split the cores between the ranks of this node, unless OMP_NUM_THREADS says otherwise
+    (torchrun sets it to 1; torch's agent, which `launcher=local` uses, sets nothing). On GPUs
+    too: each rank's intra-op pool would otherwise start a thread per core, N ranks x all cores
+    (the raw loop under torchrun ran one per rank beside expctl's 64 on 4 x H200)."""
     import os
 
     if env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:

@@ -180,3 +180,32 @@ def test_host_lists_agree_with_scontrol_where_slurm_is_installed() -> None:
 def test_srun_on_zero_padded_nodes_picks_the_first_as_master() -> None:
     env = detect({**SRUN_2x2, "SLURM_STEP_NODELIST": "gpu[007-008]"})
     assert env.master_addr == "gpu007" and env.num_nodes == 2
+
+
+@pytest.mark.parametrize("omp", [None, "3"])
+def test_the_ranks_of_a_node_split_its_cores(
+    monkeypatch: pytest.MonkeyPatch, omp: str | None
+) -> None:
+    """Each of N ranks on a node gets cores/N intra-op threads, on any device (torch's agent,
+    which launcher=local uses, sets no OMP_NUM_THREADS, so every rank would start one per core);
+    an OMP_NUM_THREADS the user or torchrun set is left to torch."""
+    import os
+
+    import torch
+
+    from expctl import compose
+    from expctl.build import pick_device
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    cfg = compose.compose(None, ["train.device=auto"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(7)
+        pick_device(cfg, DistEnv(rank=1, local_rank=1, world_size=2, local_world_size=2))
+        want = 7 if omp else max(1, (os.cpu_count() or 1) // 2)
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)
