@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, SMALL, cli_env
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -122,3 +122,20 @@ def test_bench_scripts_refuse_bad_arguments_in_one_line(
         capture_output=True, text=True, env=cli_env(), timeout=120, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_step_profile_prints_a_profile_of_its_window(tmp_path: Path) -> None:
+    """bench/step_profile.py as a user module: `train.step=profiled` trains as `supervised` and
+    prints torch.profiler's table and the window's time per step (steps 2-4 here)."""
+    env = cli_env(PROFILE_FROM="2", PROFILE_STEPS="2")
+    env["PYTHONPATH"] = f"{REPO / 'bench'}:{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "expctl", "run", *SMALL, "imports=[step_profile]",
+         "train.step=profiled", "train.max_steps=6", "train.max_epochs=3",
+         f"run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, env=env, timeout=600, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Self CPU time total" in proc.stderr
+    assert "profiled window:" in proc.stderr and "ms a step" in proc.stderr
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["step"] == 6
