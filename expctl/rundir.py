@@ -35,6 +35,7 @@ RESUMABLE_CHANGES = (
     "train.max_epochs",
     "train.max_steps",
     "train.log_every",
+    "train.gc_every",  # when Python's collector runs: not what is computed
     "launcher.",
     "checkpoint.",
     "env.",

@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -163,23 +164,42 @@ def _loop(
 
 @contextlib.contextmanager
 def _collector(every: int) -> Iterator[int]:
-    """Python's cycle collector, run by the loop (as torchtitan's `gc_freq`): one full collection
-    before the first step, then none of its own; the loop collects the young generations every
-    `every` optimizer steps, and all of them every `FULL_GC` x `every` (what outlived two young
-    collections and became garbage later), at the same step on every rank. Left to itself, each rank collects
-    when its own allocations say so, and a pause on one rank (70 ms for the first collection
-    after the set-up) stalls the others at the next all-reduce: with N ranks, the step pays N
-    ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop). `every` = 0, or a
-    collector the user turned off: left as it is, and the loop collects nothing (yields 0)."""
+    """Python's cycle collector, run by the loop (as torchtitan's `gc_freq`). Left to itself,
+    each rank collects when its own allocations say so, and a pause on one rank (70 ms for the
+    first collections after the set-up) stalls the others at the next all-reduce: with N ranks,
+    the step pays N ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop).
+
+    So: the young generations are collected once before the first step, automatic collection is
+    off inside, and the loop collects the young generations every `every` optimizer steps and
+    all of them every `FULL_GC` x `every` (what outlived two young collections and became
+    garbage later), at the same step on every rank. Processes forked meanwhile (DataLoader
+    workers) keep Python's schedule. `every` = 0, or a collector the user turned off: left as
+    it is, and the loop collects nothing (yields 0)."""
+    global _LOOP_OWNS_GC
     if not every or not gc.isenabled():
         yield 0
         return
-    gc.collect()  # the set-up's objects: scanned once here, on every rank at once
-    gc.disable()
+    gc.collect(1)  # the set-up's young objects, scanned once here (on every rank at once)
     try:
+        _LOOP_OWNS_GC = True
+        gc.disable()
         yield every
     finally:
+        _LOOP_OWNS_GC = False
         gc.enable()
+
+
+_LOOP_OWNS_GC = False  # `_collector` turned automatic collection off in this process
+
+
+def _collect_in_children() -> None:
+    """A process forked while the loop runs (a DataLoader worker) gets Python's own schedule:
+    the loop that collects for its parent does not run in it."""
+    if _LOOP_OWNS_GC:
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_collect_in_children)
 
 
 def _end_epoch(

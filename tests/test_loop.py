@@ -177,3 +177,32 @@ def test_a_collector_the_user_turned_off_stays_off(tmp_path: Path) -> None:
         gcprobe.stop()
     assert gcprobe.ENABLED == [False, False, False]
     assert gcprobe.COLLECTED == []  # and the loop collects nothing either
+
+
+def test_data_workers_started_while_the_loop_collects_keep_pythons_collector(
+    tmp_path: Path,
+) -> None:
+    """The loop turns automatic collection off in its own process only: a DataLoader worker,
+    forked from it while it runs, keeps Python's schedule (the loop does not collect in it)."""
+    import gcprobe
+
+    gcprobe.LOADED.clear()
+    cfg = compose.compose(None, [
+        "imports=[gcprobe]", "model=mlp", "model.hidden=[4]", "data.name=gcflags",
+        "data.batch_size=8", "data.num_workers=1", "train.step=gcflagprobe", "train.max_steps=6",
+        "train.max_epochs=2", "sched=none", "train.device=cpu", f"run.dir={tmp_path / 'run'}",
+    ])  # fmt: skip
+    rank.main(cfg, DistEnv(), Recorder())
+    assert len(gcprobe.LOADED) == 48 and all(f == 1.0 for f in gcprobe.LOADED)
+
+
+def test_a_run_resumes_with_another_gc_every(tmp_path: Path) -> None:
+    """train.gc_every decides when Python collects, not what is computed: changing it does not
+    make the run directory another run's."""
+    rank.main(_cfg(tmp_path, "train.max_steps=4", "train.gc_every=7"), DistEnv(), Recorder())
+    _, result = rank.main(
+        _cfg(tmp_path, "train.max_steps=8", "train.max_epochs=5", "train.gc_every=0"),
+        DistEnv(),
+        Recorder(),
+    )
+    assert result["step"] == 8

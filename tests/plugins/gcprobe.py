@@ -7,7 +7,9 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from expctl import register
+import torch
+
+from expctl import DataInfo, Splits, register
 from expctl.steps import Supervised
 
 ENABLED: list[bool] = []  # gc.isenabled() at each call of train_step
@@ -38,3 +40,33 @@ class GcProbe(Supervised):
     def train_step(self, ctx: Any, batch: Any) -> Any:
         ENABLED.append(gc.isenabled())
         return super().train_step(ctx, batch)
+
+
+class _Flags(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples whose features are [gc.isenabled() in the process that loaded them, ...]."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([float(gc.isenabled()), float(i % 2)]), i % 2
+
+
+@register("datasets", "gcflags")
+def gcflags(n: int = 64) -> Splits:
+    """A streamed dataset (not in memory: DataLoader workers load it) that reports, in each
+    sample, whether automatic collection was on where it was loaded."""
+    return Splits(_Flags(n), _Flags(16), DataInfo(input_shape=(2,), num_classes=2))
+
+
+@register("steps", "gcflagprobe")
+class GcFlagProbe(Supervised):
+    def train_step(self, ctx: Any, batch: Any) -> Any:
+        LOADED.extend(batch[0][:, 0].tolist())
+        return super().train_step(ctx, batch)
+
+
+LOADED: list[float] = []  # gcflags' first feature of every training sample the step saw
