@@ -169,17 +169,16 @@ def _collector(every: int) -> Iterator[int]:
     first collections after the set-up) stalls the others at the next all-reduce: with N ranks,
     the step pays N ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop).
 
-    So: the young generations are collected once before the first step, automatic collection is
-    off inside, and the loop collects the young generations every `every` optimizer steps and
-    all of them every `FULL_GC` x `every` (what outlived two young collections and became
-    garbage later), at the same step on every rank. Processes forked meanwhile (DataLoader
+    So automatic collection is off inside, and the loop collects the young generations every
+    `every` optimizer steps (the first time, the set-up's objects too: a run shorter than that
+    pays nothing) and all of them every `FULL_GC` x `every` (what outlived two young collections
+    and became garbage later), at the same step on every rank. Processes forked meanwhile (DataLoader
     workers) keep Python's schedule. `every` = 0, or a collector the user turned off: left as
     it is, and the loop collects nothing (yields 0)."""
     global _LOOP_OWNS_GC
     if not every or not gc.isenabled():
         yield 0
         return
-    gc.collect(1)  # the set-up's young objects, scanned once here (on every rank at once)
     try:
         _LOOP_OWNS_GC = True
         gc.disable()
