@@ -16,7 +16,7 @@ from expctl.config import Config
 from expctl.data import Loading, Splits, TrainBatches, auto_workers, check_splits
 from expctl.dist import DistEnv
 from expctl.errors import UserError
-from expctl.startup import paused_gc
+from expctl.startup import freeze_for_this_run, paused_gc
 from expctl.steps import StepContext
 
 log = logging.getLogger("expctl")
@@ -114,7 +114,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         augment=cfg.data.augment,
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
-    with paused_gc(freeze=False):  # the first optimizer imports torch._dynamo (see paused_gc)
+    with paused_gc(freeze=freeze_for_this_run(env.distributed)):  # it imports torch._dynamo
         optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
     schedulers, sched_length = _schedulers(cfg, optimizers, total_steps)
     loss_fn = _make(

@@ -264,8 +264,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(
             "--repeat needs -m (a sweep)", "add -m, e.g. expctl run -m --repeat 3 optim.lr=0.01,0.1"
         )
-    from expctl.startup import paused_gc
+    from expctl.startup import paused_gc, process_is_the_run
 
+    process_is_the_run()
     with paused_gc():
         from expctl import api  # torch
     result = api.run(args.config, args.overrides, wait=args.wait)

@@ -1,5 +1,5 @@
 """What makes a run's start cheaper without changing what it does: Python's cycle collector
-kept off torch's modules while they load and afterwards (`paused_gc`)."""
+kept off torch's modules while they load and afterwards (`paused_gc`, `process_is_the_run`)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,22 @@ def paused_gc(freeze: bool = True) -> Iterator[None]:
             gc.freeze()
         if was:
             gc.enable()
+
+
+_ONE_RUN = False  # this process exists for one run (`expctl run`), and ends with it
+
+
+def process_is_the_run() -> None:
+    """Say that this process ends with its run (the CLI's `run`), so that objects made for the
+    run may be frozen with torch's (`freeze_for_this_run`): nothing outlives the process to be
+    pinned. A notebook's `expctl.run` never says it: its runs' garbage stays collectable."""
+    global _ONE_RUN
+    _ONE_RUN = True
+
+
+def freeze_for_this_run(distributed: bool) -> bool:
+    """Whether `paused_gc` may freeze at a point where the run's own objects exist (the first
+    optimizer, which imports torch._dynamo): only in a process that ends with the run, and not
+    in a rank of a process group (frozen, its groups' objects are torn down in the wrong order
+    at exit: 1 of 15 two-worker runs aborted)."""
+    return _ONE_RUN and not distributed

@@ -50,8 +50,9 @@ def test_paused_gc_freezes_what_an_import_made_and_nothing_else(
 def test_paused_gc_without_freeze_freezes_nothing(
     collector: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """build.py pauses the collector around the first optimizer without freezing: process
-    groups exist by then, and frozen ones outlived the workers' clean exit (an abort at exit)."""
+    """build.py pauses the collector around the first optimizer without freezing, unless the
+    process ends with the run (`freeze_for_this_run`): process groups may exist by then, and
+    frozen ones outlived the workers' clean exit (an abort at exit)."""
     gc.unfreeze()
     (tmp_path / "expctl_other_module.py").write_text("TABLE = [[i] for i in range(100)]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -60,3 +61,22 @@ def test_paused_gc_without_freeze_freezes_nothing(
         import expctl_other_module  # noqa: F401
     sys.modules.pop("expctl_other_module")
     assert gc.get_freeze_count() == 0
+
+
+def test_only_a_process_that_ends_with_its_one_rank_run_freezes_the_runs_objects() -> None:
+    """`expctl run` says its process is the run's (`process_is_the_run`): then, and only for a
+    run that is not a rank of a process group, the first optimizer's import is frozen with the
+    run's objects. A notebook's `expctl.run` (never said) and the ranks of torchrun, srun or
+    the local launcher do not freeze there. A fresh interpreter: the flag is per process."""
+    import subprocess
+
+    code = (
+        "from expctl import startup as s\n"
+        "print(s.freeze_for_this_run(False), s.freeze_for_this_run(True))\n"
+        "s.process_is_the_run()\n"
+        "print(s.freeze_for_this_run(False), s.freeze_for_this_run(True))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["False", "False", "True", "False"]
