@@ -191,6 +191,9 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
         max_restarts=cfg.launcher.max_restarts,
         monitor_interval=0.2,
     )
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    quiet = _WorkerPrintedItsError()
+    agent_log.addFilter(quiet)
     try:
         elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir), *args)
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
@@ -206,6 +209,17 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
             f"local worker rank {rank} failed with exit code {code} after "
             f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
         ) from None
+    finally:
+        agent_log.removeFilter(quiet)
+
+
+class _WorkerPrintedItsError(logging.Filter):
+    """Drops torch's agent's line about a worker that exited with EXIT_USER ("failed (exitcode:
+    2) local_rank: ..."): that worker printed its one-line error and hint, which end the
+    output; other failures keep the agent's line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"(exitcode: {EXIT_USER})" not in record.getMessage()
 
 
 def worker(

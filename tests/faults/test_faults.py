@@ -208,6 +208,27 @@ def test_nan_loss_stops_with_the_step_and_last_checkpoint(tmp_path: Path) -> Non
     )
 
 
+def test_a_user_error_in_local_workers_ends_the_output_in_two_lines(tmp_path: Path) -> None:
+    """The workers print the error and its hint; torch's agent's own line about a worker that
+    exited with code 2 ("failed (exitcode: 2) local_rank: ...") does not follow them."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    proc = expctl(
+        tmp_path,
+        "launcher=local",
+        "launcher.nproc=2",
+        "train.device=cpu",
+        "train.step=nan_at_step",
+        "run.dir=n",
+        check=False,
+        env=env(NAN_AT_STEPS="3"),
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-2:]
+    assert last[0].startswith("expctl: error: non-finite train/loss by step "), proc.stderr
+    assert last[1].startswith("  HINT: "), proc.stderr
+    assert "exitcode" not in proc.stderr
+
+
 def test_nan_loss_skip_drops_the_update_and_counts_it(tmp_path: Path) -> None:
     (tmp_path / "tiny.yml").write_text(TINY)
     expctl(
