@@ -216,10 +216,13 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
 class _WorkerPrintedItsError(logging.Filter):
     """Drops torch's agent's line about a worker that exited with EXIT_USER ("failed (exitcode:
     2) local_rank: ..."): that worker printed its one-line error and hint, which end the
-    output; other failures keep the agent's line."""
+    output. Also its lines about stopping the other workers ("Sending process N closing signal
+    SIGTERM"), which it writes before it says why, after every failure: what failed is in the
+    worker's output and in expctl's own last line. Other failures keep the agent's lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return f"(exitcode: {EXIT_USER})" not in record.getMessage()
+        text = record.getMessage()
+        return f"(exitcode: {EXIT_USER})" not in text and "closing signal" not in text
 
 
 def worker(
