@@ -63,20 +63,35 @@ def test_paused_gc_without_freeze_freezes_nothing(
     assert gc.get_freeze_count() == 0
 
 
-def test_only_a_process_that_ends_with_its_one_rank_run_freezes_the_runs_objects() -> None:
-    """`expctl run` says its process is the run's (`process_is_the_run`): then, and only for a
-    run that is not a rank of a process group, the first optimizer's import is frozen with the
-    run's objects. A notebook's `expctl.run` (never said) and the ranks of torchrun, srun or
-    the local launcher do not freeze there. A fresh interpreter: the flag is per process."""
+@pytest.mark.parametrize("says", [True, False])
+def test_only_a_process_that_ends_with_its_one_rank_run_freezes_at_the_first_optimizer(
+    tmp_path: Path, says: bool
+) -> None:
+    """`expctl run` says its process is the run's (`process_is_the_run`): then a one-rank run
+    freezes what the first optimizer's import made (with the run's objects). A notebook's
+    `expctl.run`, which never says it, freezes nothing there; nor do ranks of a process group
+    (`freeze_for_this_run(distributed=True)`). A fresh interpreter each: the flag is per process."""
     import subprocess
 
+    import conftest
+
     code = (
-        "from expctl import startup as s\n"
-        "print(s.freeze_for_this_run(False), s.freeze_for_this_run(True))\n"
-        "s.process_is_the_run()\n"
-        "print(s.freeze_for_this_run(False), s.freeze_for_this_run(True))\n"
+        "import gc, sys\n"
+        "from expctl import startup, compose, rank\n"
+        "from expctl.dist import DistEnv\n"
+        "from expctl.hooks import Hooks\n"
+        f"if {says}: startup.process_is_the_run()\n"
+        "assert not startup.freeze_for_this_run(True)\n"
+        "gc.unfreeze()\n"
+        f"cfg = compose.compose(None, {conftest.SMALL!r} + ['train.device=cpu', "
+        f"'train.max_steps=1', 'run.dir={tmp_path / 'run'}'])\n"
+        "rank.main(cfg, DistEnv(), Hooks())\n"
+        "print(gc.get_freeze_count())\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert out == ["False", "False", "True", "False"]
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+        env=conftest.cli_env(),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    frozen = int(out.stdout.split()[-1])
+    assert (frozen > 10_000) if says else (frozen == 0)
