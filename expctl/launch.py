@@ -172,9 +172,23 @@ def _local(
     return Result(run_dir, RunDir(run_dir).read_result())
 
 
+# A local worker's program (`python -c WORKER_MAIN _worker ...`). `python -m expctl` would search
+# the working directory first, before expctl itself is imported: a json.py or expctl.py there
+# would run in every worker. `-c` puts it first too, as '', which goes before anything is
+# imported (-P, which does the same, needs Python 3.11); the worker searches what the user named:
+# PYTHONPATH, then `imports:` in the working directory and beside the -C file.
+WORKER_MAIN = (
+    "import sys\n"
+    "if sys.path[:1] == [''] and not getattr(sys.flags, 'safe_path', False):\n"
+    "    del sys.path[0]\n"
+    "from expctl.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
 def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
-    """`launcher.nproc` workers of `python -m expctl _worker RUN_DIR ARGS` through torch's elastic
-    agent, restarted up to `launcher.max_restarts` times."""
+    """`launcher.nproc` workers of `python -c WORKER_MAIN _worker RUN_DIR ARGS` through torch's
+    elastic agent, restarted up to `launcher.max_restarts` times."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -195,7 +209,7 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
     quiet = _WorkerPrintedItsError()
     agent_log.addFilter(quiet)
     try:
-        elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir), *args)
+        elastic_launch(lc, sys.executable)("-c", WORKER_MAIN, "_worker", str(run_dir), *args)
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
         if e.sigval == signal.SIGINT:
             raise Interrupted(f"run the same command with run.dir={run_dir}") from None
@@ -343,6 +357,7 @@ class SlurmTask:
         self.run_dir, self.origin = run_dir, origin
 
     def __call__(self) -> dict[str, Any]:
+        registry.search_working_dir_last()  # submitit's `python -m` put the submission folder first
         if self.origin is not None and self.origin.snapshot is not None:
             registry.search_first(self.origin.snapshot["paths"])
         cfg = config_mod.load(self.run_dir)
