@@ -19,7 +19,6 @@ import contextlib
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +39,8 @@ BUILTIN = "conf/config.yaml"
 
 
 def builtin_conf_dir() -> Path:
-    """The folder of built-in configs (``conf/`` in the repo, ``expctl/conf`` when installed)."""
-    try:
-        return Path(str(resources.files("expctl.conf")))
-    except ModuleNotFoundError:  # a source checkout on PYTHONPATH, not installed
-        return Path(__file__).resolve().parent.parent / "conf"
+    """The folder of built-in configs (``expctl/conf``)."""
+    return Path(__file__).resolve().parent / "conf"
 
 
 def yaml_options(group: str, dirs: Sequence[Path] = ()) -> list[str]:

@@ -1,4 +1,4 @@
-"""The command line: help without torch, list/show, packaging, and the bad-input corpus."""
+"""The command line: help without torch, list/show, start-up, and the bad-input corpus."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, cli_env
+from conftest import TINY, cli_env
 from conftest import expctl as run_cli
 
 from expctl import catalogue, cli
@@ -47,49 +47,6 @@ def test_show_prints_resolved_config_and_environment(
     assert "name: resnet18" in out and "max_epochs: 7" in out and "lr: 0.5" in out
     assert "# environment: rank=0" in out and "source=single" in out
     assert not (tmp_path / "runs").exists()
-
-
-@pytest.mark.slow
-def test_non_editable_install_finds_builtin_configs(tmp_path: Path) -> None:
-    """conf/ ships inside the wheel: `expctl show` works from any directory."""
-    target = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    assert (target / "expctl" / "conf" / "config.yaml").is_file()
-    env = cli_env(PYTHONPATH=str(target))
-    out = subprocess.run(
-        [sys.executable, "-m", "expctl", "show", "experiment=dcgan"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "name: dcgan" in out.stdout
-    import_path = subprocess.run(
-        [sys.executable, "-c", "import expctl; print(expctl.__file__)"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert import_path.startswith(str(target))
 
 
 @pytest.mark.parametrize("args", [["run", "train.precision=fp8"], ["run", "-C", "missing.yml"]])
