@@ -5,11 +5,14 @@ directory, no job)."""
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import conftest
+import numpy as np
 import pytest
 import torch
 from conftest import image_tree
@@ -189,6 +192,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", *TINY_IMAGES, "data.root=images", "data.preset=rotate"], "not one of: imagenet"),
     (["run", *TINY_IMAGES, "data.root=images", "data.decode=gpu"], "needs a CUDA device"),
     (["run", "data=cifar10", "data.root=nowhere"], "cifar-10-batches-py/data_batch_1"),
+    (["run", "data=cifar10", "data.root=hostile_cifar"], "which a CIFAR file never does"),
     (["run", "data=mnist", "data.root=nowhere"], "data=mnist: not found under /"),
     (["run", "data=emnist", "data.root=nowhere"], "data=emnist: not found under /"),
     (["run", "data=flowers102", "data.root=nowhere"], "flowers-102/ with jpg/"),
@@ -298,6 +302,7 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "corpus_raises.py").write_text("raise RuntimeError('no GPU license found')\n")
     (tmp_path / "corpus_exits.py").write_text("raise SystemExit(0)\n")
     _image_inputs(tmp_path)
+    _hostile_cifar(tmp_path / "hostile_cifar" / "cifar-10-batches-py")
     _sweep_not_started(tmp_path / "swept")
     (tmp_path / "gone_run").mkdir()
     (tmp_path / "gone_run" / "config.yaml").write_text("imports: [gone_module_xyz]\n")
@@ -330,6 +335,20 @@ def _image_inputs(tmp_path: Path) -> None:
         "    ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4).long())\n"
         "    return ds, ds\n"
     )
+
+
+class _RunsCode:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch code_ran",))  # in the corpus directory: "nothing on disk"
+
+
+def _hostile_cifar(folder: Path) -> None:
+    """CIFAR-10's six batches, the first one calling os.system as it unpickles."""
+    folder.mkdir(parents=True)
+    batch = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "data_batch_1").write_bytes(pickle.dumps({**batch, "x": _RunsCode()}))
 
 
 def _sweep_not_started(path: Path) -> None:
