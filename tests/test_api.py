@@ -136,3 +136,17 @@ def test_load_model_finds_the_module_that_sat_beside_the_config_file(neighbour: 
         f"cannot import module 'neighbour_models': the run imported it from {module}, "
         "which is gone" in gone.stderr
     ), gone.stderr
+
+
+@pytest.mark.parametrize("call", ["run", "evaluate"])
+def test_overrides_as_one_string_are_refused_naming_the_list_to_pass(call: str) -> None:
+    """A string is a sequence of one-character overrides ("bad override 'o'"): refused."""
+    calls = {
+        "run": lambda o: expctl.run(None, o),
+        "evaluate": lambda o: expctl.evaluate("no_run", overrides=o),
+    }
+    with pytest.raises(expctl.UserError, match="'optim.lr=0.1' is one string") as e:
+        calls[call]("optim.lr=0.1")
+    assert e.value.hint == "pass a list, one override per item: overrides=['optim.lr=0.1']"
+    with pytest.raises(expctl.UserError, match="overrides: 0.1 is not a string"):
+        calls[call](["optim.lr=0.1", 0.1])
