@@ -61,6 +61,7 @@ _NOT_CIFAR = (
     TypeError,
     ValueError,
     RuntimeError,
+    MemoryError,  # an array shape that no file of 60000 images has
 )
 
 
@@ -86,9 +87,9 @@ def _require(name: str, root: str | None, paths: list[Path]) -> None:
         raise not_found(name, base, f"{shown}{more}; missing: {missing[0].relative_to(base)}")
 
 
-# What CIFAR's python pickles call, and all that a file under data.root may call: numpy's
-# reconstruction of an ndarray (numpy 1's names, in the published files, and numpy 2's). The
-# rest of a batch (dicts, lists, str, bytes, numbers) needs no callable at all.
+# All that a CIFAR file under data.root may call as it is unpickled: numpy's reconstruction of
+# an ndarray (numpy 1's names, in the published files, and numpy 2's). The rest of a batch
+# (dicts, lists, str, bytes, numbers) needs no callable at all.
 CIFAR_PICKLE_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"),
     ("numpy._core.multiarray", "_reconstruct"),
