@@ -11,7 +11,7 @@ import random
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,12 @@ def override_list(overrides: Sequence[str]) -> list[str]:
             f"overrides={overrides!r} is one string, not a list of overrides",
             f"pass a list, one override per item: overrides={overrides.split()!r}",
         )
-    items = list(overrides)
+    items = list(overrides) if isinstance(overrides, Iterable) else [overrides]
     bad = [o for o in items if not isinstance(o, str)]
     if bad:
         raise UserError(
             f"overrides: {bad[0]!r} is not a string",
-            "pass strings such as 'optim.lr=0.1'",
+            "pass a list of strings such as ['optim.lr=0.1']",
         )
     return items
 

@@ -150,3 +150,5 @@ def test_overrides_as_one_string_are_refused_naming_the_list_to_pass(call: str) 
     assert e.value.hint == "pass a list, one override per item: overrides=['optim.lr=0.1']"
     with pytest.raises(expctl.UserError, match="overrides: 0.1 is not a string"):
         calls[call](["optim.lr=0.1", 0.1])
+    with pytest.raises(expctl.UserError, match="overrides: None is not a string"):
+        calls[call](None)
