@@ -161,8 +161,20 @@ LAUNCHERS: dict[str, type] = {
 
 
 @dataclass(frozen=True)
+class PBTConfig:
+    """Population Based Training: every `interval` validations, a trial in the bottom
+    `quantile` continues from a top trial's checkpoint with perturbed hyperparameters."""
+
+    interval: int = _f(1, min=1)  # validations between exploit/explore rounds of a trial
+    quantile: float = _f(0.25, min=0)  # bottom (and top) fraction of the population: (0, 0.5]
+    resample_probability: float = _f(0.25, min=0)  # explore: draw anew instead of perturbing
+    factors: list[float] = _f([0.8, 1.2])  # explore: a float/int value times one of these
+
+
+@dataclass(frozen=True)
 class SweepConfig:
-    """How `-m` explores: sampler, objective, early stopping of bad trials."""
+    """How `-m` explores: sampler, objective, early stopping of bad trials, and how many trials
+    run side by side on which share of the machine."""
 
     sampler: str = _f("grid", choices=("grid", "random", "tpe"))
     n_trials: int | None = _f(None, min=1)  # null: every grid point; random/tpe: 10
@@ -176,6 +188,13 @@ class SweepConfig:
     seed: int = 0  # the sampler's seed
     stop_on_failure: bool = False
     params: dict[str, str] = _f({})  # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
+    max_concurrent: int | None = _f(None, min=1)  # trials at once; null: what the machine holds
+    # a fraction (0.25: four trials per GPU) or N whole GPUs (an N-rank DDP trial); null: 1 GPU
+    # where there are GPUs, none on a CPU-only machine
+    gpus_per_trial: float | None = _f(None, min=0)
+    cpus_per_trial: int | None = _f(None, min=1)  # null: the cores divided evenly
+    scheduler: str = _f("none", choices=("none", "pbt"))  # pbt: Population Based Training
+    pbt: PBTConfig = _f(PBTConfig())
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@
       git-ID.diff   a launch's uncommitted diff
       code/         launcher=slurm: the code the job imports (one copy per submission)
       train.log     rank 0's log
+      output.log    a local sweep trial's console output
       jobs.jsonl    Slurm job events
       checkpoints/  step_*.pt (+ .sha256, .json: the validation metrics of those weights)
       eval/         NAME.json: `expctl eval` results
@@ -161,6 +162,7 @@ class RunDir:
     CSV = "metrics.csv"
     RESULT = "result.json"
     LOG = "train.log"
+    OUTPUT = "output.log"  # a sweep trial's console output (its process's stdout and stderr)
     JOBS = "jobs.jsonl"
     CHECKPOINTS = "checkpoints"
     TB = "tb"
@@ -216,6 +218,10 @@ class RunDir:
     @property
     def log(self) -> Path:
         return self.path / self.LOG
+
+    @property
+    def output(self) -> Path:
+        return self.path / self.OUTPUT
 
     @property
     def jobs(self) -> Path:
@@ -290,6 +296,7 @@ class SweepDir:
     path: Path
 
     SPEC = "sweep.json"
+    LAUNCH = ".launch.json"  # the command running the trials (provenance.json of each)
     JOURNAL = "journal.log"
     BEST = "best.yml"
     IMPORTS = RunDir.IMPORTS  # best.yml's, as a run directory holds one beside config.yaml
@@ -306,6 +313,10 @@ class SweepDir:
     @property
     def journal(self) -> Path:
         return self.path / self.JOURNAL
+
+    @property
+    def launch(self) -> Path:
+        return self.path / self.LAUNCH
 
     @property
     def best(self) -> Path:

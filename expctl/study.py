@@ -94,7 +94,10 @@ class TrialRef:
             return None
         try:
             data = json.loads(RunDir(run_dir).trial.read_text())
-            return TrialRef(str(data["sweep_dir"]), int(data["number"]))
+            here = Path(run_dir).absolute().parent
+            # a trial lies in its sweep's directory: where that is now, if the sweep was moved
+            sweep_dir = here if SweepDir(here).journal.is_file() else Path(data["sweep_dir"])
+            return TrialRef(str(sweep_dir), int(data["number"]))
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("%s is damaged: this run is not recorded in a sweep", RunDir(run_dir).trial)
             return None
@@ -110,6 +113,12 @@ def mark(ref: TrialRef, status: str, **attrs: Any) -> None:
     trial_id = ref.trial_id(storage)
     for k, v in {"status": status, **attrs}.items():
         storage.set_trial_user_attr(trial_id, k, v)
+
+
+def attrs_of(ref: TrialRef) -> dict[str, Any]:
+    """The attributes the ledger holds for a trial's attempt (status, overrides, ...)."""
+    storage = _storage(Path(ref.sweep_dir))
+    return dict(storage.get_trial(ref.trial_id(storage)).user_attrs)
 
 
 def is_open(ref: TrialRef, s: SweepConfig) -> bool:

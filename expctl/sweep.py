@@ -28,12 +28,12 @@ from typing import Any
 from expctl import compose, ledger, results, rundir, slurm, snapshot
 from expctl import config as config_mod
 from expctl.config import Config
-from expctl.errors import Interrupted, UserError
+from expctl.errors import UserError
 from expctl.explain import parse_override
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
 from expctl.provenance import Launch
-from expctl.study import TrialRef, finish, is_open, mark, open_study
+from expctl.study import TrialRef, open_study
 
 log = logging.getLogger("expctl")
 
@@ -294,6 +294,9 @@ def _trial_configs(sweep_dir: Path, base: Config, todo: list[Slot]) -> list[Conf
             "status": "pending",
             "run_dir": str(trial_dir),
             "seed_idx": slot.seed_idx,
+            # the driver's: a pending trial whose driver died before starting it is lost
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
         }
         if slot.retry:
             attrs["retry_of"] = slot.number
@@ -345,18 +348,15 @@ def run_trials(
         )
         print(f"expctl: follow them with `expctl sweep table {sweep_dir}`", flush=True)
         return Outcome(sweep_dir, len(cfgs), 0)
-    try:
-        for item in todo:
-            (cfg,) = _trial_configs(sweep_dir, base, [item])
-            ok = run_one(cfg, origin)
-            if not ok and base.sweep.stop_on_failure:
-                print(
-                    "expctl: a trial failed and sweep.stop_on_failure is set: stopping the sweep",
-                    flush=True,
-                )
-                break
-    except KeyboardInterrupt:  # the interrupted trial resumes from its checkpoints
-        raise Interrupted(f"expctl sweep resume {sweep_dir}") from None
+    from expctl import trials  # lazy: it counts GPUs with torch, which `sweep table` never needs
+
+    use = trials.plan_for(base, len(todo))
+
+    def make_config(slot: Slot) -> Config:
+        (cfg,) = _trial_configs(sweep_dir, base, [slot])
+        return trials.with_share(cfg, use.share)
+
+    trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)
@@ -403,29 +403,6 @@ def _outcome(sweep_dir: Path) -> Outcome:
     return Outcome(sweep_dir, len(live), failed)
 
 
-def run_one(cfg: Config, origin: Launch | None = None) -> bool:
-    """Launch one frozen trial config (of the sweep command `origin`); False if it failed. Its
-    rank 0 records how it ended (`study.TrialHooks`); a failure no rank could record (a worker
-    that never started, a crash) is recorded here."""
-    from expctl import launch  # lazy: it loads torch, which `sweep table` never needs
-
-    ref = TrialRef.read(cfg.run.dir)
-    assert ref is not None, "a trial's run directory holds trial.json"
-    mark(ref, "running", started=time.time(), pid=os.getpid(), host=socket.gethostname())
-    try:
-        launch.launch(cfg, origin=origin)
-    except Exception as e:  # a failing trial does not end the sweep
-        if is_open(ref, cfg.sweep):
-            finish(ref, cfg.sweep, {}, error=e)
-        log.error(
-            "trial %s failed: %s",
-            SweepDir.number_of(cfg.run.dir or ""),
-            str(e).splitlines()[0] if str(e) else type(e).__name__,
-        )
-        return False
-    return True
-
-
 def _repair_journal(journal: Path) -> None:
     """A crash mid-write leaves the journal's last record torn (never committed): drop it before
     appending, or the next record would be glued to it and the journal unreadable."""
@@ -458,7 +435,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
     study = open_study(path, base.sweep)
     todo: list[Slot] = []
     for r in ledger.rows(path):
-        if r.status in ("failed", "lost"):
+        if r.status in ledger.UNFINISHED:
             assert r.optuna_trial is not None, "a trial that ended was started"
             study.tell(r.optuna_trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             todo.append(Slot(r.number, json.loads(r.config), r.seed_idx, retry=True))

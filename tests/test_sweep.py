@@ -7,11 +7,15 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SMALL, TINY, cli_env
@@ -173,6 +177,7 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
         "-m",
         "data.batch_size=100000,16",
         "sweep.stop_on_failure=true",
+        "sweep.max_concurrent=1",
         cwd=tiny.parent,
         check=False,
     )
@@ -352,42 +357,164 @@ def _is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
 
 
-def test_resume_reruns_a_lost_trial_and_the_rest(tiny: Path) -> None:
-    """A 4-point grid killed during trial 1 lists all 4 (2 never started); resumed, each trial's
-    number is its directory's and no number is skipped."""
-    args = [
+def _driver(tiny: Path, *args: str, slow: str = "0.05") -> subprocess.Popen[str]:
+    """`expctl run -C tiny.yml -m ARGS` as a real process of its own (slow steps: time to act)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "expctl", "run", "-C", str(tiny), "-m", *args],
+        cwd=tiny.parent,
+        env=cli_env(SLOW_STEP_S=slow),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # Ctrl-C as a terminal's foreground program gets it, even when these tests run from a
+        # background job (its SIGINT is ignored, and an ignored signal is inherited)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _wait_for(what: str, ready: Any, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _trial_pid(trial_dir: Path) -> int:
+    from expctl.study import TrialRef, attrs_of
+
+    ref = TrialRef.read(trial_dir)
+    assert ref is not None
+    return int(attrs_of(ref)["pid"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_trials_run_side_by_side_each_on_its_own_cores(tiny: Path) -> None:
+    """Two trials at once on this 2-core machine (the default: as many as the cores allow), each
+    pinned to its own core; the console shows a line per trial start and end, not their logs,
+    which are in each trial's train.log and output.log."""
+    proc = run_cli(
         "run",
         "-C",
         str(tiny),
         "-m",
-        "optim.lr=0.1,0.2,0.3,0.01",
+        "optim.lr=0.1,0.2",
         "imports=[faulty]",
-        "train.step=kill_at_step",
+        "train.step=slow",
+        "train.max_epochs=1",
+        cwd=tiny.parent,
+        env=cli_env(SLOW_STEP_S="0.1"),
+    )
+    sweep = sweep_dir_of(proc.stdout)
+    assert "2 trial(s) at a time on 2 core(s): no GPU, 1 core(s) each" in proc.stdout
+    assert "train epoch" not in proc.stdout, "the trials' logs are not interleaved here"
+    times = []
+    for n in (0, 1):
+        assert re.search(rf"trial {n} started \(cores \d\): optim\.lr=0\.[12]\n", proc.stdout)
+        assert re.search(
+            rf"trial {n} completed in [0-9.]+ s: val/acc=[0-9.]+ at step 16", proc.stdout
+        )
+        trial = sweep / f"trial_{n:03d}"
+        assert "train epoch 1 step 16/16" in (trial / "output.log").read_text()
+        rows = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
+        times.append((rows[0]["time"], rows[-1]["time"]))
+        attempt = json.loads((trial / "provenance.json").read_text())["launches"][-1]["attempts"][
+            -1
+        ]
+        assert attempt["cpus_usable"] == 1, attempt
+    (a0, a1), (b0, b1) = times
+    assert a0 < b1 and b0 < a1, f"the two trials trained at the same time: {times}"
+    cores = {
+        re.search(r"cores (\d)", (sweep / f"trial_{n:03d}" / "output.log").read_text()).group(1)
+        for n in (0, 1)
+    }  # type: ignore[union-attr]
+    assert cores == {"0", "1"}
+
+
+def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_them(
+    tiny: Path,
+) -> None:
+    """Ctrl-C while two trials run: both save a checkpoint where they stopped (inside their
+    first epoch: not a periodic one), the third never starts, exit 130 naming `sweep resume`,
+    which continues the two from their checkpoints and runs the third."""
+    driver = _driver(
+        tiny,
+        "optim.lr=0.1,0.2,0.3",
+        "sweep.max_concurrent=2",
+        "imports=[faulty]",
+        "train.step=slow",
+        "train.max_epochs=2",
+        "launcher.signal=TERM",
+    )
+    sweep = tiny.parent / "runs"
+    metrics = [lambda n=n: list(sweep.glob(f"sweep-*/trial_{n:03d}/metrics.jsonl")) for n in (0, 1)]
+    _wait_for("both trials training", lambda: all(m() for m in metrics))
+    os.kill(driver.pid, signal.SIGINT)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "Traceback" not in out, out
+    how = re.search(r"to resume from the last checkpoint: expctl sweep resume (\S+)", out)
+    assert how, out
+    path = Path(how.group(1))
+    assert [r.status for r in ledger.rows(path)] == ["interrupted", "interrupted", "pending"]
+    for n in (0, 1):
+        (ck,) = (path / f"trial_{n:03d}" / "checkpoints").glob("step_*.pt")
+        assert int(ck.stem.split("_")[1]) % 16 != 0, "saved where it stopped, not at an epoch end"
+    table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
+    assert "3 trial(s) not run to the end" in table and "interrupted" in table
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    assert [r.status for r in ledger.rows(path)] == ["completed"] * 3
+    for n in (0, 1):
+        assert "resumed from" in (path / f"trial_{n:03d}" / "train.log").read_text()
+
+
+def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) -> None:
+    """SIGKILL of the sweep's driver during trial 1 of a 4-point grid (one at a time): no trial
+    trains on; the table lists all 4 (1 lost, 2 never started); resumed, trial 1 continues from
+    its checkpoint, each trial's number is its directory's and no number is skipped."""
+    driver = _driver(
+        tiny,
+        "optim.lr=0.1,0.2,0.3,0.01",
+        "sweep.max_concurrent=1",
+        "imports=[faulty]",
+        "train.step=slow",
         "checkpoint.every=5",
-    ]
-    killed = run_cli(*args, cwd=tiny.parent, env=cli_env(KILL_AT_STEP="40"), check=False)
-    assert killed.returncode == -9
-    sweep = sweep_dir_of(killed.stdout)
-    statuses = [r.status for r in ledger.rows(sweep)]
-    assert statuses == ["completed", "lost", "pending", "pending"], statuses  # died at step 8
-    table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
+    )
+    sweep = tiny.parent / "runs"
+    _wait_for(
+        "a checkpoint of trial 1", lambda: list(sweep.glob("sweep-*/trial_001/checkpoints/*.pt"))
+    )
+    (path,) = sweep.glob("sweep-*")
+    pid = _trial_pid(path / "trial_001")
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.communicate(timeout=60)
+    _wait_for("the trial to die with its driver", lambda: not _alive(pid), timeout=30)
+    statuses = [r.status for r in ledger.rows(path)]
+    assert statuses == ["completed", "lost", "pending", "pending"], statuses
+    table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
     assert "(4 trial(s): 2 pending, 1 completed, 1 lost;" in table, table
     assert re.search(r"\n +3  pending .* optim\.lr=0\.01\n", table), table
-    assert f"3 trial(s) not run to the end: `expctl sweep resume {sweep}`" in table
+    assert f"3 trial(s) not run to the end: `expctl sweep resume {path}`" in table
     original = tiny.read_text()
     tiny.write_text(original.replace("momentum: 0.9", "momentum: 0.5"))
-    edited = run_cli("sweep", "resume", str(sweep), cwd=tiny.parent, check=False)
+    edited = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
     assert edited.returncode == 2 and "changed since the sweep started" in edited.stderr
     tiny.write_text(original)
-    run_cli("sweep", "resume", str(sweep), cwd=tiny.parent)
-    rows = ledger.rows(sweep)
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    rows = ledger.rows(path)
     assert [r.status for r in rows] == ["completed"] * 4
     assert [Path(r.run_dir).name for r in rows] == [f"trial_{n:03d}" for n in range(4)]
     assert [r.number for r in rows] == [0, 1, 2, 3] and rows[1].optuna_trial != 1, "a retry"
-    assert sorted(p.name for p in sweep.glob("trial_*")) == [f"trial_{n:03d}" for n in range(4)]
+    assert sorted(p.name for p in path.glob("trial_*")) == [f"trial_{n:03d}" for n in range(4)]
     assert [r.overrides for r in rows] == [f"optim.lr={x}" for x in ("0.1", "0.2", "0.3", "0.01")]
-    assert "resumed from" in (sweep / "trial_001" / "train.log").read_text()
-    listed = json.loads(run_cli("sweep", "table", "--json", str(sweep), cwd=tiny.parent).stdout)
+    assert "resumed from" in (path / "trial_001" / "train.log").read_text()
+    listed = json.loads(run_cli("sweep", "table", "--json", str(path), cwd=tiny.parent).stdout)
     assert {(t["trial"], Path(t["run_dir"]).name) for t in listed["trials"]} == {
         (n, f"trial_{n:03d}") for n in range(4)
     }
