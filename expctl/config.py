@@ -74,6 +74,9 @@ class TrainConfig:
     gc_every: int = _f(50, min=0)  # steps between the ranks' joint Python GC runs (0: Python's)
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
     early_stop: EarlyStopConfig = _f(EarlyStopConfig())
+    # optimizer and loss settings from a step on: [{step: 400, optim: {lr: 0.02}}]; Population
+    # Based Training's trials continue with one, and `sweep best` writes the best trial's
+    hparam_schedule: list[dict[str, Any]] = _f([])
 
 
 @dataclass(frozen=True)
@@ -398,6 +401,13 @@ def check_registered(cfg: Config) -> None:
             continue
         registry.check_args(kind, comp.name, comp.args, section)
     registry.get("steps", cfg.train.step)
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        for section in set(entry) & set(HPARAM_SECTIONS):
+            comp = getattr(cfg, section)
+            where = f"train.hparam_schedule[{i}].{section}"
+            registry.check_args(
+                COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
+            )
     for name, args in cfg.logger.items():
         registry.check_args("loggers", name, args, f"logger.{name}")
     if cfg.sched.name is not None:
@@ -409,6 +419,44 @@ def check_registered(cfg: Config) -> None:
                 "set sched.monitor=val/loss (or another validation metric)"
                 if steps_on_metric
                 else "remove sched.monitor, or use sched=reducelronplateau",
+            )
+
+
+HPARAM_SECTIONS = ("optim", "loss")  # what can change mid-run: param groups, loss settings
+
+
+def check_hparam_schedule(cfg: Config) -> None:
+    """train.hparam_schedule: entries of `step` (increasing) and optim / loss arguments, none of
+    them a learning rate that a scheduler also sets.
+
+    Raises:
+        UserError: anything else, naming the entry.
+    """
+    last = -1
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        where = f"train.hparam_schedule[{i}]"
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step <= last:
+            raise UserError(
+                f"{where}: each entry needs a `step` (an integer, increasing): got {step!r}",
+                "e.g. train.hparam_schedule=[{step: 0, optim: {lr: 0.1}}, {step: 400, optim: "
+                "{lr: 0.01}}]",
+            )
+        last = step
+        for key, values in entry.items():
+            if key == "step":
+                continue
+            if key not in HPARAM_SECTIONS or not isinstance(values, dict) or "name" in values:
+                raise UserError(
+                    f"{where}.{key}: only optimizer and loss arguments can change mid-run "
+                    f"(optim: {{...}}, loss: {{...}})",
+                    "keep the component and the model as they are; change optim.* / loss.* "
+                    "arguments only",
+                )
+        if "lr" in entry.get("optim", {}) and cfg.sched.name is not None:
+            raise UserError(
+                f"{where}.optim.lr: sched={cfg.sched.name} sets the learning rate too",
+                "use sched=null with a learning-rate schedule of your own",
             )
 
 
@@ -651,6 +699,7 @@ def _cross_checks(cfg: Config) -> None:
             f"train.compile_mode={t.compile_mode} does nothing without train.compile=true",
             "add train.compile=true, or drop train.compile_mode",
         )
+    check_hparam_schedule(cfg)
     if t.grad_accum > 1 and t.step != "supervised":
         raise UserError(
             f"train.grad_accum={t.grad_accum} is handled by the supervised step only "

@@ -84,6 +84,22 @@ def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ())
             tmp.unlink(missing_ok=True)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, then renamed over it (a
+    full disk or a kill leaves the old content, never a part of the new one).
+
+    Raises:
+        OSError: the write failed (the temporary file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def json_lines(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a .jsonl file, one a line. A last line without its newline is being
     written now and is skipped quietly; other unreadable lines are skipped with a warning."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as config_mod
+from expctl import pbt
 from expctl.config import SweepConfig
 from expctl.errors import UserError
 from expctl.explain import parse_override
@@ -64,6 +65,8 @@ class Row:
     seed_idx: int = 0  # which repeat of its configuration (train.seed = the base seed + seed_idx)
     metrics: dict[str, float] = field(default_factory=dict)  # result.json's, e.g. test/acc
     optuna_trial: int | None = None  # its latest attempt in the Optuna study; None: not started
+    # PBT: each copy of another trial, oldest first: {"step", "from_trial", "params", "time"}
+    lineage: list[dict[str, Any]] = field(default_factory=list)
 
 
 def settings(sweep_dir: Path) -> Any:
@@ -160,6 +163,7 @@ def _row(
     """Trial `number` from its latest attempt `t`, its directory `run_dir` as the sweep lies now."""
     a = {**t.user_attrs, "run_dir": run_dir}
     status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
+    status = "running" if status == "copying" else status  # PBT: between two of its runs
     if status in ("running", "pending") and not _alive(a, states):
         status = "lost"
     run = RunDir(run_dir)
@@ -181,6 +185,7 @@ def _row(
         seed_idx=int(a.get("seed_idx", 0)),
         metrics=metric_values(result),
         optuna_trial=t.number,
+        lineage=list(a.get("lineage") or []),
     )
 
 
@@ -333,6 +338,15 @@ def _best(rs: list[Row], mode: str) -> tuple[list[Row], float, float | None, int
     return done(g), value, std(g) if seeds else None, len(g)
 
 
+def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> None:
+    """Set a frozen config's values to a PBT timeline's first ones, the rest as its schedule."""
+    (_, first), *later = timeline
+    for key, value in first.items():
+        section, _, arg = key.partition(".")
+        cfg[section][arg] = value
+    cfg["train"]["hparam_schedule"] = [pbt.entry(step, values) for step, values in later]
+
+
 def best(sweep_dir: str | Path) -> Best:
     """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
     seed, not one repeat's), usable with -C."""
@@ -340,7 +354,8 @@ def best(sweep_dir: str | Path) -> Best:
 
     path = Path(sweep_dir)
     s = settings(path)
-    found = _best(rows(path), s.mode)
+    every = rows(path)
+    found = _best(every, s.mode)
     if found is None:
         raise UserError(f"{path}: no completed trial yet", f"see `expctl sweep table {path}`")
     top = Best(*found, s.metric, SweepDir(path).best)
@@ -349,6 +364,15 @@ def best(sweep_dir: str | Path) -> Best:
     cfg["run"]["dir"] = None
     cfg["train"]["seed"] -= first.seed_idx
     cfg.pop("sweep", None)
+    if s.scheduler == "pbt":  # the schedule that made its weights, from step 0
+        _replay(
+            cfg,
+            pbt.timeline(
+                first.number,
+                {r.number: r.params for r in every},
+                {r.number: r.lineage for r in every},
+            ),
+        )
     if top.std is None:
         header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {first.overrides}\n"
     else:

@@ -82,9 +82,10 @@ class Plan:
 
     def describe(self) -> str:
         where = f"{len(self.machine.gpus)} GPU(s), " if self.machine.gpus else ""
+        shared = self.concurrent * self.share.cpus > len(self.machine.cores)
         return (
             f"{self.concurrent} trial(s) at a time on {where}{len(self.machine.cores)} core(s): "
-            f"{self.share.describe()} each"
+            f"{self.share.describe()} each" + (" (sharing cores)" if shared else "")
         )
 
 
@@ -139,7 +140,9 @@ def plan(
         if gpus
         else math.inf
     )
-    by_cpu = cores // (cpus_per_trial or (1 if gpus else max(1, ranks)))
+    by_cpu: float = cores // (cpus_per_trial or (1 if gpus else max(1, ranks)))
+    if max_concurrent is not None and cpus_per_trial is None:
+        by_cpu = math.inf  # asked for: that many at once, sharing cores if they must
     limit = min(by_gpu, by_cpu, max_concurrent or math.inf, max(1, trials))
     concurrent = max(1, int(limit))
     cpus = cpus_per_trial or max(1, cores // concurrent)
@@ -161,17 +164,17 @@ class Allocator:
 
     plan: Plan
     _gpu_load: dict[str, int] = field(default_factory=dict)
-    _free_cores: list[int] = field(default_factory=list)
+    _core_load: dict[int, int] = field(default_factory=dict)
     _running: int = 0
 
     def __post_init__(self) -> None:
         self._gpu_load = dict.fromkeys(self.plan.machine.gpus, 0)
-        self._free_cores = list(self.plan.machine.cores)
+        self._core_load = dict.fromkeys(self.plan.machine.cores, 0)
 
     def take(self) -> Slot | None:
         """A slot for the next trial, or None until a running one ends."""
         share = self.plan.share
-        if self._running >= self.plan.concurrent or len(self._free_cores) < share.cpus:
+        if self._running >= self.plan.concurrent:
             return None
         gpus: tuple[str, ...] = ()
         if 0 < share.gpus < 1:
@@ -188,15 +191,20 @@ class Allocator:
             gpus = tuple(idle[: share.whole])
         for g in gpus:
             self._gpu_load[g] += 1
-        cores = tuple(self._free_cores[: share.cpus])
-        del self._free_cores[: share.cpus]
+        # the least used cores (idle ones, unless more trials than cores were asked for)
+        cores = tuple(
+            sorted(sorted(self._core_load, key=lambda c: self._core_load[c])[: share.cpus])
+        )
+        for c in cores:
+            self._core_load[c] += 1
         self._running += 1
         return Slot(gpus, cores, share.per_gpu)
 
     def give_back(self, slot: Slot) -> None:
         for g in slot.gpus:
             self._gpu_load[g] -= 1
-        self._free_cores = sorted(self._free_cores + list(slot.cores))
+        for c in slot.cores:
+            self._core_load[c] -= 1
         self._running -= 1
 
     @property

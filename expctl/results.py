@@ -130,6 +130,7 @@ def _nested(r: Row) -> dict[str, Any]:
         "error": r.error,
         "run_dir": r.run_dir,
         "overrides": r.overrides,
+        "lineage": r.lineage,
     }
 
 

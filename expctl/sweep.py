@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl import compose, ledger, results, rundir, slurm, snapshot
+from expctl import compose, ledger, pbt, results, rundir, slurm, snapshot
 from expctl import config as config_mod
 from expctl.config import Config
 from expctl.errors import UserError
@@ -192,7 +192,10 @@ def multirun(
     dims += [d for d in yaml_dims if d.key not in {x.key for x in dims}]
     plain += yaml_plain
     repeat = repeat or s.repeat
-    if s.sampler == "grid":
+    grid = s.sampler == "grid" and s.scheduler != "pbt"  # PBT draws its population at random
+    if s.scheduler == "pbt":
+        pbt.check(base, [d.key for d in dims], repeat)
+    if grid:
         points = _grid(dims)
         if s.n_trials:
             points = points[: s.n_trials]
@@ -217,7 +220,7 @@ def multirun(
         "dims": [vars(d) for d in dims],
         "points": points,
         "repeat": repeat,
-        "n_trials": len(points) if s.sampler == "grid" else s.n_trials or DEFAULT_TRIALS,
+        "n_trials": len(points) if grid else s.n_trials or DEFAULT_TRIALS,
         "created": time.time(),
     }
     try:

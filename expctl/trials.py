@@ -13,6 +13,7 @@ checkpoint). One failing trial never stops the others, unless `sweep.stop_on_fai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from expctl import resources
-from expctl.config import Config, SweepConfig
+from expctl import pbt, resources
+from expctl.config import CheckpointConfig, Config, SweepConfig
 from expctl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -39,10 +40,10 @@ from expctl.errors import (
     RunError,
     UserError,
 )
-from expctl.layout import RunDir, SweepDir
+from expctl.layout import RunDir, SweepDir, write_atomically
 from expctl.pool import Pool, Proc
 from expctl.provenance import Launch
-from expctl.study import TrialRef, attrs_of, finish, is_open, mark
+from expctl.study import TrialRef, attrs_of, finish, is_open, mark, trial_params
 
 log = logging.getLogger("expctl")
 
@@ -99,43 +100,89 @@ def run_local(
 
     Raises:
         Interrupted: Ctrl-C or SIGTERM stopped the sweep (its trials at a checkpoint).
+        RunError: the sweep's journal could not be written (a full disk): trials stopped.
     """
     print(f"expctl: {plan.describe()}", flush=True)
-    queue = deque(todo)
-    alloc = resources.Allocator(plan)
-    running: dict[int, Running] = {}
-    board = Board(sys.stdout, sweep_dir)
-    stop = _Stop()
-    launch_file = SweepDir(sweep_dir).launch
-    launch_file.write_text(origin.to_json())
-    pool = Pool(trial_main)
+    driver = Driver(sweep_dir, plan, make_config, settings)
     try:
-        with stop.catching():
-            while running or (queue and not stop.reason):
-                while queue and not stop.reason and (slot := alloc.take()) is not None:
-                    cfg = make_config(queue.popleft())
-                    r = _start(pool, cfg, slot, launch_file, bool(plan.machine.gpus))
-                    running[r.proc.pid or 0] = r
-                    board.started(r)
-                if stop.pending():
-                    pool.signal(STOP if stop.count == 1 else signal.SIGKILL)
-                for p in pool.wait(timeout=board.tick):
-                    r = running.pop(p.pid or 0)
-                    alloc.give_back(r.slot)
-                    failed = _ended(r, p.code or 0, settings, bool(stop.reason), board)
-                    if failed and settings.stop_on_failure and not stop.reason:
-                        stop.ask("failure")
-                        board.say(
-                            "a trial failed and sweep.stop_on_failure is set: stopping the "
-                            "sweep (running trials at a checkpoint)"
-                        )
-                board.show(running.values())
+        SweepDir(sweep_dir).launch.write_text(origin.to_json())
+        driver.run(deque(todo))
+    except OSError as e:  # the journal or a trial's folder: stop, the ledger says what was left
+        driver.abort()
+        raise RunError(
+            f"cannot write the sweep's files in {sweep_dir} ({e.strerror or e}): its running "
+            f"trials were stopped; free space, then `expctl sweep resume {sweep_dir}`"
+        ) from None
+    except UserError as e:  # the next trial could not be made (its folder: a full disk)
+        driver.abort()
+        raise UserError(
+            f"{e.message} (the sweep's running trials were stopped)",
+            f"{e.hint + '; then ' if e.hint else ''}`expctl sweep resume {sweep_dir}` continues",
+        ) from None
     finally:
-        pool.close()
-        board.close()
-        launch_file.unlink(missing_ok=True)
-    if stop.reason == "interrupt":
+        driver.close()
+        SweepDir(sweep_dir).launch.unlink(missing_ok=True)
+    if driver.stop.reason == "interrupt":
         raise Interrupted(f"expctl sweep resume {sweep_dir}")
+
+
+class Driver:
+    """Keeps the plan's trials running until the queue is empty or the sweep is stopped."""
+
+    def __init__(
+        self,
+        sweep_dir: Path,
+        plan: resources.Plan,
+        make_config: Callable[[Any], Config],
+        settings: SweepConfig,
+    ) -> None:
+        self.sweep_dir, self.plan, self.make_config = sweep_dir, plan, make_config
+        self.settings = settings
+        self.alloc = resources.Allocator(plan)
+        self.running: dict[int, Running] = {}
+        self.board = Board(sys.stdout, sweep_dir)
+        self.stop = _Stop()
+        self.pool = Pool(trial_main)
+
+    def run(self, queue: deque[Any]) -> None:
+        with self.stop.catching():
+            while self.running or (queue and not self.stop.reason):
+                while queue and not self.stop.reason and (slot := self.alloc.take()):
+                    self._start(self.make_config(queue.popleft()), slot)
+                if self.stop.pending():
+                    self.pool.signal(STOP if self.stop.count == 1 else signal.SIGKILL)
+                for p in self.pool.wait(timeout=self.board.tick):
+                    self._ended(self.running.pop(p.pid or 0), p.code or 0)
+                self.board.show(self.running.values())
+
+    def _start(self, cfg: Config, slot: resources.Slot) -> None:
+        r = _start(
+            self.pool, cfg, slot, SweepDir(self.sweep_dir).launch, bool(self.plan.machine.gpus)
+        )
+        self.running[r.proc.pid or 0] = r
+        self.board.started(r)
+
+    def _ended(self, r: Running, code: int) -> None:
+        self.alloc.give_back(r.slot)
+        failed = _ended(r, code, self.settings, bool(self.stop.reason), self.board)
+        if failed and self.settings.stop_on_failure and not self.stop.reason:
+            self.stop.ask("failure")
+            self.board.say(
+                "a trial failed and sweep.stop_on_failure is set: stopping the sweep (running "
+                "trials at a checkpoint)"
+            )
+
+    def abort(self, timeout: float = 120.0) -> None:
+        """Stop the running trials and wait for them (recording nothing: it cannot be written;
+        `sweep resume` finds them lost)."""
+        self.pool.signal(STOP)
+        deadline = time.monotonic() + timeout
+        while self.pool.running() and time.monotonic() < deadline:
+            self.pool.wait(timeout=1.0)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.board.close()
 
 
 def _start(pool: Pool, cfg: Config, slot: resources.Slot, launch_file: Path, gpus: bool) -> Running:
@@ -278,6 +325,10 @@ def trial_main(argv: Sequence[str]) -> int:
         cfg = config_mod.load(request["run_dir"])
         origin = Launch.from_json(Path(request["launch"]).read_text())
         launch.launch(cfg, origin=origin)
+        copy = _copy_if_decided(cfg)
+        while copy is not None:  # PBT: continue as a copy of a better trial
+            launch.launch(copy, origin=origin)
+            copy = _copy_if_decided(copy)
         return 0
     except UserError as e:
         print(f"expctl: error: {e}", file=sys.stderr)
@@ -300,6 +351,84 @@ def trial_main(argv: Sequence[str]) -> int:
             print(f"expctl: error: {text}", file=sys.stderr)
             return EXIT_FAILED
         raise
+
+
+def _copy_if_decided(cfg: Config) -> Config | None:
+    """The config a PBT trial continues with, after its hooks decided to copy another trial
+    (status `copying`): that trial's checkpoint made its own, its values explored, its
+    config.yaml rewritten; None when it ended otherwise."""
+    from expctl import compose
+    from expctl import config as config_mod
+
+    run_dir = Path(str(cfg.run.dir))
+    ref = TrialRef.read(run_dir)
+    if cfg.sweep.scheduler != "pbt" or ref is None:
+        return None
+    attrs = attrs_of(ref)
+    if attrs.get("status") != "copying":
+        return None
+    decision, lineage = attrs["pbt_next"], list(attrs.get("lineage", []))
+    spec = SweepDir(ref.sweep_dir).read_spec()
+    current = dict(lineage[-1]["params"]) if lineage else pbt.typed(trial_params(ref))
+    number = SweepDir.number_of(run_dir) or 0
+    step = _transplant(run_dir, Path(decision["checkpoint"]), cfg.checkpoint)
+    new = pbt.explore(
+        current, spec["dims"], cfg.sweep.pbt, pbt.rng_for(cfg.sweep.seed, number, step)
+    )
+    overrides = [*spec["plain"], *(f"{k}={json.dumps(v)}" for k, v in new.items())]
+    fresh = compose.compose(spec["config_file"], overrides)
+    fresh = dataclasses.replace(
+        fresh,
+        launcher=cfg.launcher,  # its share of the machine (N GPUs: an N-rank run)
+        run=cfg.run,
+        train=dataclasses.replace(fresh.train, hparam_schedule=[pbt.entry(step, new)]),
+    )
+    write_atomically(RunDir(run_dir).config, config_mod.to_yaml(fresh))
+    lineage.append(
+        {
+            "step": step,
+            "from_trial": decision["from_trial"],
+            "params": new,
+            "time": decision["time"],
+        }
+    )
+    mark(ref, "running", lineage=lineage, pbt_next=None)
+    print(
+        f"expctl: pbt: continuing from trial {decision['from_trial']}'s checkpoint of step {step} "
+        f"with {' '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in new.items())}",
+        flush=True,
+    )
+    return config_mod.load(run_dir)
+
+
+def _transplant(run_dir: Path, frozen: Path, ck: CheckpointConfig) -> int:
+    """Make the frozen donor checkpoint this run's newest (and only) one: its own checkpoints
+    go (PBT replaces a weak trial's state), its metrics history stays. Returns the step.
+
+    Raises:
+        ValueError: the frozen checkpoint does not load (nothing of the run was touched).
+    """
+    from expctl import checkpoint  # torch: loaded in a trial's process already
+
+    payload = checkpoint.load(frozen)  # checked before anything of the run is removed
+    scores = checkpoint.scores(frozen)
+    for old in checkpoint.list_checkpoints(run_dir):
+        for suffix in (".json", ".sha256", ""):
+            Path(f"{old}{suffix}").unlink(missing_ok=True)
+    payload.pop("format", None)
+    payload["metrics_rows"] = len(_whole_lines(RunDir(run_dir).metrics))
+    checkpoint.save(run_dir, payload, ck, scores)
+    for suffix in ("", ".sha256", ".json"):
+        Path(f"{frozen}{suffix}").unlink(missing_ok=True)
+    return int(payload["step"])
+
+
+def _whole_lines(path: Path) -> list[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    return [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
 
 
 def _out_of_memory(e: BaseException) -> bool:

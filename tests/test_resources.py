@@ -31,7 +31,9 @@ def test_a_fraction_packs_per_gpu_never_across_gpus() -> None:
     assert len(cores) == len(set(cores)) == 96, "disjoint blocks of cores"
 
 
-@pytest.mark.parametrize(("share", "per_gpu"), [(0.25, 4), (0.5, 2), (0.1, 10), (1 / 3, 3), (0.3, 3)])
+@pytest.mark.parametrize(
+    ("share", "per_gpu"), [(0.25, 4), (0.5, 2), (0.1, 10), (1 / 3, 3), (0.3, 3)]
+)
 def test_shares_that_divide_one_pack_exactly(share: float, per_gpu: int) -> None:
     assert plan(machine(64, 2), share, None, None, trials=100).share.per_gpu == per_gpu
 
@@ -73,6 +75,13 @@ def test_a_cpu_machine_runs_a_trial_per_core_and_max_concurrent_caps_it() -> Non
     assert plan(machine(8, 0), None, None, None, trials=8, ranks=2).concurrent == 4
     assert plan(machine(8, 0), None, 3, None, trials=8).concurrent == 2
     assert plan(machine(8, 0), None, None, None, trials=1).concurrent == 1
+
+
+def test_more_trials_than_cores_when_asked_share_the_cores_evenly() -> None:
+    p = plan(machine(2, 0), None, None, 4, trials=4)
+    slots = fill(Allocator(p))
+    assert p.concurrent == 4 and "sharing cores" in p.describe()
+    assert sorted(s.cores for s in slots) == [(0,), (0,), (1,), (1,)]
 
 
 def test_gpus_visible_to_the_driver_are_named_as_cuda_visible_devices_names_them(

@@ -464,8 +464,11 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
     path = Path(how.group(1))
     assert [r.status for r in ledger.rows(path)] == ["interrupted", "interrupted", "pending"]
     for n in (0, 1):
-        (ck,) = (path / f"trial_{n:03d}" / "checkpoints").glob("step_*.pt")
-        assert int(ck.stem.split("_")[1]) % 16 != 0, "saved where it stopped, not at an epoch end"
+        newest = max(
+            int(p.stem.split("_")[1])
+            for p in (path / f"trial_{n:03d}").glob("checkpoints/step_*.pt")
+        )
+        assert newest % 16 != 0, "saved where it stopped, not at an epoch end"
     table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
     assert "3 trial(s) not run to the end" in table and "interrupted" in table
     run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
@@ -518,6 +521,75 @@ def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) ->
     assert {(t["trial"], Path(t["run_dir"]).name) for t in listed["trials"]} == {
         (n, f"trial_{n:03d}") for n in range(4)
     }
+
+
+def test_a_disk_that_fills_during_a_sweep_stops_it_in_one_line_and_resume_finishes_it(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """The sweep's filesystem fills while trial 1 trains: one line (exit 1) naming the sweep and
+    `sweep resume`; nothing is left pending for ever: once space is freed, resume runs every
+    trial that did not complete, and a second resume has nothing left to do."""
+    import conftest
+
+    with conftest.tmpfs(tmp_path / "disk", 4096) as disk:
+        proc = run_cli(
+            "run",
+            "-C",
+            str(tiny),
+            "-m",
+            "optim.lr=0.1,0.2,0.3",
+            "sweep.max_concurrent=1",
+            "imports=[faulty]",
+            "train.step=fill_disk_at_step",
+            "train.max_epochs=1",
+            f"run.root={disk}",
+            cwd=tiny.parent,
+            env=cli_env(FILL_DIR=str(disk), FILL_AT_STEP="5"),
+            check=False,
+        )
+        err = [line for line in proc.stderr.splitlines() if line.startswith(("expctl", " "))]
+        assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+        path = sweep_dir_of(proc.stdout)
+        assert "No space left on device" in err[-2] + err[-1], proc.stderr
+        assert f"expctl sweep resume {path}" in err[-1], proc.stderr
+        rows = ledger.rows(path)
+        assert all(r.status in ("failed", "lost") for r in rows if r.optuna_trial is not None)
+        assert all(r.status == "pending" for r in rows if r.optuna_trial is None), rows
+        (disk / "filler").unlink()
+        run_cli("sweep", "resume", str(path), cwd=tiny.parent)
+        assert [r.status for r in ledger.rows(path)] == ["completed"] * 3
+        again = run_cli("sweep", "resume", str(path), cwd=tiny.parent)
+        assert "nothing to resume" in again.stdout
+
+
+def test_a_trial_asked_by_a_driver_that_died_is_lost_and_resumed(tiny: Path) -> None:
+    """A trial the journal holds as pending (asked, its folder not made yet) whose driver is gone
+    is `lost`, not pending for ever: `sweep resume` runs it."""
+    from expctl import config
+    from expctl.study import open_study
+
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.lr=0.1", "train.max_steps=2", cwd=tiny.parent
+    )
+    path = sweep_dir_of(proc.stdout)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    study = open_study(path, config.load(path / "trial_000").sweep)
+    trial = study.ask()
+    for k, v in {
+        "status": "pending",
+        "pid": int(dead.stdout),
+        "host": os.uname().nodename,
+        "overrides": "optim.lr=0.1",
+        "config": "{}",
+        "run_dir": str(path / "trial_001"),
+    }.items():
+        trial.set_user_attr(k, v)
+    rows = ledger.rows(path)
+    assert [r.status for r in rows] == ["completed", "lost"]
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent)
+    assert [r.status for r in ledger.rows(path)] == ["completed", "completed"]
 
 
 def test_two_sweeps_started_together_never_collide(tiny: Path) -> None:

@@ -65,3 +65,27 @@ class NanAtStep(Supervised):
             x, y = batch
             batch = (x * float("nan"), y)
         return super().train_step(ctx, batch)
+
+
+@register("steps", "fill_disk_at_step")
+class FillDiskAtStep(Supervised):
+    """Supervised, but at micro-batch $FILL_AT_STEP of this process it fills the filesystem of
+    $FILL_DIR (a file `filler` there, written until the disk is full), once: a full disk that
+    arrives while a sweep runs."""
+
+    calls = 0
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        FillDiskAtStep.calls += 1
+        folder = os.environ.get("FILL_DIR")
+        if folder and FillDiskAtStep.calls == int(os.environ.get("FILL_AT_STEP", "-1")):
+            filler = os.path.join(folder, "filler")
+            if not os.path.exists(filler):
+                try:
+                    with open(filler, "wb") as f:
+                        while True:
+                            f.write(b"x" * 4096)
+                            f.flush()
+                except OSError:
+                    pass
+        return super().train_step(ctx, batch)
