@@ -1,11 +1,13 @@
 """The search space of `expctl run -m`: Hydra's multirun grammar (``a=1,2``, ``range()``,
-``choice()``, ``interval()``, ``tag(log, ...)``), parsed by Hydra's own override parser, into
-plain overrides and swept dimensions; the grid of their points."""
+``choice()``, ``glob()``, ``shuffle()``, ``interval()``, ``tag(log, ...)``), parsed by Hydra's own
+override parser into plain overrides and swept dimensions, as Hydra's BasicSweeper plans them
+(tests/test_space.py compares the two on the same strings); the grid of their points."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,42 +40,86 @@ class Dimension:
         return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
 
 
-def parse_space(overrides: Sequence[str]) -> tuple[list[str], list[Dimension]]:
-    """Split overrides into plain ones and swept dimensions (Hydra's override grammar)."""
-    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+def parse_space(
+    overrides: Sequence[str],
+    params: Mapping[str, str] | None = None,
+    seed: int = 0,
+    options: Callable[[str], list[str] | None] | None = None,
+) -> tuple[list[str], list[Dimension]]:
+    """Split a sweep's overrides into plain ones and swept dimensions, as Hydra's BasicSweeper
+    does: `params` (the config's ``sweep.params``) first, then `overrides`; a key given twice
+    keeps its first place and its last value.
 
-    plain: list[str] = []
-    dims: list[Dimension] = []
-    for text in overrides:
-        o = parse_override(text)
-        if not o.is_sweep_override():
-            plain.append(text)
-            continue
-        key, value = o.get_key_element(), o.value()
-        if isinstance(value, ChoiceSweep):
-            dims.append(Dimension(key, values=[_text(v) for v in value.list]))
-        elif isinstance(value, RangeSweep):
-            start, stop, step = (
-                float(value.start or 0),
-                float(value.stop or 0),
-                float(value.step or 1),
+    Args:
+        seed: what ``shuffle()`` draws from (Hydra draws from the `random` module).
+        options: a config group's options, for ``glob()`` (None: not a group).
+
+    Returns:
+        The plain overrides (as Hydra's text, parsed once: what every trial gets) and the
+        dimensions, each in its key's first place. A dimension may be empty (``range(3,1)``, a
+        glob that matches nothing): `check_values` says so.
+    """
+    texts = [*(f"{k}={v}" for k, v in (params or {}).items()), *overrides]
+    state = random.getstate()
+    random.seed(seed)
+    try:  # parse all, then enumerate all: the order in which Hydra's shuffles draw
+        parsed = [(text, parse_override(text)) for text in texts]
+        by_key: dict[str, str | Dimension] = {}
+        for text, o in parsed:
+            key = o.key_or_group + (f"@{o.package}" if o.package else "")  # `+a` sets a
+            by_key[key] = (  # a key given again keeps its place (Hydra's OrderedDict)
+                _dimension(text, o, options)
+                if o.is_sweep_override()
+                else f"{o.get_key_element()}={o.get_value_element_as_str()}"
             )
-            values: list[Any] = []
-            x = start
-            while (step > 0 and x < stop) or (step < 0 and x > stop):
-                values.append(x)
-                x += step
-            if all(isinstance(v, int) for v in (value.start, value.stop, value.step)):
-                values = [int(v) for v in values]
-            dims.append(Dimension(key, values=[_text(v) for v in values]))
-        elif isinstance(value, IntervalSweep):
-            dims.append(_interval(text, key, value))
-        else:
+    finally:
+        random.setstate(state)
+    plain = [v for v in by_key.values() if isinstance(v, str)]
+    return plain, [v for v in by_key.values() if isinstance(v, Dimension)]
+
+
+def _dimension(text: str, o: Any, options: Callable[[str], list[str] | None] | None) -> Dimension:
+    """The values of one swept key, enumerated by Hydra's own iterator (its float ranges step
+    in decimal: range(0,1,0.1) ends at 0.9), or its interval."""
+    from hydra.core.override_parser.types import Glob, IntervalSweep
+    from hydra.errors import HydraException
+
+    key, value = o.get_key_element(), o.value()
+    if isinstance(value, IntervalSweep):
+        return _interval(text, key, value)
+    if isinstance(value, Glob):
+        names = options(o.key_or_group) if options else None
+        if names is None:
             raise UserError(
-                f"{text}: {type(value).__name__} is not supported in sweeps",
-                "use a,b / range() / choice() / interval()",
+                f"{text}: glob() picks among the options of a config group, and "
+                f"'{o.key_or_group}' is not one",
+                "e.g. model='glob(res*)' or experiment='glob(*)'; or list the values: a,b,c",
             )
-    return plain, dims
+        return Dimension(key, values=value.filter(names))
+    if o.is_discrete_sweep():
+        try:
+            return Dimension(key, values=list(o.sweep_string_iterator()))
+        except (ValueError, HydraException):  # Python's range(1,5,0), Hydra's float range
+            raise UserError(
+                f"{text}: range() needs a step other than 0",
+                f"e.g. {key}='range(0,1,0.1)' (start, stop, step; stop is left out)",
+            ) from None
+    raise UserError(
+        f"{text}: {type(value).__name__} is not supported in sweeps",
+        "use a,b / range() / choice() / glob() / interval()",
+    )
+
+
+def check_values(dims: Sequence[Dimension]) -> None:
+    """Every dimension has a value to try (Hydra would plan no trial at all)."""
+    for d in dims:
+        if d.values == []:
+            raise UserError(
+                f"{d.key}: the sweep gives it no value (an empty range() or a glob() that "
+                "matches nothing)",
+                "range(1,5) counts up, range(5,1,-1) counts down; `expctl list` names the "
+                "options a glob() picks from",
+            )
 
 
 def _interval(text: str, key: str, value: Any) -> Dimension:
@@ -106,11 +152,3 @@ def grid(dims: list[Dimension]) -> list[dict[str, Any]]:
         dict(zip(names, combo, strict=True))
         for combo in itertools.product(*[d.values or [] for d in dims])
     ]
-
-
-def _text(value: Any) -> str:
-    """A swept value as Hydra override text: grid points and categorical choices are kept in
-    this form (Optuna stores only primitive choices; `[16, 16]` or `'a b'` stay intact)."""
-    from hydra.core.override_parser.types import Transformer  # what Hydra's sweepers use
-
-    return Transformer.str(value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from expctl.errors import Interrupted, UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
 from expctl.provenance import Launch
-from expctl.space import Dimension, grid, parse_space
+from expctl.space import Dimension, check_values, grid, parse_space
 from expctl.study import TrialRef, finish, is_open, mark, open_study
 
 log = logging.getLogger("expctl")
@@ -42,6 +43,59 @@ DEFAULT_TRIALS = 10  # random / TPE sweeps without sweep.n_trials
 
 def _override(key: str, value: Any) -> str:
     return f"{key}={value}"
+
+
+@dataclass
+class Plan:
+    """What `expctl run -m` runs: the config of its first point (the sweep's settings), the
+    overrides every trial gets, the dimensions, and the grid's points in order ([] when a
+    sampler picks them)."""
+
+    base: Config
+    plain: list[str]
+    dims: list[Dimension]
+    points: list[dict[str, Any]]
+
+
+def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) -> Plan:
+    """The sweep of `expctl run -C config_file -m overrides`, every grid point composed (so
+    valid) before anything is created.
+
+    The search space is Hydra's: the config's ``sweep.params``, then the command line, the last
+    value of a key winning (defaults < config file < command line); ``shuffle()`` draws from
+    ``sweep.seed``. `notes` receives compose's notes (settings an override set aside).
+    """
+    options = functools.partial(_group_options, config_file)
+    plain, dims = parse_space(overrides, options=options)
+    first = _overrides(plain, {d.key: d.values[0] for d in dims if d.values})
+    # the sweep's own settings (sweep.params, seed, sampler) come from a composed config
+    base = compose.compose(config_file, first, notes=notes)
+    s = base.sweep
+    plain, dims = parse_space(overrides, s.params, s.seed, options)
+    check_values(dims)
+    points = grid(dims) if s.sampler == "grid" else []
+    if s.n_trials:
+        points = points[: s.n_trials]
+    heads = points or [{d.key: d.values[0] for d in dims if d.values}]
+    for i, point in enumerate(heads):
+        over = _overrides(plain, point)
+        if i > 0:
+            compose.compose(config_file, over, notes=notes)
+        elif over != first:  # sweep.params or a shuffle moved the first point
+            base = compose.compose(config_file, over, notes=notes)
+    return Plan(base, plain, dims, points)
+
+
+def _overrides(plain: list[str], point: dict[str, Any]) -> list[str]:
+    return [*plain, *(_override(k, v) for k, v in point.items())]
+
+
+def _group_options(config_file: str | None, group: str) -> list[str] | None:
+    """The options of a config group, what ``glob()`` picks from (None: not a group)."""
+    if group not in (*compose.GROUPS, compose.PRESETS):
+        return None
+    dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
+    return compose.group_options(group, dirs)
 
 
 @dataclass
@@ -79,24 +133,11 @@ def multirun(
     config_file: str | None, overrides: Sequence[str], repeat: int | None = None
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
-    plain, dims = parse_space(overrides)
     notes: list[str] = []
-    first = [*plain, *(_override(d.key, d.values[0]) for d in dims if d.values)]
-    base = compose.compose(config_file, first, notes=notes)
+    space = plan(config_file, overrides, notes)  # every point is valid before anything exists
+    base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
-    yaml_plain, yaml_dims = parse_space([f"{k}={v}" for k, v in s.params.items()])
-    dims += [d for d in yaml_dims if d.key not in {x.key for x in dims}]
-    plain += yaml_plain
     repeat = repeat or s.repeat
-    if s.sampler == "grid":
-        points = grid(dims)
-        if s.n_trials:
-            points = points[: s.n_trials]
-        for p in points[1:]:  # every point is valid before anything is created
-            over = [*plain, *(_override(k, v) for k, v in p.items())]
-            compose.compose(config_file, over, notes=notes)
-    else:
-        points = []
     for note in dict.fromkeys(notes):
         print(f"expctl: note: {note}", file=sys.stderr)
     origin = Launch.here(config_file, overrides).pin()  # the code of every trial: as it is now
