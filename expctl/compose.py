@@ -2,7 +2,8 @@
 
 Precedence, lowest first: the schema's and each factory's signature defaults < the built-in
 ``conf/config.yaml`` < an ``experiment`` the -C file picks < the -C file < an ``experiment`` the
-command line picks < the command line. Hydra composes the result: its ConfigStore holds the schema
+command line picks < the command line. Within the -C file, defaults entries after ``_self_`` beat
+its body, as in Hydra. Hydra composes the result: its ConfigStore holds the schema
 and one node per registered component (`confstore.py`), OmegaConf checks the types, and overrides
 use Hydra's grammar.
 

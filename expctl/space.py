@@ -6,6 +6,7 @@ override parser into plain overrides and swept dimensions, as Hydra's BasicSweep
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ def parse_space(
         parsed = [(text, parse_override(text)) for text in texts]
         by_key: dict[str, str | Dimension] = {}
         for text, o in parsed:
-            key = o.key_or_group + (f"@{o.package}" if o.package else "")  # `+a` sets a
+            key = o.key_or_group + (f"@{o.package}" if o.package else "")  # `+a=1 a=2`: a=2
             by_key[key] = (  # a key given again keeps its place (Hydra's OrderedDict)
                 _dimension(text, o, options)
                 if o.is_sweep_override()
@@ -81,7 +82,7 @@ def parse_space(
 def _dimension(text: str, o: Any, options: Callable[[str], list[str] | None] | None) -> Dimension:
     """The values of one swept key, enumerated by Hydra's own iterator (its float ranges step
     in decimal: range(0,1,0.1) ends at 0.9), or its interval."""
-    from hydra.core.override_parser.types import Glob, IntervalSweep
+    from hydra.core.override_parser.types import Glob, IntervalSweep, RangeSweep
     from hydra.errors import HydraException
 
     key, value = o.get_key_element(), o.value()
@@ -96,6 +97,8 @@ def _dimension(text: str, o: Any, options: Callable[[str], list[str] | None] | N
                 "e.g. model='glob(res*)' or experiment='glob(*)'; or list the values: a,b,c",
             )
         return Dimension(key, values=value.filter(names))
+    if isinstance(value, RangeSweep):
+        _check_range(text, key, value)
     if o.is_discrete_sweep():
         try:
             return Dimension(key, values=list(o.sweep_string_iterator()))
@@ -108,6 +111,23 @@ def _dimension(text: str, o: Any, options: Callable[[str], list[str] | None] | N
         f"{text}: {type(value).__name__} is not supported in sweeps",
         "use a,b / range() / choice() / glob() / interval()",
     )
+
+
+MAX_VALUES = 100_000  # of one range(): more is a typo (Hydra would list them for minutes)
+
+
+def _check_range(text: str, key: str, value: Any) -> None:
+    """A range() Hydra's iterator can enumerate: finite (an infinite one never ends, NaN is a
+    decimal error) and of a size a sweep can run."""
+    start, stop, step = (float(x) for x in (value.start, value.stop, value.step))
+    if not all(math.isfinite(x) for x in (start, stop, step)):
+        raise UserError(f"{text}: range() needs finite numbers", f"e.g. {key}='range(0,1,0.1)'")
+    if step and (stop - start) / step > MAX_VALUES:
+        raise UserError(
+            f"{text}: range() lists {(stop - start) / step:.0f} values, more than {MAX_VALUES:,}",
+            "check start, stop and step (range(start, stop, step)), or sample with sweep=random "
+            f"and {key}='interval(low, high)'",
+        )
 
 
 def check_values(dims: Sequence[Dimension]) -> None:

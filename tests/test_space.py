@@ -154,6 +154,22 @@ def test_a_range_with_step_0_is_an_error_as_in_hydra(text: str) -> None:
         expctl_jobs([text])
 
 
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("a=range(0,inf,1)", "needs finite numbers"),  # Hydra's iterator never ends
+        ("a=range(-inf,0)", "needs finite numbers"),
+        ("a=range(nan,1,1)", "needs finite numbers"),  # Hydra: decimal.InvalidOperation
+        ("a=range(0,1,nan)", "needs finite numbers"),
+        ("a=range(0,1e9)", "more than 100,000"),
+        ("a=range(0,1,1e-7)", "more than 100,000"),
+    ],
+)
+def test_a_range_that_never_ends_or_is_huge_is_an_error(text: str, error: str) -> None:
+    with pytest.raises(UserError, match=error):
+        expctl_jobs([text])
+
+
 @pytest.mark.parametrize("text", ["a=range(3,1)", "a=range(0,1,-0.5)", "model=glob(z*)"])
 def test_an_empty_dimension_is_an_error_where_hydra_runs_nothing(text: str) -> None:
     assert hydra_jobs([text, "b=1,2"]) == []

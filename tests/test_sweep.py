@@ -17,7 +17,7 @@ import pytest
 from conftest import SMALL, TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import cli, ledger
+from expctl import cli, config, ledger
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -28,6 +28,7 @@ def sweep_dir_of(stdout: str) -> Path:
 
 
 def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
+    tiny.write_text(TINY + "sweep: {params: {optim.lr: '0.9'}}\n")  # the command line wins
     proc = run_cli(
         "run",
         "-C",
@@ -48,6 +49,7 @@ def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
     for r in rows:
         result = json.loads((Path(r.run_dir) / "result.json").read_text())
         assert r.value == result["val/acc"]
+        assert f"optim.lr={config.load(r.run_dir).optim.args['lr']} " in r.overrides
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
     values = [float(x) for x in re.findall(r"completed\s+([0-9.]+)", table)]
     assert len(values) == 4 and values == sorted(values, reverse=True), "sorted best first"
