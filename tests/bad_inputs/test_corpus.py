@@ -269,6 +269,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "-m", "optim.lr=range(1,5,0)"], "range() needs a step other than 0"),
     (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
     (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),
+    (["run", "-m", "optim.lr=range(0,inf,0.1)"], "range() needs finite numbers"),
     (["run", "-m", "model=glob(zz*)"], "model: the sweep gives it no value"),
     (["run", "-m", "optim.lr=glob(*)"], "'optim.lr' is not one"),
     (["run", "-C", "self_twice.yml"], "defaults lists _self_ twice"),
