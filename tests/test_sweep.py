@@ -200,8 +200,6 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     sweep = sweep_dir_of(proc.stdout)
     rows = ledger.rows(sweep)
     assert len(rows) == 4
-    from expctl import config
-
     seeds = sorted(config.load(r.run_dir).train.seed for r in rows)
     assert seeds == [7, 7, 8, 8], "each configuration once with the base seed, once with +1"
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
