@@ -21,7 +21,7 @@ import pytest
 from conftest import SMALL, TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import cli, ledger
+from expctl import cli, config, ledger
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -32,6 +32,7 @@ def sweep_dir_of(stdout: str) -> Path:
 
 
 def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
+    tiny.write_text(TINY + "sweep: {params: {optim.lr: '0.9'}}\n")  # the command line wins
     proc = run_cli(
         "run",
         "-C",
@@ -52,6 +53,7 @@ def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
     for r in rows:
         result = json.loads((Path(r.run_dir) / "result.json").read_text())
         assert r.value == result["val/acc"]
+        assert f"optim.lr={config.load(r.run_dir).optim.args['lr']} " in r.overrides
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
     values = [float(x) for x in re.findall(r"completed\s+([0-9.]+)", table)]
     assert len(values) == 4 and values == sorted(values, reverse=True), "sorted best first"
@@ -203,8 +205,6 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     sweep = sweep_dir_of(proc.stdout)
     rows = ledger.rows(sweep)
     assert len(rows) == 4
-    from expctl import config
-
     seeds = sorted(config.load(r.run_dir).train.seed for r in rows)
     assert seeds == [7, 7, 8, 8], "each configuration once with the base seed, once with +1"
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
