@@ -147,8 +147,11 @@ class Driver:
     def run(self, queue: deque[Any]) -> None:
         with self.stop.catching():
             while self.running or (queue and not self.stop.reason):
+                ready = []  # made first, started together: a wave starts at once
                 while queue and not self.stop.reason and (slot := self.alloc.take()):
-                    self._start(self.make_config(queue.popleft()), slot)
+                    ready.append((self.make_config(queue.popleft()), slot))
+                for cfg, slot in ready:
+                    self._start(cfg, slot)
                 if self.stop.pending():
                     self.pool.signal(STOP if self.stop.count == 1 else signal.SIGKILL)
                 for p in self.pool.wait(timeout=self.board.tick):

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
@@ -33,6 +32,10 @@ def hydra_jobs(
 ) -> list[list[str]]:
     """The jobs Hydra's BasicSweeper launches for `params` (hydra.sweeper.params) + `overrides`,
     as its sweep() computes them; shuffle() draws from `random`, seeded here."""
+    # imported here: Hydra's plugin discovery (run by a composition in an earlier test) executes
+    # its plugin modules again, and a class imported before would not be its module's own
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
     random.seed(seed)
     parser = OverridesParser.create(config_loader=_Groups())  # type: ignore[arg-type]
     sweeper = BasicSweeper(max_batch_size=None, params=params)

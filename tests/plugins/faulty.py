@@ -89,3 +89,27 @@ class FillDiskAtStep(Supervised):
                 except OSError:
                     pass
         return super().train_step(ctx, batch)
+
+
+@register("steps", "meet")
+class Meet(Supervised):
+    """Supervised, but at its first micro-batch each process leaves a file in $MEET_DIR and waits
+    (up to 120 s) until $MEET_N processes have: it passes only if that many train at once."""
+
+    met = False
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        import time
+        from pathlib import Path
+
+        if not Meet.met:
+            folder, n = Path(os.environ["MEET_DIR"]), int(os.environ["MEET_N"])
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / str(os.getpid())).touch()
+            deadline = time.monotonic() + 120
+            while len(list(folder.iterdir())) < n:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {len(list(folder.iterdir()))} of {n} met")
+                time.sleep(0.05)
+            Meet.met = True
+        return super().train_step(ctx, batch)
