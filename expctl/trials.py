@@ -374,6 +374,7 @@ def _copy_if_decided(cfg: Config) -> Config | None:
     spec = SweepDir(ref.sweep_dir).read_spec()
     current = dict(lineage[-1]["params"]) if lineage else pbt.typed(trial_params(ref))
     number = SweepDir.number_of(run_dir) or 0
+    row = len(_whole_lines(RunDir(run_dir).metrics))  # its history so far: the plot's segments
     step = _transplant(run_dir, Path(decision["checkpoint"]), cfg.checkpoint)
     new = pbt.explore(
         current, spec["dims"], cfg.sweep.pbt, pbt.rng_for(cfg.sweep.seed, number, step)
@@ -387,14 +388,8 @@ def _copy_if_decided(cfg: Config) -> Config | None:
         train=dataclasses.replace(fresh.train, hparam_schedule=[pbt.entry(step, new)]),
     )
     write_atomically(RunDir(run_dir).config, config_mod.to_yaml(fresh))
-    lineage.append(
-        {
-            "step": step,
-            "from_trial": decision["from_trial"],
-            "params": new,
-            "time": decision["time"],
-        }
-    )
+    copy = {"step": step, "from_trial": decision["from_trial"], "params": new}
+    lineage.append({**copy, "time": decision["time"], "row": row})
     mark(ref, "running", lineage=lineage, pbt_next=None)
     print(
         f"expctl: pbt: continuing from trial {decision['from_trial']}'s checkpoint of step {step} "
