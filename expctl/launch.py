@@ -296,7 +296,9 @@ def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
         hooks.append(JobHooks(env, run_dir, cfg.launcher.max_requeues))
     ref = study.TrialRef.read(cfg.run.dir) if env.is_main else None  # rank 0 speaks for a trial
     if ref is not None and study.is_open(ref, cfg.sweep):
-        hooks.append(study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent))
+        hooks.append(
+            study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent, cfg.train.max_epochs)
+        )
     elif ref is not None:  # re-run or continued after its sweep recorded it: a run of its own
         log.info(
             "%s was trial %d of the sweep in %s, which recorded its end: this run is not recorded "

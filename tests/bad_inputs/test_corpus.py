@@ -264,6 +264,19 @@ CORPUS: list[tuple[list[str], str]] = [
         "over launcher.snapshot_max_mb=0.001",
     ),
     ([*SMALL_RUN, "launcher=slurm", "launcher.snapshot=git"], "is in no git repository"),
+    # issue 24: Hydra's grammar (tests/test_space.py compares with Hydra's own sweeper)
+    (["show", "=1"], "override '=1' has no key"),
+    (["show", "=1.5"], "has no key"),
+    (["show", "=true"], "has no key"),
+    (["show", "=null"], "has no key"),
+    (["run", "-m", "=1,2"], "has no key"),
+    (["run", "-m", "optim.lr=range(1,5,0)"], "range() needs a step other than 0"),
+    (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
+    (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),
+    (["run", "-m", "optim.lr=range(0,inf,0.1)"], "range() needs finite numbers"),
+    (["run", "-m", "model=glob(zz*)"], "model: the sweep gives it no value"),
+    (["run", "-m", "optim.lr=glob(*)"], "'optim.lr' is not one"),
+    (["run", "-C", "self_twice.yml"], "defaults lists _self_ twice"),
 ]
 
 
@@ -282,6 +295,7 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "sgd_body.yml").write_text("optim: {name: sgd, lr: 0.1, momentum: 0.9}\n")
     (tmp_path / "two_names.yml").write_text("defaults: [{optim: adam}]\noptim: {name: sgd}\n")
     (tmp_path / "logger_number.yml").write_text("logger: 5\n")
+    (tmp_path / "self_twice.yml").write_text("defaults: [_self_, {optim: adam}, _self_]\n")
     (tmp_path / "secret_name.yml").write_text("run: {name: '${oc.env:EXPCTL_TEST_SECRET}'}\n")
     _fashion_files(tmp_path / "corrupt_data", (5, 28, 28), 10)  # 10 bytes of 5 images
     _fashion_files(tmp_path / "small_images", (5, 5, 5), 125)  # 5 x 5 pixels: not Fashion-MNIST
