@@ -31,6 +31,7 @@ from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
 from expctl.provenance import Launch
 from expctl.rank import Evaluation
+from expctl.startup import WORKER_MAIN
 
 log = logging.getLogger("expctl")
 
@@ -170,20 +171,6 @@ def _local(
         record = json.loads(RunDir(run_dir).eval_result(evaluation.name).read_text())
         return Result(run_dir, record)
     return Result(run_dir, RunDir(run_dir).read_result())
-
-
-# A local worker's program (`python -c WORKER_MAIN _worker ...`). `python -m expctl` would search
-# the working directory first, before expctl itself is imported: a json.py or expctl.py there
-# would run in every worker. `-c` puts it first too, as '', which goes before anything is
-# imported (-P, which does the same, needs Python 3.11); the worker searches what the user named:
-# PYTHONPATH, then `imports:` in the working directory and beside the -C file.
-WORKER_MAIN = (
-    "import sys\n"
-    "if sys.path[:1] == [''] and not getattr(sys.flags, 'safe_path', False):\n"
-    "    del sys.path[0]\n"
-    "from expctl.cli import main\n"
-    "sys.exit(main())\n"
-)
 
 
 def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from expctl.startup import WORKER_MAIN
+
 Entry = Callable[[Sequence[str]], int]  # cli.main: the trial runs `expctl _trial ...` in-process
 
 
@@ -83,7 +85,7 @@ class Pool:
 
     def _spawn_zygote(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "expctl", "_zygote"],
+            [sys.executable, "-c", WORKER_MAIN, "_zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=False,

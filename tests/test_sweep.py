@@ -432,6 +432,30 @@ def test_trials_run_side_by_side_each_on_its_own_cores(tiny: Path) -> None:
     assert cores == {"0", "1"} and len(list((tiny.parent / "met").iterdir())) == 2
 
 
+def test_a_driver_with_threads_starts_its_trials_from_a_fresh_zygote(tiny: Path) -> None:
+    """A driver that runs another thread (a notebook's kernel; here a module of `imports:`)
+    does not fork: its trials come from a zygote started as a fresh interpreter, which does not
+    search the working directory first (a json.py there would run in every trial)."""
+    (tiny.parent / "json.py").write_text("raise SystemExit('the working directory was searched')\n")
+    parents = tiny.parent / "parents.txt"
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "-m",
+        "optim.lr=0.1,0.2",
+        "imports=[threaded]",
+        "train.step=parent_cmdline",
+        "train.max_steps=2",
+        cwd=tiny.parent,
+        env=cli_env(PARENT_FILE=str(parents)),
+    )
+    rows = ledger.rows(sweep_dir_of(proc.stdout))
+    assert [r.status for r in rows] == ["completed", "completed"]
+    written = parents.read_text()  # one line per step, of 2 trials x 2 steps
+    assert written.count(" _zygote") == 4 and "expctl run" not in written, written
+
+
 def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_them(
     tiny: Path,
 ) -> None:
