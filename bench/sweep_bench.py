@@ -135,7 +135,7 @@ def pbt(a: argparse.Namespace) -> dict[str, Any]:
         cwd = Path(tmp)
         quadratic(cwd)
         (cwd / "toy.yml").write_text(PBT_TOY)
-        lrs = [round(0.005 * 2**i, 5) for i in range(8)]  # 0.005 .. 0.64
+        lrs = [round(0.00125 * 2**i, 5) for i in range(9)]  # 0.00125 .. 0.32
         fixed_wall, fixed_out = sweep(
             cwd, ["-C", "toy.yml", "-m", f"optim.lr={','.join(map(str, lrs))}"]
         )
@@ -150,7 +150,7 @@ def pbt(a: argparse.Namespace) -> dict[str, Any]:
                 f"sweep.n_trials={a.population}",
                 f"sweep.max_concurrent={a.population}",
                 f"sweep.seed={a.seed}",
-                "optim.lr=tag(log, interval(0.005, 0.64))",
+                "optim.lr=tag(log, interval(0.001, 0.32))",
             ],
         )
         population = _values(pbt_out)
