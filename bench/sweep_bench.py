@@ -186,9 +186,10 @@ def _values(stdout: str) -> dict[str, float]:
     }
 
 
+DATA_ROOT = os.environ.get("EXPCTL_BENCH_DATA", "/usr/share/datasets/fashion-mnist")
 WORKLOADS = {
     # the Fashion-MNIST CNN preset, one epoch; ResNet-18 on 32x32 synthetic images
-    "fashion_cnn": ["experiment=default", "train.max_epochs=1"],
+    "fashion_cnn": ["experiment=default", f"data.root={DATA_ROOT}", "train.max_epochs=1"],
     "resnet18_32": [
         "model=resnet18",
         "data=synthetic",
@@ -199,6 +200,7 @@ WORKLOADS = {
         "data.batch_size=256",
         "train.max_epochs=1",
     ],
+    "smoke": ["data=synthetic", "data.shape=[6]", "data.num_samples=64", "data.batch_size=8", "model=mlp", "train.max_epochs=1"],
 }
 
 

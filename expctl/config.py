@@ -456,7 +456,7 @@ def check_hparam_schedule(cfg: Config) -> None:
         if "lr" in entry.get("optim", {}) and cfg.sched.name is not None:
             raise UserError(
                 f"{where}.optim.lr: sched={cfg.sched.name} sets the learning rate too",
-                "use sched=null with a learning-rate schedule of your own",
+                "use sched=none with a learning-rate schedule of your own",
             )
 
 

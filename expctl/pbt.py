@@ -73,7 +73,7 @@ def check(cfg: Config, keys: Sequence[str], repeat: int) -> None:
         if key == "optim.lr" and cfg.sched.name is not None:
             raise UserError(
                 f"sweep.scheduler=pbt mutates optim.lr, which sched={cfg.sched.name} sets too",
-                "use sched=null: PBT's learning rate is its own schedule",
+                "use sched=none: PBT's learning rate is its own schedule",
             )
     q = s.pbt.quantile
     if not 0 < q <= 0.5:

@@ -145,6 +145,10 @@ def multirun(
     repeat = repeat or s.repeat
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
+    if base.launcher.name != "slurm":  # a share this machine cannot give: before anything exists
+        from expctl import trials  # lazy: it counts GPUs with torch
+
+        trials.plan_for(base, 1)
     for note in dict.fromkeys(notes):
         print(f"expctl: note: {note}", file=sys.stderr)
     origin = Launch.here(config_file, overrides).pin()  # the code of every trial: as it is now

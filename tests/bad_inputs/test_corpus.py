@@ -271,6 +271,47 @@ CORPUS: list[tuple[list[str], str]] = [
     (["show", "=null"], "has no key"),
     (["run", "-m", "=1,2"], "has no key"),
     (["run", "-m", "optim.lr=range(1,5,0)"], "range() needs a step other than 0"),
+    # a sweep's share of the machine, and what Population Based Training cannot mutate
+    (["run", "-m", "optim.lr=0.1,0.2", "sweep.gpus_per_trial=1"], "no GPU visible to expctl"),
+    (["run", "-m", "optim.lr=0.1,0.2", "sweep.gpus_per_trial=1.5"], "sweep.gpus_per_trial=2"),
+    (["run", "-m", "optim.lr=0.1,0.2", "sweep.cpus_per_trial=4096"], "or fewer"),
+    (["run", "-m", "optim.lr=0.1,0.2", "sweep.max_concurrent=0"], "below the minimum"),
+    (
+        ["run", "-m", "sched=none", "sweep.scheduler=pbt", "model.hidden=[8],[16]", "model=mlp"],
+        "cannot mutate model.hidden",
+    ),
+    (["run", "-m", "sweep.scheduler=pbt", "optim.lr=0.1,0.2"], "sched=cosine sets too"),
+    (
+        ["run", "-m", "sched=none", "sweep.scheduler=pbt", "sweep.pruner=asha", "optim.lr=0.1,0.2"],
+        "PBT decides itself",
+    ),
+    (
+        [
+            "run",
+            "-m",
+            "sched=none",
+            "sweep.scheduler=pbt",
+            "sweep.pbt.quantile=0.9",
+            "optim.lr=0.1,0.2",
+        ],
+        "must not overlap",
+    ),
+    (
+        ["run", "train.hparam_schedule=[{step: 0, model: {hidden: [8]}}]"],
+        "only optimizer and loss arguments",
+    ),
+    (
+        [
+            "run",
+            "sched=none",
+            "train.hparam_schedule=[{step: 5, optim: {lr: 0.1}}, {step: 2, optim: {lr: 0.2}}]",
+        ],
+        "increasing",
+    ),
+    (
+        ["run", "sched=none", "train.hparam_schedule=[{step: 0, optim: {lrr: 0.1}}]"],
+        "Did you mean 'lr'",
+    ),
     (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
     (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),
     (["run", "-m", "optim.lr=range(0,inf,0.1)"], "range() needs finite numbers"),
