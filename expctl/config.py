@@ -839,19 +839,11 @@ def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
     raw = OmegaConf.to_container(node, resolve=False)
     found: dict[str, str] = {}
     _interpolations("", raw, found)
-    secret = {k: v for k, v in found.items() if "oc.env" in v}
-    changed = True
-    while changed:  # keys that interpolate a secret key are secret too
-        changed = False
-        for k, v in found.items():
-            if k not in secret and any("${" + s + "}" in v for s in secret):
-                secret[k] = v
-                changed = True
     try:
         resolved = OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as e:
         msg = " ".join(str(e).split("\n")[0].split())
-        for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(secret.values()))):
+        for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(found.values()))):
             value = os.environ.get(name)
             if value:  # never print what the environment holds
                 msg = msg.replace(value, f"${{oc.env:{name}}}")
@@ -859,7 +851,44 @@ def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
             f"{where}: {msg}", "check ${...} interpolations; ${oc.env:NAME} needs NAME set"
         ) from None
     assert isinstance(resolved, dict)
-    return {str(k): v for k, v in resolved.items()}, secret
+    return {str(k): v for k, v in resolved.items()}, _from_environment(raw, found, resolved)
+
+
+_ENV_RESOLVER = re.compile(r"\boc\.env(?=\s*:)")
+_PROBE = "expctl.env_probe"
+
+
+def _from_environment(raw: Any, found: dict[str, str], resolved: Any) -> dict[str, str]:
+    """The interpolated keys whose values depend on the environment, however they reach it
+    (``${oc.env:..}``, a key that holds one, ``oc.select``, a relative key, ``oc.dict.values``,
+    a parent node): those whose value changes when every ``oc.env`` returns one of its own."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not found:
+        return {}
+    if not OmegaConf.has_resolver(_PROBE):
+        count = iter(range(1 << 62))
+        OmegaConf.register_new_resolver(
+            _PROBE, lambda *_: f"expctl-env-probe-{next(count)}-{os.urandom(8).hex()}"
+        )
+    probe = copy.deepcopy(raw)
+    for dotted, text in found.items():
+        *parents, leaf = _path(dotted)
+        _set(_lookup(probe, parents), leaf, _ENV_RESOLVER.sub(_PROBE, text))
+    try:
+        probed = OmegaConf.to_container(OmegaConf.create(probe), resolve=True)
+    except OmegaConfBaseException:  # a resolver that takes only real values: keep all unresolved
+        return dict(found)
+
+    def changed(a: Any, b: Any) -> bool:  # the schema made 5 of "5": the same value
+        return a != b and str(a) != str(b)
+
+    return {
+        k: v
+        for k, v in found.items()
+        if "oc.env" in v or changed(_lookup(resolved, _path(k)), _lookup(probed, _path(k)))
+    }
 
 
 @contextlib.contextmanager
