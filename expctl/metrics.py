@@ -31,6 +31,15 @@ class Meter:
             self.sums[k] = self.sums[k] + v if k in self.sums else v.clone()
         self.count += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sums since the last reduce, on the CPU: a checkpoint between two train rows
+        carries them, so that the next row averages its whole window after a resume."""
+        return {"sums": {k: v.cpu() for k, v in self.sums.items()}, "count": self.count}
+
+    def load_state_dict(self, sd: dict[str, Any], device: torch.device) -> None:
+        self.sums = {str(k): v.to(device) for k, v in sd["sums"].items()}
+        self.count = int(sd["count"])
+
     def reduce(self, env: DistEnv, prefix: str) -> dict[str, float]:
         """Mean over steps and ranks (one host sync); resets the sums."""
         if not self.sums:
