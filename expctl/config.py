@@ -48,12 +48,17 @@ class EarlyStopConfig:
     mode: str = _f("min", choices=("min", "max"))  # min: lower is better
 
 
+DEFAULT_EPOCHS = 3  # train.max_epochs when neither it nor train.max_steps is given
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How the loop runs."""
 
-    max_epochs: int = _f(3, min=1)  # stop after this many epochs ...
-    max_steps: int | None = _f(None, min=1)  # ... or optimizer steps, whichever comes first
+    # stop after this many epochs or optimizer steps, whichever comes first; max_epochs null:
+    # 3 epochs, or as many as max_steps takes when it is set (Lightning's rule)
+    max_epochs: int | None = _f(None, min=1)
+    max_steps: int | None = _f(None, min=1)
     precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))  # auto: bf16 on capable GPUs
     grad_accum: int = _f(1, min=1)  # micro-batches per optimizer step
     grad_clip: float | None = _f(None, min=0)  # max global gradient norm
@@ -61,7 +66,7 @@ class TrainConfig:
     log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
     val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
     val_every_steps: int | None = _f(None, min=1)  # also validate every N optimizer steps
-    limit_val_batches: int | None = _f(None, min=1)  # val/test: only N batches per rank (debug)
+    limit_val_batches: int | None = _f(None, min=1)  # validations: N batches per rank (debug)
     step: str = "supervised"  # registered training step
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
     channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
@@ -363,6 +368,9 @@ def validate(
         else:
             values[name] = _plain(name, value)
     _check_finite("", raw)
+    train = values.get("train")
+    if isinstance(train, TrainConfig) and train.max_epochs is None and train.max_steps is None:
+        values["train"] = dataclasses.replace(train, max_epochs=DEFAULT_EPOCHS)
     cfg = Config(**values)
     _cross_checks(cfg)
     if check_components:

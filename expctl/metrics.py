@@ -75,9 +75,11 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
                 b.copy_(v.view_as(b))
 
 
-def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]:
+def evaluate(
+    parts: Parts, env: DistEnv, split: str = "val", limit: int | None = None
+) -> dict[str, float]:
     """Metrics over a whole split (val, test or train), reduced exactly (sums and counts) over
-    ranks; with `parts.limit_val_batches`, over that many batches of each rank's shard."""
+    ranks; with `limit`, over that many batches of each rank's shard."""
     data = getattr(parts.splits, split)
     if data is None or not hasattr(parts.step, "val_step"):
         return {}
@@ -94,7 +96,7 @@ def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]
             ctx.device,
             parts.batches.loading,
         )
-        for batch in itertools.islice(batches, parts.limit_val_batches):
+        for batch in itertools.islice(batches, limit):
             for k, (s, n) in parts.step.val_step(ctx, batch).items():
                 acc = sums.setdefault(k, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + s.double(), acc[1] + n

@@ -88,7 +88,8 @@ class Loop:
 
 def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
     """Whether the run's budget is spent or early stopping ended it."""
-    return state.epoch >= t.max_epochs or state.step >= total_steps or _stalled(t.early_stop, state)
+    epochs_done = t.max_epochs is not None and state.epoch >= t.max_epochs
+    return epochs_done or state.step >= total_steps or _stalled(t.early_stop, state)
 
 
 def _step_validation(t: TrainConfig, state: TrainState) -> bool:
@@ -233,8 +234,9 @@ def _finish(
     if loop.saved_at != state.step and status == "completed":
         _save(ck, parts, state, loop)
     if loop.meter.count:  # the steps since the last train row: the run's last row, logged after
-        # the checkpoint that keeps them as its window (a longer budget logs the next row whole)
-        _log_train(t, parts, state, loop.meter, loop)
+        # the checkpoint that keeps them as its window (a longer budget logs the next row whole),
+        # in the epoch they were trained in (the loop may have counted it done)
+        _log_train(t, parts, state, loop.meter, loop, state.epoch - (state.batch == 0))
     test = evaluate(parts, loop.env, "test") if status == "completed" else {}
     if test:
         loop.rep.record(state.step, state.epoch, test, "test")
@@ -262,7 +264,7 @@ def check_monitors(names: dict[str, str], parts: Parts, env: DistEnv) -> None:
     if not names:
         return
     rng = checkpoint.rng_state()
-    reported = evaluate(dataclasses.replace(parts, limit_val_batches=1), env)
+    reported = evaluate(parts, env, limit=1)
     checkpoint.set_rng_state(rng)
     for where, name in names.items():
         monitored(reported, where, name)
@@ -303,7 +305,8 @@ def _validate(
     if loop.validated_at == state.step:
         return
     sync_buffers(parts.models, loop.env)
-    state.val = loop.ctl.broadcast(evaluate(parts, loop.env))  # rank 0's: every rank decides alike
+    scored = evaluate(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
+    state.val = loop.ctl.broadcast(scored)  # rank 0's: every rank decides alike
     loop.validated_at = state.step
     loop.rep.record(state.step, state.epoch, state.val, "val")
     if parts.sched_monitor is not None:
@@ -352,8 +355,16 @@ def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> 
         checkpoint.save(loop.run_dir, payload, ck, scores)
 
 
-def _log_train(t: TrainConfig, parts: Parts, state: TrainState, meter: Meter, loop: Loop) -> None:
-    """Reduce the running sums (the loop's one host sync) and write a train event."""
+def _log_train(
+    t: TrainConfig,
+    parts: Parts,
+    state: TrainState,
+    meter: Meter,
+    loop: Loop,
+    epoch: int | None = None,
+) -> None:
+    """Reduce the running sums (the loop's one host sync) and write a train event (of `epoch`,
+    by default the one in progress)."""
     now = time.perf_counter()
     state.train = meter.reduce(loop.env, "train/")
     _check_finite(t, state, loop.run_dir)
@@ -363,7 +374,7 @@ def _log_train(t: TrainConfig, parts: Parts, state: TrainState, meter: Meter, lo
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
     event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
-    loop.rep.record(state.step, state.epoch, event, "train")
+    loop.rep.record(state.step, state.epoch if epoch is None else epoch, event, "train")
     loop.mark, loop.mark_step = now, state.step
 
 

@@ -43,6 +43,7 @@ def test_embedded_default() -> None:
     assert cfg.optim.args["lr"] == 0.05 and cfg.optim.args["momentum"] == 0.9
     assert cfg.optim.args["nesterov"] is False  # torch's own default, written down
     assert cfg.sched.interval == "step" and cfg.train.max_epochs == 3
+    assert cfg_of(None, "train.max_steps=400").train.max_epochs is None, "steps alone decide"
 
 
 # ---------------------------------------------------------------------------------------------
