@@ -873,8 +873,8 @@ def _from_environment(raw: Any, found: dict[str, str], resolved: Any) -> dict[st
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    if not found:
-        return {}
+    if not any(_ENV_RESOLVER.search(v) for v in found.values()):
+        return {}  # no oc.env anywhere (run.name's default interpolates too): nothing to probe
     if not OmegaConf.has_resolver(_PROBE):
         count = iter(range(1 << 62))
         OmegaConf.register_new_resolver(

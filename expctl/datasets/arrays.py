@@ -35,6 +35,7 @@ from expctl.registry import register
 TASKS = ("classification", "regression")
 SUFFIXES = (".csv", ".npy", ".npz")
 MAX_BYTES = 8 * 2**30  # one file read whole into memory
+NOT_FINITE = ["nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"]
 
 
 def _path(key: str, value: str) -> Path:
@@ -119,13 +120,6 @@ def _read_csv(path: Path, target: str | int | None, features: list[Any] | None) 
         if features
         else [c for c in range(width) if c != y_col]
     )
-    empty = next((i for i, r in enumerate(rows) if not r[y_col].strip()), None)
-    if empty is not None:
-        raise UserError(
-            f"data: {path} row {empty + 1 + bool(header)} has an empty target "
-            f"(column {header[y_col] if header else y_col})",
-            "fill it in, or drop the row",
-        )
     try:  # float64: a value beyond float32's range is seen as such, not as infinity
         x = np.array([[float(r[c]) for c in cols] for r in rows], dtype=np.float64)
     except ValueError as e:
@@ -134,7 +128,8 @@ def _read_csv(path: Path, target: str | int | None, features: list[Any] | None) 
             "features must be numbers; pick columns with data.features",
         ) from None
     names = [f"column {header[c]!r}" if header else f"column {c}" for c in cols]
-    return Table(path, _features(path, x), np.array([r[y_col].strip() for r in rows]), names)
+    y = _targets_of(path, np.array([r[y_col].strip() for r in rows]), first=1 + bool(header))
+    return Table(path, _features(path, x), y, names)
 
 
 @dataclass
@@ -167,8 +162,9 @@ def _features(path: Path, x: np.ndarray, name: str = "") -> np.ndarray:
     return x.astype(np.float64)
 
 
-def _targets_of(path: Path, y: np.ndarray, name: str = "") -> np.ndarray:
-    """A file's targets; a UserError for complex numbers and empty labels."""
+def _targets_of(path: Path, y: np.ndarray, name: str = "", first: int = 0) -> np.ndarray:
+    """A file's targets; a UserError for complex numbers, empty labels, NaN and infinities
+    (reported at row `first` + i of a CSV, else at index i)."""
     what = f"{path}" + (f" ({name})" if name else "")
     if y.dtype.kind == "c":
         raise UserError(
@@ -176,12 +172,20 @@ def _targets_of(path: Path, y: np.ndarray, name: str = "") -> np.ndarray:
             "store the real and imaginary parts as targets of their own (data.task=regression)",
         )
     if y.dtype.kind in "US":
-        empty = np.flatnonzero(np.char.strip(y.astype(str)) == "")
-        if len(empty):
-            raise UserError(
-                f"data: {what} has an empty target at row {int(empty[0])}",
-                "fill it in, or drop the row",
-            )
+        text = np.char.strip(y.astype(str))
+        bad = (text == "") | np.isin(np.char.lower(text), NOT_FINITE)
+    elif y.dtype.kind == "f":
+        bad = ~np.isfinite(y)
+    else:
+        return y
+    if bad.any():
+        i = int(np.flatnonzero(bad.reshape(len(y), -1).any(axis=1))[0])
+        shown = y[i].item() if y.ndim == 1 else y[i].tolist()
+        raise UserError(
+            f"data: {what} has no target at {f'row {i + first}' if first else f'index {i}'} "
+            f"({shown!r})",
+            "fill it in, or drop the row",
+        )
     return y
 
 
@@ -341,8 +345,10 @@ def _tensors(
             f"data.{split}: {_where(table, ~np.isfinite(x))} holds NaN or infinite values",
             "clean or impute them first",
         )
-    if standardize:  # in float64, as read: 1e38 squared overflows no float64
-        mean, std = ref.mean(axis=0), ref.std(axis=0)
+    if standardize:  # in float64 and per column's largest value: no sum or square overflows
+        scale = np.abs(ref).max(axis=0)
+        scale = np.where(scale > 0, scale, 1.0)
+        mean, std = (ref / scale).mean(axis=0) * scale, (ref / scale).std(axis=0) * scale
         x = (x - mean) / np.where(std > 0, std, 1.0)
     with np.errstate(over="ignore"):
         x32 = x.astype(np.float32)

@@ -205,8 +205,15 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=arrays", "data.train=target_only.npy"], "target_only.npy has no feature"),
     (["run", "data=synthetic", "data.shape=[0]"], "data.shape=[0]: each sample needs"),
     (["run", "data=arrays", "data.train=complex.npy"], "complex.npy holds complex numbers"),
-    (["run", "data=arrays", "data.train=empty_label.csv"], "row 3 has an empty target"),
+    (
+        ["run", "data=arrays", "data.train=empty_label.csv"],
+        "empty_label.csv has no target at row 3",
+    ),
     (["run", "data=arrays", "data.train=nan.csv"], "nan.csv, column 'b', holds NaN"),
+    (
+        ["run", "data=arrays", "data.train=nan_target.npz", "data.task=regression"],
+        "nan_target.npz (y) has no target at index 1 (nan)",
+    ),
     (
         ["run", "data=arrays", "data.train=huge.csv", "data.standardize=false"],
         "huge.csv, column 'a', holds values beyond float32's range",
@@ -341,6 +348,7 @@ def _image_inputs(tmp_path: Path) -> None:
     (tmp_path / "huge.csv").write_text("a,b,y\n1e39,2,0\n3,4,1\n")
     np.save(tmp_path / "target_only.npy", np.arange(4.0).reshape(4, 1))
     np.save(tmp_path / "complex.npy", np.arange(12.0).reshape(4, 3) + 1j)
+    np.savez(tmp_path / "nan_target.npz", x=np.ones((4, 2)), y=np.array([0.5, np.nan, 1, 2]))
     (tmp_path / "corpus_bad_dataset.py").write_text(
         "import expctl, torch\n"
         "@expctl.register('datasets')\n"
