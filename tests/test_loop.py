@@ -127,6 +127,7 @@ def synthetic_with_test(
     return dataclasses.replace(splits, test=splits.val)
 
 
+@pytest.mark.slow  # trains in-process, two runs
 def test_limit_val_batches_never_limits_the_test_score(tmp_path: Path) -> None:
     keys = ["data.name=synthetic_with_test", "data.val_batch_size=4", "train.max_steps=3"]
     _, whole = rank.main(_cfg(tmp_path / "a", *keys), DistEnv())
@@ -149,6 +150,7 @@ class StopAtStep(Supervised):
         return super().train_step(ctx, batch)
 
 
+@pytest.mark.slow  # trains in-process, three runs
 def test_a_run_stopped_between_two_train_rows_continues_the_same_history(tmp_path: Path) -> None:
     """Stopped at step 5 (rows every 3 steps), then resumed: metrics.jsonl reads as the run
     that was never stopped (the row of step 6 averages steps 4-6), and every event the loggers
@@ -177,6 +179,7 @@ def test_a_run_stopped_between_two_train_rows_continues_the_same_history(tmp_pat
     assert logged == [{k: float(v) for k, v in r.items() if k != "time"} for r in run.metric_rows()]
 
 
+@pytest.mark.slow  # trains in-process, three runs
 def test_max_steps_alone_decides_the_length_and_the_first_line_says_which_limit_ends_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
