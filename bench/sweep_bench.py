@@ -200,7 +200,14 @@ WORKLOADS = {
         "data.batch_size=256",
         "train.max_epochs=1",
     ],
-    "smoke": ["data=synthetic", "data.shape=[6]", "data.num_samples=64", "data.batch_size=8", "model=mlp", "train.max_epochs=1"],
+    "smoke": [
+        "data=synthetic",
+        "data.shape=[6]",
+        "data.num_samples=64",
+        "data.batch_size=8",
+        "model=mlp",
+        "train.max_epochs=1",
+    ],
 }
 
 

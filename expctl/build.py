@@ -38,7 +38,7 @@ class Parts:
     sched_monitor: str | None = None  # ... or after each validation, on this metric
     sched_length: int | None = None  # the run's length the schedule was built for, if it was
     val_batch_size: int = 256  # batch size of validation and test
-    limit_val_batches: int | None = None  # score only this many batches per rank (debug runs)
+    limit_val_batches: int | None = None  # validations: this many batches per rank (debug runs)
 
 
 def pick_device(cfg: Config, env: DistEnv) -> torch.device:
@@ -119,7 +119,9 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
     with paused_gc(freeze=freeze_for_this_run(env.distributed)):  # it imports torch._dynamo
         optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
-    schedulers, sched_length = _schedulers(cfg, optimizers, total_steps)
+    per_epoch = max(1, batches.steps_per_epoch // cfg.train.grad_accum)
+    epochs = cfg.train.max_epochs or -(-total_steps // per_epoch)  # max_steps alone: as it takes
+    schedulers, sched_length = _schedulers(cfg, optimizers, total_steps, epochs)
     loss_fn = _make(
         "loss", cfg.loss.name, registry.get("losses", cfg.loss.name).factory, **cfg.loss.args
     )
@@ -267,8 +269,10 @@ def _total_steps(cfg: Config, steps_per_epoch: int) -> int:
             "lower train.grad_accum or data.batch_size, or use more data",
         )
     per_epoch = max(1, steps_per_epoch // cfg.train.grad_accum)
-    total = per_epoch * cfg.train.max_epochs
-    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+    t = cfg.train
+    by_epochs = per_epoch * t.max_epochs if t.max_epochs is not None else None
+    steps = [n for n in (by_epochs, t.max_steps) if n is not None]  # validation: one at least
+    return min(steps)
 
 
 def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -289,14 +293,14 @@ def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.opt
 
 
 def _schedulers(
-    cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int
+    cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int, epochs: int
 ) -> tuple[dict[str, Any], int | None]:
     """The schedulers, and the run's length they were built for (None: they do not know it)."""
     if cfg.sched.name is None:
         return {}, None
     entry = registry.get("schedulers", cfg.sched.name)
     args = dict(cfg.sched.args)
-    length = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
+    length = total_steps if cfg.sched.interval == "step" else epochs
     inferred = [k for k in ("total_steps", "T_max") if k in entry.inferred and args.get(k) is None]
     for key in inferred:  # the run's length, in the unit of sched.interval
         args[key] = length

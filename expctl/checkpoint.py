@@ -8,7 +8,8 @@
     early_best / early_stall: early stopping's best value and validations without improvement,
     train_s: training time of all attempts so far, sched_length: the run's length the schedule
     was built for (null: it does not depend on it),
-    metrics_rows: rows of metrics.jsonl written before it (the rest are logged again on resume)
+    metrics_rows: rows of metrics.jsonl written before it (the rest are logged again on resume),
+    window: [per-rank sums of the train metrics since the last train row, and their count]
 
 next to ``step_000001234.pt.sha256`` and ``step_000001234.pt.json``: ``{"step", "epoch",
 "val"}``, the validation metrics of exactly these weights (``{}`` when no validation ran at

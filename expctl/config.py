@@ -48,12 +48,17 @@ class EarlyStopConfig:
     mode: str = _f("min", choices=("min", "max"))  # min: lower is better
 
 
+DEFAULT_EPOCHS = 3  # train.max_epochs when neither it nor train.max_steps is given
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How the loop runs."""
 
-    max_epochs: int = _f(3, min=1)  # stop after this many epochs ...
-    max_steps: int | None = _f(None, min=1)  # ... or optimizer steps, whichever comes first
+    # stop after this many epochs or optimizer steps, whichever comes first; max_epochs null:
+    # 3 epochs, or as many as max_steps takes when it is set (Lightning's rule)
+    max_epochs: int | None = _f(None, min=1)
+    max_steps: int | None = _f(None, min=1)
     precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))  # auto: bf16 on capable GPUs
     grad_accum: int = _f(1, min=1)  # micro-batches per optimizer step
     grad_clip: float | None = _f(None, min=0)  # max global gradient norm
@@ -61,7 +66,7 @@ class TrainConfig:
     log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
     val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
     val_every_steps: int | None = _f(None, min=1)  # also validate every N optimizer steps
-    limit_val_batches: int | None = _f(None, min=1)  # val/test: only N batches per rank (debug)
+    limit_val_batches: int | None = _f(None, min=1)  # validations: N batches per rank (debug)
     step: str = "supervised"  # registered training step
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
     channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
@@ -385,6 +390,9 @@ def validate(
         else:
             values[name] = _plain(name, value)
     _check_finite("", raw)
+    train = values.get("train")
+    if isinstance(train, TrainConfig) and train.max_epochs is None and train.max_steps is None:
+        values["train"] = dataclasses.replace(train, max_epochs=DEFAULT_EPOCHS)
     cfg = Config(**values)
     _cross_checks(cfg)
     if check_components:
@@ -907,19 +915,11 @@ def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
     raw = OmegaConf.to_container(node, resolve=False)
     found: dict[str, str] = {}
     _interpolations("", raw, found)
-    secret = {k: v for k, v in found.items() if "oc.env" in v}
-    changed = True
-    while changed:  # keys that interpolate a secret key are secret too
-        changed = False
-        for k, v in found.items():
-            if k not in secret and any("${" + s + "}" in v for s in secret):
-                secret[k] = v
-                changed = True
     try:
         resolved = OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as e:
         msg = " ".join(str(e).split("\n")[0].split())
-        for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(secret.values()))):
+        for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(found.values()))):
             value = os.environ.get(name)
             if value:  # never print what the environment holds
                 msg = msg.replace(value, f"${{oc.env:{name}}}")
@@ -927,7 +927,44 @@ def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
             f"{where}: {msg}", "check ${...} interpolations; ${oc.env:NAME} needs NAME set"
         ) from None
     assert isinstance(resolved, dict)
-    return {str(k): v for k, v in resolved.items()}, secret
+    return {str(k): v for k, v in resolved.items()}, _from_environment(raw, found, resolved)
+
+
+_ENV_RESOLVER = re.compile(r"\boc\.env(?=\s*:)")
+_PROBE = "expctl.env_probe"
+
+
+def _from_environment(raw: Any, found: dict[str, str], resolved: Any) -> dict[str, str]:
+    """The interpolated keys whose values depend on the environment, however they reach it
+    (``${oc.env:..}``, a key that holds one, ``oc.select``, a relative key, ``oc.dict.values``,
+    a parent node): those whose value changes when every ``oc.env`` returns one of its own."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not any(_ENV_RESOLVER.search(v) for v in found.values()):
+        return {}  # no oc.env anywhere (run.name's default interpolates too): nothing to probe
+    if not OmegaConf.has_resolver(_PROBE):
+        count = iter(range(1 << 62))
+        OmegaConf.register_new_resolver(
+            _PROBE, lambda *_: f"expctl-env-probe-{next(count)}-{os.urandom(8).hex()}"
+        )
+    probe = copy.deepcopy(raw)
+    for dotted, text in found.items():
+        *parents, leaf = _path(dotted)
+        _set(_lookup(probe, parents), leaf, _ENV_RESOLVER.sub(_PROBE, text))
+    try:
+        probed = OmegaConf.to_container(OmegaConf.create(probe), resolve=True)
+    except OmegaConfBaseException:  # a resolver that takes only real values: keep all unresolved
+        return dict(found)
+
+    def changed(a: Any, b: Any) -> bool:  # the schema made 5 of "5": the same value
+        return a != b and str(a) != str(b)
+
+    return {
+        k: v
+        for k, v in found.items()
+        if "oc.env" in v or changed(_lookup(resolved, _path(k)), _lookup(probed, _path(k)))
+    }
 
 
 @contextlib.contextmanager

@@ -40,7 +40,8 @@ FULL_GC = 20  # every FULL_GC-th of the loop's collections is a full one (see `_
 class TrainState:
     """Where training stands: optimizer steps, epochs done, micro-batches done in the epoch, the
     last validation and train metrics, early stopping's best value and validations without
-    improvement, and the training time of all attempts up to the last checkpoint."""
+    improvement, the training time of all attempts up to the last checkpoint, and every rank's
+    train-metric sums since the last train row (`Meter.state_dict`, in rank order)."""
 
     step: int = 0
     epoch: int = 0
@@ -50,6 +51,7 @@ class TrainState:
     early_best: float | None = None
     early_stall: int = 0
     train_s: float = 0.0
+    window: list[dict[str, Any]] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -61,6 +63,7 @@ class TrainState:
         self.early_best = None if best is None else float(best)
         self.early_stall = int(sd.get("early_stall") or 0)
         self.train_s = float(sd.get("train_s") or 0.0)
+        self.window = list(sd.get("window") or [])
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Loop:
     validated_at: int = -1  # the step of this launch's newest validation
     base_s: float = 0.0  # training time of earlier attempts
     hparams: HParams = field(default_factory=lambda: HParams([], None))
+    meter: Meter = field(default_factory=Meter)  # the train metrics since the last train row
 
 
 class HParams:
@@ -137,7 +141,8 @@ def _values(entry: dict[str, Any]) -> str:
 
 def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
     """Whether the run's budget is spent or early stopping ended it."""
-    return state.epoch >= t.max_epochs or state.step >= total_steps or _stalled(t.early_stop, state)
+    epochs_done = t.max_epochs is not None and state.epoch >= t.max_epochs
+    return epochs_done or state.step >= total_steps or _stalled(t.early_stop, state)
 
 
 def _step_validation(t: TrainConfig, state: TrainState) -> bool:
@@ -154,7 +159,9 @@ def fit(
 ) -> dict[str, Any]:
     """Train from `state` to the end of the budget; returns the final metrics (result.json)."""
     per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum  # micro-batches
-    meter = Meter()
+    meter = loop.meter
+    if len(state.window) == loop.env.world_size:  # restored between two train rows
+        meter.load_state_dict(state.window[loop.env.rank], parts.ctx.device)
     loop.mark_step, loop.base_s = state.step, state.train_s
     loop.hparams = HParams(t.hparam_schedule, parts)
     loop.hparams.at(state.step)  # a run restored inside a segment: that segment's values
@@ -162,9 +169,6 @@ def fit(
         m.train()
     with _collector(t.gc_every) as gc_every:
         status = _loop(t, ck, parts, state, loop, meter, per_epoch, gc_every)
-    if meter.count:
-        state.train = meter.reduce(loop.env, "train/")
-        _check_finite(t, state, loop.run_dir)
     return _finish(t, ck, parts, state, loop, status)
 
 
@@ -279,12 +283,17 @@ def _end_epoch(
 def _finish(
     t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop, status: str
 ) -> dict[str, Any]:
-    """Validate, checkpoint and test the final weights; write result.json."""
+    """Validate, checkpoint and test the final weights, log the last train row; write
+    result.json."""
     sync_buffers(parts.models, loop.env)  # after the last step: validate and test the saved model
     if loop.validated_at != state.step and (not state.val or state.batch):
         _validate(t, ck, parts, state, loop)  # stopped mid-epoch (max_steps): the final weights
     if loop.saved_at != state.step and status == "completed":
         _save(ck, parts, state, loop)
+    if loop.meter.count:  # the steps since the last train row: the run's last row, logged after
+        # the checkpoint that keeps them as its window (a longer budget logs the next row whole),
+        # in the epoch they were trained in (the loop may have counted it done)
+        _log_train(t, parts, state, loop.meter, loop, state.epoch - (state.batch == 0))
     test = evaluate(parts, loop.env, "test") if status == "completed" else {}
     if test:
         loop.rep.record(state.step, state.epoch, test, "test")
@@ -312,7 +321,7 @@ def check_monitors(names: dict[str, str], parts: Parts, env: DistEnv) -> None:
     if not names:
         return
     rng = checkpoint.rng_state()
-    reported = evaluate(dataclasses.replace(parts, limit_val_batches=1), env)
+    reported = evaluate(parts, env, limit=1)
     checkpoint.set_rng_state(rng)
     for where, name in names.items():
         monitored(reported, where, name)
@@ -353,7 +362,8 @@ def _validate(
     if loop.validated_at == state.step:
         return
     sync_buffers(parts.models, loop.env)
-    state.val = loop.ctl.broadcast(evaluate(parts, loop.env))  # rank 0's: every rank decides alike
+    scored = evaluate(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
+    state.val = loop.ctl.broadcast(scored)  # rank 0's: every rank decides alike
     loop.validated_at = state.step
     loop.rep.record(state.step, state.epoch, state.val, "val")
     if parts.sched_monitor is not None:
@@ -389,10 +399,11 @@ def _early_stop(es: EarlyStopConfig, state: TrainState) -> None:
 
 
 def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
-    """Every rank contributes its RNG state; rank 0 writes the checkpoint (with the validation
-    metrics of these weights, when they were scored at this step)."""
+    """Every rank contributes its RNG state and train-metric sums; rank 0 writes the checkpoint
+    (with the validation metrics of these weights, when they were scored at this step)."""
     sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
     rng = loop.ctl.gather(checkpoint.rng_state())
+    state.window = loop.ctl.gather(loop.meter.state_dict())
     loop.saved_at = state.step
     state.train_s = round(_elapsed(loop), 3)
     if loop.env.is_main:
@@ -401,8 +412,16 @@ def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> 
         checkpoint.save(loop.run_dir, payload, ck, scores)
 
 
-def _log_train(t: TrainConfig, parts: Parts, state: TrainState, meter: Meter, loop: Loop) -> None:
-    """Reduce the running sums (the loop's one host sync) and write a train event."""
+def _log_train(
+    t: TrainConfig,
+    parts: Parts,
+    state: TrainState,
+    meter: Meter,
+    loop: Loop,
+    epoch: int | None = None,
+) -> None:
+    """Reduce the running sums (the loop's one host sync) and write a train event (of `epoch`,
+    by default the one in progress)."""
     now = time.perf_counter()
     state.train = meter.reduce(loop.env, "train/")
     _check_finite(t, state, loop.run_dir)
@@ -412,7 +431,7 @@ def _log_train(t: TrainConfig, parts: Parts, state: TrainState, meter: Meter, lo
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
     event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
-    loop.rep.record(state.step, state.epoch, event, "train")
+    loop.rep.record(state.step, state.epoch if epoch is None else epoch, event, "train")
     loop.mark, loop.mark_step = now, state.step
 
 

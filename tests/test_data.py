@@ -379,6 +379,17 @@ def test_arrays_from_a_csv_with_words_as_classes(tmp_path: Path) -> None:
     assert pick.info.input_shape == (1,) and pick.info.num_classes == 17
 
 
+@pytest.mark.parametrize("big", [1e38, 1e300])
+def test_arrays_standardise_features_beyond_what_float32_sums(tmp_path: Path, big: float) -> None:
+    """Features up to 2e38 (float32 ends at 3.4e38; their sum overflowed it, the loss was NaN
+    and the hint said to lower optim.lr), or 2e300 (whose square overflows float64):
+    standardised in float64 and by the column's largest value, they train as any other."""
+    rows = ["a,b,y"] + [f"{(i % 3) * big},{i % 5},{i % 2}" for i in range(40)]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    x = arrays(train=str(tmp_path / "t.csv"), val_split=0.25).train.tensors[0]  # type: ignore[attr-defined]
+    assert torch.isfinite(x).all() and float(x[:, 0].std(unbiased=False)) == pytest.approx(1)
+
+
 @pytest.mark.slow
 def test_arrays_npz_regression_trains_a_linear_model(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)

@@ -203,6 +203,24 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=arrays", "data.train=notes.txt"], "is not a .csv, .npy or .npz file"),
     (["run", "data=arrays", "data.train=table.csv", "data.target=nope"], "no column 'nope'"),
     (["run", "data=arrays", "data.train=table.csv", "data.task=ranking"], "not one of"),
+    # issue 28: a table that would train on garbage
+    (["run", "data=arrays", "data.train=semicolon.csv"], "';' separates its values"),
+    (["run", "data=arrays", "data.train=target_only.npy"], "target_only.npy has no feature"),
+    (["run", "data=synthetic", "data.shape=[0]"], "data.shape=[0]: each sample needs"),
+    (["run", "data=arrays", "data.train=complex.npy"], "complex.npy holds complex numbers"),
+    (
+        ["run", "data=arrays", "data.train=empty_label.csv"],
+        "empty_label.csv has no target at row 3",
+    ),
+    (["run", "data=arrays", "data.train=nan.csv"], "nan.csv, column 'b', holds NaN"),
+    (
+        ["run", "data=arrays", "data.train=nan_target.npz", "data.task=regression"],
+        "nan_target.npz (y) has no target at index 1 (nan)",
+    ),
+    (
+        ["run", "data=arrays", "data.train=huge.csv", "data.standardize=false"],
+        "huge.csv, column 'a', holds values beyond float32's range",
+    ),
     (["run", "imports=[corpus_bad_dataset]", "data=pair"], "returned tuple, not expctl.Splits"),
     # issue 16: reading a sweep (`swept`: a sweep whose 2 trials have not started)
     (["sweep", "table", "swept", "--filter", "status=complete"], "Did you mean 'completed'?"),
@@ -383,6 +401,13 @@ def _image_inputs(tmp_path: Path) -> None:
         for p in bad.rglob("*.*"):
             p.write_bytes(p.read_bytes()[:40])
     (tmp_path / "table.csv").write_text("a,b,y\n1,2,0\n3,4,1\n")
+    (tmp_path / "semicolon.csv").write_text("a;b;y\n1;2;0\n3;4;1\n")
+    (tmp_path / "empty_label.csv").write_text("a,b,y\n1,2,cat\n3,4,\n5,6,dog\n")
+    (tmp_path / "nan.csv").write_text("a,b,y\n1,2,0\n3,nan,1\n")
+    (tmp_path / "huge.csv").write_text("a,b,y\n1e39,2,0\n3,4,1\n")
+    np.save(tmp_path / "target_only.npy", np.arange(4.0).reshape(4, 1))
+    np.save(tmp_path / "complex.npy", np.arange(12.0).reshape(4, 3) + 1j)
+    np.savez(tmp_path / "nan_target.npz", x=np.ones((4, 2)), y=np.array([0.5, np.nan, 1, 2]))
     (tmp_path / "corpus_bad_dataset.py").write_text(
         "import expctl, torch\n"
         "@expctl.register('datasets')\n"
