@@ -38,7 +38,7 @@ poll)
   exit 0 ;;
 esac
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab PyYAML \
+  --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab \
   optuna alembic colorlog sqlalchemy greenlet mako || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data/fashion-mnist
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

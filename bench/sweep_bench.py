@@ -51,7 +51,7 @@ def sweep(cwd: Path, args: list[str], env: dict[str, str] | None = None) -> tupl
     proc = subprocess.run(
         [*EXPCTL, "run", *args],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(PLUGINS), **(env or {})},
+        env={**os.environ, "PYTHONPATH": _path(PLUGINS, REPO), **(env or {})},
         capture_output=True,
         text=True,
     )
@@ -61,6 +61,13 @@ def sweep(cwd: Path, args: list[str], env: dict[str, str] | None = None) -> tupl
             f"sweep failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         )
     return wall, proc.stdout
+
+
+def _path(*folders: Path) -> str:
+    """PYTHONPATH with `folders` first (where expctl is not installed: the GPU machine)."""
+    return os.pathsep.join([*map(str, folders), os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
 
 
 def trial_times(stdout: str) -> list[float]:

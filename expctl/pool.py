@@ -147,9 +147,8 @@ class Pool:
                     del self._procs[p.pid or 0]
                 return ended
             left = deadline - time.monotonic()
-            if left <= 0:
+            if not self._read(max(left, 0.0)) and left <= 0:
                 return []
-            self._read(left)
 
     def running(self) -> list[Proc]:
         return list(self._procs.values())

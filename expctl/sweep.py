@@ -69,7 +69,7 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
     plain, dims = parse_space(overrides, options=options)
     first = _overrides(plain, {d.key: d.values[0] for d in dims if d.values})
     # the sweep's own settings (sweep.params, seed, sampler) come from a composed config
-    base = compose.compose(config_file, first, notes=notes)
+    base = _compose(config_file, first, notes)
     s = base.sweep
     plain, dims = parse_space(overrides, s.params, s.seed, options)
     check_values(dims)
@@ -80,15 +80,32 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
     for i, point in enumerate(heads):
         over = _overrides(plain, point)
         if i > 0:
-            compose.compose(config_file, over, notes=notes)
+            _compose(config_file, over, notes)
         elif over != first:  # sweep.params or a shuffle moved the first point
-            base = compose.compose(config_file, over, notes=notes)
+            base = _compose(config_file, over, notes)
     return Plan(base, plain, dims, points)
 
 
 def gridded(s: SweepConfig) -> bool:
     """Whether the sweep's trials are the grid's points (PBT draws its population at random)."""
     return s.sampler == "grid" and s.scheduler != "pbt"
+
+
+_COMPOSED: dict[tuple[str | None, tuple[str, ...]], Config] = {}
+
+
+def _compose(
+    config_file: str | None, overrides: list[str], notes: list[str] | None = None
+) -> Config:
+    """compose.compose, once per point in this process: a grid's points are composed to check
+    them before the sweep starts, and again for each trial, a second or more on a small machine
+    (trials waited on it). The -C file cannot change in between (its digest is checked). A
+    point's overrides name each key once, so their order does not matter."""
+    where = str(Path(config_file).absolute()) if config_file else None  # sweep.json's form
+    key = (where, tuple(sorted(overrides)))
+    if key not in _COMPOSED:
+        _COMPOSED[key] = compose.compose(config_file, overrides, notes=notes)
+    return _COMPOSED[key]
 
 
 def _overrides(plain: list[str], point: dict[str, Any]) -> list[str]:
@@ -220,12 +237,16 @@ class Slot:
     retry: bool = False
 
 
-def _trial_configs(sweep_dir: Path, base: Config, todo: list[Slot]) -> list[Config]:
-    """Ask the study for each slot's trial and freeze its config into its directory."""
+def _trial_configs(
+    sweep_dir: Path, base: Config, todo: list[Slot], study: Any = None
+) -> list[Config]:
+    """Ask the study (opened here, or `study`: one kept by the driver, which reads only what was
+    appended to the journal since) for each slot's trial and freeze its config into its
+    directory."""
     spec = SweepDir(sweep_dir).read_spec()
     _check_unchanged(spec)
     dims = [Dimension(**d) for d in spec["dims"]]
-    study = open_study(sweep_dir, base.sweep)
+    study = study or open_study(sweep_dir, base.sweep)
     out = []
     for slot in todo:
         if slot.params:
@@ -250,7 +271,7 @@ def _trial_configs(sweep_dir: Path, base: Config, todo: list[Slot]) -> list[Conf
             attrs["retry_of"] = slot.number
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-        cfg = compose.compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
+        cfg = _compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
         if slot.retry:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
         frozen, held = rundir.create(cfg)
@@ -300,8 +321,10 @@ def run_trials(
 
     use = trials.plan_for(base, len(todo))
 
+    study = open_study(sweep_dir, base.sweep)
+
     def make_config(slot: Slot) -> Config:
-        (cfg,) = _trial_configs(sweep_dir, base, [slot])
+        (cfg,) = _trial_configs(sweep_dir, base, [slot], study)
         return trials.with_share(cfg, use.share)
 
     trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep)

@@ -145,9 +145,11 @@ class Driver:
         self.pool = Pool(trial_main)
 
     def run(self, queue: deque[Any]) -> None:
+        """Start trials as their shares free up (a freed share starts the next trial at once;
+        a wave of them together) until the queue is empty or the sweep is stopped."""
         with self.stop.catching():
             while self.running or (queue and not self.stop.reason):
-                ready = []  # made first, started together: a wave starts at once
+                ready = []  # made first, started together
                 while queue and not self.stop.reason and (slot := self.alloc.take()):
                     ready.append((self.make_config(queue.popleft()), slot))
                 for cfg, slot in ready:
