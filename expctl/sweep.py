@@ -235,6 +235,8 @@ class Slot:
     params: dict[str, Any]
     seed_idx: int = 0
     retry: bool = False
+    # PBT: the copies the retried attempt made (its config.yaml holds where they led)
+    lineage: list[dict[str, Any]] = dataclasses.field(default_factory=list, compare=False)
 
 
 def _trial_configs(
@@ -269,9 +271,14 @@ def _trial_configs(
         }
         if slot.retry:
             attrs["retry_of"] = slot.number
+        if slot.lineage:
+            attrs["lineage"] = slot.lineage
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-        cfg = _compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
+        if slot.retry and slot.lineage:  # a PBT trial that copied: it goes on as its copy does
+            cfg = config_mod.load(trial_dir).replace("run", dir=str(trial_dir))
+        else:
+            cfg = _compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
         if slot.retry:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
         frozen, held = rundir.create(cfg)
@@ -409,7 +416,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
         if r.status in ledger.UNFINISHED:
             assert r.optuna_trial is not None, "a trial that ended was started"
             study.tell(r.optuna_trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            todo.append(Slot(r.number, json.loads(r.config), r.seed_idx, retry=True))
+            todo.append(Slot(r.number, json.loads(r.config), r.seed_idx, True, r.lineage))
         elif r.optuna_trial is None:  # never started
             todo.append(Slot(r.number, json.loads(r.config), r.seed_idx))
     if not todo:
