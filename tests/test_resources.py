@@ -108,3 +108,46 @@ def test_shares_the_machine_cannot_give_are_user_errors(
     with pytest.raises(UserError) as e:
         plan(machine(cores, n_gpus), gpus, cpus, None, trials=4)
     assert says in f"{e.value.message} {e.value.hint}"
+
+
+def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_path) -> None:
+    """On a terminal: events above, a block of one line per running trial (its GPU, step,
+    metric), redrawn in place; elsewhere only the events (the block every minute)."""
+    import io
+    import json
+    import time
+
+    from expctl import trials
+    from expctl.pool import Proc
+    from expctl.resources import Slot
+    from expctl.study import TrialRef
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    run = tmp_path / "trial_003"
+    run.mkdir()
+    rows = [{"step": 40, "train/loss": 1.0}, {"step": 40, "val/acc": 0.8125, "val/loss": 0.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = trials.Running(
+        3,
+        Proc(3, [], {}, (0,), run / "output.log", pid=1, started=time.time()),
+        Slot(("1",), (4, 5, 6, 7)),
+        TrialRef(str(tmp_path), 3),
+        "optim.lr=0.1",
+    )
+    out = Terminal()
+    board = trials.Board(out, tmp_path)
+    board.started(r)
+    board.show([r])
+    board.show([r])  # redrawn over the last block, not below it
+    board.close()
+    text = out.getvalue()
+    assert text.startswith("expctl: trial 3 started on GPU 1 (cores 4-7): optim.lr=0.1\n")
+    line = "  trial 3  GPU 1  step 40  val/acc=0.8125  0:00  optim.lr=0.1\n"
+    assert text.count(line) == 2 and "\x1b[1F\x1b[J" in text
+    plain = io.StringIO()
+    quiet = trials.Board(plain, tmp_path)
+    quiet.show([r])
+    assert plain.getvalue() == "", "no block off a terminal until quiet_s has passed"
