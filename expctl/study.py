@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -154,6 +155,21 @@ def is_open(ref: TrialRef, s: SweepConfig) -> bool:
     return ref.number < len(trials) and not trials[ref.number].state.is_finished()
 
 
+SHARE_ENV = "EXPCTL_TRIAL_SHARE"  # trials that may share this trial's GPU (set by the driver)
+
+
+def failure_text(error: BaseException) -> str:
+    """How the ledger says why a trial failed: its error's first line; running out of GPU
+    memory on a shared GPU says which setting packed it there."""
+    shared = int(os.environ.get(SHARE_ENV, "1") or 1)
+    if type(error).__name__ == "OutOfMemoryError" and shared > 1:
+        return (
+            f"CUDA out of memory on a GPU shared by up to {shared} trials: give each trial more "
+            "of it (raise sweep.gpus_per_trial) or lower data.batch_size"
+        )
+    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
+
+
 def finish(
     ref: TrialRef, s: SweepConfig, metrics: dict[str, Any], error: BaseException | None = None
 ) -> None:
@@ -164,7 +180,7 @@ def finish(
     number = ref.number
     ended = {"ended": time.time(), "epoch": metrics.get("epoch"), "step": metrics.get("step")}
     if error is not None:
-        text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        text = failure_text(error)
         mark(ref, "failed", error=text, **ended)
         study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
     elif metrics.get("status") == "stopped":

@@ -43,12 +43,20 @@ from expctl.errors import (
 from expctl.layout import RunDir, SweepDir, write_atomically
 from expctl.pool import Pool, Proc
 from expctl.provenance import Launch
-from expctl.study import TrialRef, attrs_of, finish, is_open, mark, trial_params
+from expctl.study import (
+    SHARE_ENV,
+    TrialRef,
+    attrs_of,
+    failure_text,
+    finish,
+    is_open,
+    mark,
+    trial_params,
+)
 
 log = logging.getLogger("expctl")
 
 STOP = signal.SIGTERM  # a trial's stop: inline and local runs checkpoint and end (exit 3)
-OOM_HINT = "sweep.gpus_per_trial"
 
 
 @dataclass
@@ -197,10 +205,11 @@ def _start(pool: Pool, cfg: Config, slot: resources.Slot, launch_file: Path, gpu
     ref = TrialRef.read(run_dir.path)
     assert ref is not None, "a trial's run directory holds trial.json"
     env = {"CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)} if gpus else {}
+    if slot.gpus and slot.shared > 1:
+        env[SHARE_ENV] = str(slot.shared)
     request = {
         "run_dir": str(run_dir.path),
         "launch": str(launch_file),
-        "shared": slot.shared,
         "where": _where(slot).strip(),
     }
     proc = Proc(
@@ -347,13 +356,8 @@ def trial_main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as e:
-        if _out_of_memory(e) and int(request.get("shared", 1)) > 1:
-            text = (
-                f"CUDA out of memory on a GPU shared by up to {request['shared']} trials: "
-                f"give each trial more of it (raise {OOM_HINT}) or lower data.batch_size"
-            )
-            _record_oom(request["run_dir"], text)
-            print(f"expctl: error: {text}", file=sys.stderr)
+        if os.environ.get(SHARE_ENV) and type(e).__name__ == "OutOfMemoryError":
+            print(f"expctl: error: {failure_text(e)}", file=sys.stderr)  # the ledger says it too
             return EXIT_FAILED
         raise
 
@@ -429,18 +433,6 @@ def _whole_lines(path: Path) -> list[str]:
     except FileNotFoundError:
         return []
     return [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    import torch
-
-    return isinstance(e, torch.OutOfMemoryError)
-
-
-def _record_oom(run_dir: str, text: str) -> None:
-    ref = TrialRef.read(run_dir)
-    if ref is not None:
-        mark(ref, "failed", error=text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -151,3 +151,19 @@ def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_pat
     quiet = trials.Board(plain, tmp_path)
     quiet.show([r])
     assert plain.getvalue() == "", "no block off a terminal until quiet_s has passed"
+
+
+def test_out_of_memory_on_a_shared_gpu_names_the_setting_that_packed_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from expctl.study import SHARE_ENV, failure_text
+
+    class OutOfMemoryError(RuntimeError):  # torch's, by name: the ledger imports no torch
+        pass
+
+    oom = OutOfMemoryError("CUDA out of memory. Tried to allocate 784.00 MiB")
+    assert failure_text(oom).startswith("OutOfMemoryError: CUDA out of memory"), "a GPU of its own"
+    monkeypatch.setenv(SHARE_ENV, "4")
+    text = failure_text(oom)
+    assert "shared by up to 4 trials" in text and "sweep.gpus_per_trial" in text
+    assert failure_text(ValueError("x\ny")) == "ValueError: x"
