@@ -10,7 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
 cd "$(mktemp -d)"
 python3 -m expctl run -m model=resnet50 data=synthetic 'data.shape=[3,224,224]' data.num_classes=10 \
-  data.num_samples=2048 data.val_samples=256 data.batch_size=32,640,640,640 train.precision=32 train.max_epochs=1 \
+  data.num_samples=2048 data.val_samples=256 data.batch_size=32,600,640,680 train.precision=32 train.max_epochs=1 \
   sched=none sweep.gpus_per_trial=0.25
 echo "exit $?"
 for f in runs/*/trial_*/output.log; do echo "== $f"; tail -3 "$f"; done
