@@ -259,7 +259,8 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
     copies = [(t["trial"], e) for t in trials for e in t["lineage"]]
     assert copies, "with half the population in the bottom quantile, someone copied"
     for n, e in copies:
-        assert set(e) == {"step", "from_trial", "params", "time"} and e["from_trial"] != n
+        assert set(e) == {"step", "from_trial", "params", "time", "row"} and e["from_trial"] != n
+        assert isinstance(e["row"], int) and e["row"] >= 0, "the metrics row where the copy began"
         assert 0.001 <= e["params"]["optim.lr"] <= 0.1
         assert (
             f"continuing from trial {e['from_trial']}'s checkpoint of step {e['step']}"
