@@ -258,6 +258,21 @@ def user_repo(repo: Path, module: str = "snapmod") -> Path:
     return repo
 
 
+def tree(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
+    """Every file and folder under `root` (and `root` itself, as "."): mode, mtime and contents
+    (None for a folder), to show that a command changed nothing there, not even for an instant
+    (a file made and removed again changes its folder's mtime)."""
+    out: dict[str, tuple[int, int, bytes | None]] = {}
+    for p in [root, *sorted(root.rglob("*"))]:
+        st = p.lstat()
+        out[str(p.relative_to(root))] = (
+            st.st_mode,
+            st.st_mtime_ns,
+            p.read_bytes() if p.is_file() and not p.is_symlink() else None,
+        )
+    return out
+
+
 def run_dirs(root: Path) -> list[Path]:
     """Run directories (those holding config.yaml) under `root`."""
     return sorted(p.parent for p in root.rglob("config.yaml"))

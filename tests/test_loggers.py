@@ -50,9 +50,10 @@ def test_csv_logger_holds_every_event_with_a_header_of_every_metric(tmp_path: Pa
     for row, event in zip(rows, events, strict=False):
         assert int(row["step"]) == event["step"] and int(row["epoch"]) == event["epoch"]
         for key in header[2:]:
-            assert row[key] == ("" if key not in event else row[key])
             if key in event:
-                assert float(row[key]) == pytest.approx(event[key])
+                assert float(row[key]) == pytest.approx(event[key]), (key, row, event)
+            else:
+                assert row[key] == "", (key, row, event)
     assert rows[-1]["time/train_s"] and rows[-1]["train/loss"] == ""
 
 

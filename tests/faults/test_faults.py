@@ -4,6 +4,7 @@ one-line error, and nothing checkpointed is lost."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import resource
@@ -99,47 +100,63 @@ def test_sigkill_of_a_worker_at_any_step(
     assert all(torch.equal(got[k], ref[k]) for k in ref), f"rank {rank} killed at step {step}"
 
 
-def test_sigkill_during_checkpoint_writes_keeps_a_loadable_checkpoint(tmp_path: Path) -> None:
-    """Kill a run that checkpoints every step (large model: writes take time) at random moments;
-    every kill leaves the newest named checkpoint loadable, and the run finally completes."""
-    (tmp_path / "tiny.yml").write_text(TINY.replace("hidden: [32]", "hidden: [1024, 1024]"))
-    rng = random.Random(0)
-    mid_write = 0
-    for i in range(8):
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "expctl",
-                "run",
-                "-C",
-                "tiny.yml",
-                "checkpoint.every=1",
-                "checkpoint.keep=3",
-                "run.dir=w",
-            ],
-            cwd=tmp_path,
-            env=env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.time() + 60
-        while not checkpoint.list_checkpoints(tmp_path / "w") and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        mid_write += bool(list((tmp_path / "w" / "checkpoints").glob(".step_*.tmp-*")))
-        found = checkpoint.newest_valid(tmp_path / "w")
-        assert found is not None and found[0] == checkpoint.list_checkpoints(tmp_path / "w")[0], (
-            f"kill {i}"
-        )
-    print(f"kills during checkpoint writes: {mid_write} of 8 left a partial temporary file")
-    final = expctl(tmp_path, "checkpoint.every=1", "checkpoint.keep=3", "run.dir=w")
-    assert "resumed from" in final.stdout
-    assert not list((tmp_path / "w" / "checkpoints").glob(".step_*.tmp-*")), (
-        "partial files cleaned up"
+# 12 steps, a checkpoint every 4: the write of step 8 is killed, step 4's is the one to resume
+WRITE_RUN = ["train.step=stall_checkpoint_write", "train.max_steps=12", "checkpoint.every=4"]
+
+
+@pytest.fixture(scope="module")
+def write_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The weights of WRITE_RUN trained without a kill."""
+    work = tmp_path_factory.mktemp("write_ref")
+    (work / "tiny.yml").write_text(TINY)
+    expctl(work, *WRITE_RUN, "run.dir=ref")
+    return weights(work / "ref")
+
+
+@pytest.mark.parametrize("where", ["mid", "end"])
+def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
+    where: str, tmp_path: Path, write_reference: dict[str, torch.Tensor]
+) -> None:
+    """SIGKILL of a run while it writes the checkpoint of step 8, stalled there by the test plugin
+    (`mid`: inside torch.save, its first bytes in the file; `end`: the payload whole, before it
+    is synced and named): step 4's checkpoint stays the newest and intact, no file has step 8's
+    name, and the relaunch resumes from step 4 to the uninterrupted weights, bitwise."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    marker = tmp_path / "stalled.json"
+    run = tmp_path / "w"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w"],
+        cwd=tmp_path,
+        env=env(STALL_AT_STEP="8", STALL_WHERE=where, STALL_MARKER=str(marker)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    try:
+        deadline = time.time() + 120
+        while not marker.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"never stalled in the write (exit {proc.poll()})"
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL, err
+    stalled = json.loads(marker.read_text())
+    partial = Path(stalled["file"])
+    previous = checkpoint.path_for(run, 4)
+    assert partial.parent == previous.parent and partial.name.startswith(".step_000000008.pt.tmp-")
+    assert partial.stat().st_size == stalled["bytes"], "killed where it stalled"
+    assert checkpoint.list_checkpoints(run) == [previous], "nothing under step 8's name"
+    found = checkpoint.newest_valid(run)
+    assert found is not None and found[0] == previous and found[1]["step"] == 4
+    again = expctl(tmp_path, *WRITE_RUN, "run.dir=w")
+    assert f"resumed from {previous} (step 4," in again.stdout, again.stdout
+    assert not list(previous.parent.glob(".step_*.tmp-*")), "the partial file is cleaned up"
+    full = checkpoint.path_for(run, 8).stat().st_size  # the same payload, written whole
+    assert (0 < stalled["bytes"] < full) if where == "mid" else stalled["bytes"] == full
+    got = weights(run)
+    assert all(torch.equal(got[k], write_reference[k]) for k in write_reference)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
@@ -238,8 +255,6 @@ def test_nan_loss_skip_drops_the_update_and_counts_it(tmp_path: Path) -> None:
         "run.dir=s",
         env=env(NAN_AT_STEPS="7,20"),
     )
-    import json
-
     events = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
     assert max(e.get("train/skipped", 0) for e in events) == 2.0
     assert all(torch.isfinite(t).all() for t in weights(tmp_path / "s").values())
