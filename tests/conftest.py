@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -270,6 +270,53 @@ def tree(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
             st.st_mtime_ns,
             p.read_bytes() if p.is_file() and not p.is_symlink() else None,
         )
+    return out
+
+
+def synthetic_accuracy(run_dir: Path, split: str = "val", **data: object) -> float:
+    """The accuracy of a run's newest checkpoint on its `data=synthetic` split (`data`: other
+    dataset arguments), computed here with the model and plain torch: what the run's own
+    validation or `expctl eval` must report."""
+    import torch
+
+    import expctl
+    from expctl import config
+    from expctl.datasets.synthetic import synthetic
+
+    splits = synthetic(**{**config.load(run_dir).data.args, **data})
+    x, y = (splits.train if split == "train" else splits.val).tensors
+    with torch.no_grad():
+        predicted = expctl.load_model(run_dir, which="last")(x).argmax(1)
+    return (predicted == y).sum().item() / len(y)
+
+
+def wait_for(what: str, ready: Callable[[], object], timeout: float = 120) -> None:
+    """Poll `ready` until it is true; fail naming `what` after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def workers_of(run_dir: Path, rank: int | None = None) -> list[int]:
+    """The live local workers (`expctl _worker RUN_DIR ...`) of a run, or of one rank of it:
+    found by their command line, since torch's agent starts each in a session of its own."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        mine = b"_worker" in argv and str(run_dir).encode() in argv and state != "Z"
+        if mine and (rank is None or f"RANK={rank}".encode() in environ):
+            out.append(int(p))
     return out
 
 

@@ -131,7 +131,7 @@ def test_load_model_finds_the_module_that_sat_beside_the_config_file(neighbour: 
     module = neighbour.with_name("neighbour_models.py")
     module.rename(module.with_name("renamed.py"))
     gone = load()
-    assert gone.returncode != 0
+    assert gone.returncode == 1, "the UserError, uncaught in a plain script"
     assert (
         f"cannot import module 'neighbour_models': the run imported it from {module}, "
         "which is gone" in gone.stderr

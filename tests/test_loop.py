@@ -56,7 +56,7 @@ def test_two_steps_in_process_write_the_run_and_call_the_hooks(tmp_path: Path) -
     hooks = Recorder()
     run_dir, result = rank.main(_cfg(tmp_path, "train.max_steps=2"), DistEnv(), hooks)
     assert result["step"] == 2 and result["status"] == "completed"
-    assert 0.0 <= result["val/acc"] <= 1.0
+    assert result["val/acc"] == pytest.approx(conftest.synthetic_accuracy(run_dir), abs=1e-6)
     run = RunDir(run_dir)
     assert (
         run.read_result() == json.loads(run.result.read_text()) and run.read_result()["step"] == 2
