@@ -68,6 +68,7 @@ def host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
         signal.signal(sig, handler)
 
 
+@pytest.mark.slow
 def test_an_inline_run_restores_signals_environment_flags_rng_and_logging(host: None) -> None:
     before = _state()
     result = expctl.run(None, [*SMALL, "launcher=inline"])
@@ -76,6 +77,7 @@ def test_an_inline_run_restores_signals_environment_flags_rng_and_logging(host: 
     assert "EXPCTL_API_PROBE" not in os.environ
 
 
+@pytest.mark.slow
 def test_a_failing_run_restores_them_too(host: None) -> None:
     before = _state()
     with pytest.raises(expctl.UserError):

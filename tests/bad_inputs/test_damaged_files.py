@@ -38,6 +38,7 @@ def test_status_reads_around_damaged_lines_and_names_the_files(
     assert "cannot read" in err and "result.json" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_sweep_table_reads_a_truncated_journal_and_refuses_a_corrupt_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -65,6 +66,7 @@ def test_sweep_table_reads_a_truncated_journal_and_refuses_a_corrupt_one(
     assert len(err.strip().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_a_damaged_torchvision_signature_cache_is_made_again(tmp_path: Path) -> None:
     """Truncated, emptied, edited by hand (checksum kept) or malformed: the composition is the
     one made from torchvision (no traceback, no model hidden), and the file is written again."""
