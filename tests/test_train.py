@@ -382,7 +382,6 @@ def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) ->
     import os
     import re
     import signal
-    import time
 
     args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=slow", "checkpoint.every=2"]
     args += ["-m", "optim.lr=0.1,0.2"] if sweep else []
@@ -398,9 +397,7 @@ def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) ->
         # background job (its SIGINT is ignored, and an ignored signal is inherited)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.time() + 120
-    while not list(tiny.parent.glob("runs/**/checkpoints/step_*.pt")) and time.time() < deadline:
-        time.sleep(0.2)
+    wait_for("a checkpoint", lambda: list(tiny.parent.glob("runs/**/checkpoints/step_*.pt")))
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in out, out
