@@ -107,6 +107,14 @@ class _Warm:
     def run(
         cls, args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
+        with cls.started(args, cwd, env, timeout) as child:
+            return child.wait()
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(
+        cls, args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> Iterator[Started]:
         if cls.proc is None or cls.proc.poll() is not None:
             clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
             # the expctl of this checkout, also where an editable install points elsewhere
@@ -133,22 +141,59 @@ class _Warm:
             }
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
-            pid = json.loads(proc.stdout.readline())["pid"]
-            ready, _, _ = select.select([proc.stdout], [], [], timeout)
-            if not ready:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-                proc.stdout.readline()
-                raise subprocess.TimeoutExpired(
-                    ["expctl", *args], timeout, out.read_text(), err.read_text()
-                )
-            code = json.loads(proc.stdout.readline())["code"]
-            return subprocess.CompletedProcess(
-                ["expctl", *args],
-                code,
-                out.read_text(errors="replace"),
-                err.read_text(errors="replace"),
-            )
+            child = Started(json.loads(proc.stdout.readline())["pid"], ["expctl", *args])
+            child._end = lambda: _Warm._ended(child, out, err, timeout)
+            try:
+                yield child
+            finally:
+                if child._end is not None:  # the block ended first: the child goes with it
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
+
+    @classmethod
+    def _ended(
+        cls, child: Started, out: Path, err: Path, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        assert cls.proc is not None and cls.proc.stdout is not None
+        ready, _, _ = select.select([cls.proc.stdout], [], [], timeout)
+        if not ready:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            cls.proc.stdout.readline()
+            raise subprocess.TimeoutExpired(child.args, timeout, out.read_text(), err.read_text())
+        code = json.loads(cls.proc.stdout.readline())["code"]
+        return subprocess.CompletedProcess(
+            child.args, code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
+
+
+class Started:
+    """An `expctl ...` child of the warm server, still running (`expctl_started`)."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid = pid  # also its process group's id
+        self.args = args
+        self.result: subprocess.CompletedProcess[str] | None = None
+        self._end: Callable[[], subprocess.CompletedProcess[str]] | None = None
+
+    def wait(self) -> subprocess.CompletedProcess[str]:
+        """Its exit code (negative: killed by that signal) and output, once it has ended."""
+        if self.result is None:
+            end, self._end = self._end, None  # the server answers once
+            assert end is not None, "it ended without a result (a timeout)"
+            self.result = end()
+        return self.result
+
+
+def expctl_started(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> contextlib.AbstractContextManager[Started]:
+    """`expctl ARGS` forked from the warm server as `expctl(...)` does, left running for the
+    block: signal `.pid`, then `.wait()`; a child still running when the block ends is killed
+    with its process group. The server runs one child at a time: no `expctl(...)` in the block
+    before `.wait()`."""
+    return _Warm.started(args, cwd, env or cli_env(), timeout)
 
 
 def expctl(

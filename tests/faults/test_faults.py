@@ -127,22 +127,17 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
     (tmp_path / "tiny.yml").write_text(TINY)
     marker = tmp_path / "stalled.json"
     run = tmp_path / "w"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w"],
-        cwd=tmp_path,
-        env=env(STALL_AT_STEP="8", STALL_WHERE=where, STALL_MARKER=str(marker)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        base.wait_for("the stall", lambda: marker.exists() or proc.poll() is not None)
-        assert marker.exists(), f"never stalled in the write (exit {proc.poll()})"
-        proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == -signal.SIGKILL, err
+    stall = env(STALL_AT_STEP="8", STALL_WHERE=where, STALL_MARKER=str(marker))
+    with base.expctl_started(
+        "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w", cwd=tmp_path, env=stall
+    ) as child:
+        base.wait_for(
+            "the stall", lambda: marker.exists() or not Path(f"/proc/{child.pid}").exists()
+        )
+        assert marker.exists(), f"never stalled in the write: {child.wait()}"
+        os.kill(child.pid, signal.SIGKILL)
+        killed = child.wait()
+    assert killed.returncode == -signal.SIGKILL, killed
     stalled = json.loads(marker.read_text())
     partial = Path(stalled["file"])
     previous = checkpoint.path_for(run, 4)
@@ -345,17 +340,12 @@ def test_local_workers_die_with_a_killed_launcher_and_the_relaunch_resumes(tmp_p
     (tmp_path / "tiny.yml").write_text(TINY)
     run_dir = tmp_path / "orphans"
     args = [*LOCAL, "train.step=slow", "checkpoint.every=2", f"run.dir={run_dir}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],
-        cwd=tmp_path,
-        env=env(SLOW_STEP_S="0.2"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base.wait_for("a checkpoint", lambda: checkpoint.list_checkpoints(run_dir))
-    assert len(base.workers_of(run_dir)) == 2
-    proc.kill()
-    proc.wait()
+    slow = env(SLOW_STEP_S="0.2")
+    with base.expctl_started("run", "-C", "tiny.yml", *args, cwd=tmp_path, env=slow) as launcher:
+        base.wait_for("a checkpoint", lambda: checkpoint.list_checkpoints(run_dir))
+        assert len(base.workers_of(run_dir)) == 2
+        os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone, not its process group
+        assert launcher.wait().returncode == -signal.SIGKILL
     base.wait_for("the orphaned workers to end", lambda: not base.workers_of(run_dir), 20)
     again = expctl(tmp_path, *args, env=env(SLOW_STEP_S="0"))
     assert "resumed from" in again.stdout
