@@ -460,7 +460,7 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
         "-C",
         "slow.yml",
         "-m",
-        "optim.lr=0.01,0.1",  # two 2-node trials: one wave on the cluster's 4 CPUs
+        "optim.lr=0.01,0.1,0.3",
         "train.step=slow",
         "train.max_epochs=1",
         "launcher=slurm",
@@ -471,7 +471,7 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
         cwd=work,
         env=env(SLOW_STEP_S="0.05"),
     )
-    job = re.search(r"submitted 2 trial\(s\) as job\(s\) (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    job = re.search(r"submitted 3 trial\(s\) as job\(s\) (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
     sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
     scripts = [p.read_text() for p in (sweep / "slurm").glob("*.sh")]
     assert any("#SBATCH --array=0-2%2\n" in text for text in scripts), "max_concurrent: %N"
@@ -483,12 +483,12 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
         "all trials",
     )
     rows = ledger.rows(sweep)
-    assert len(rows) == 2
+    assert len(rows) == 3
     ids = [
         json.loads((Path(r.run_dir) / "jobs.jsonl").read_text().splitlines()[0])["job_id"]
         for r in rows
     ]
-    assert sorted(ids) == [f"{job}_{i}" for i in range(2)], "one array, one element per trial"
+    assert sorted(ids) == [f"{job}_{i}" for i in range(3)], "one array, one element per trial"
     assert all("submitit x 2 rank(s)" in (Path(r.run_dir) / "train.log").read_text() for r in rows)
 
 
