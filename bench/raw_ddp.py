@@ -17,14 +17,15 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+if TYPE_CHECKING:
+    import torch
 
 
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
+    import torch
+
     from expctl.datasets.idx import fashion_mnist
     from expctl.datasets.synthetic import synthetic
 
@@ -103,6 +104,12 @@ def main() -> None:
         p.error(f"--profile {args.profile}: at most the {args.steps - args.warmup} timed steps")
     if args.batch < 1 or args.batch > args.samples // world:
         p.error(f"--batch {args.batch}: 1 to the {args.samples // world} samples each rank has")
+    # after the arguments are checked: a refusal needs no torch (~4 s of imports)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local) if cuda else torch.device("cpu")

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -107,6 +107,14 @@ class _Warm:
     def run(
         cls, args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
+        with cls.started(args, cwd, env, timeout) as child:
+            return child.wait()
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(
+        cls, args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> Iterator[Started]:
         if cls.proc is None or cls.proc.poll() is not None:
             clean = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
             # the expctl of this checkout, also where an editable install points elsewhere
@@ -133,22 +141,59 @@ class _Warm:
             }
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
-            pid = json.loads(proc.stdout.readline())["pid"]
-            ready, _, _ = select.select([proc.stdout], [], [], timeout)
-            if not ready:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-                proc.stdout.readline()
-                raise subprocess.TimeoutExpired(
-                    ["expctl", *args], timeout, out.read_text(), err.read_text()
-                )
-            code = json.loads(proc.stdout.readline())["code"]
-            return subprocess.CompletedProcess(
-                ["expctl", *args],
-                code,
-                out.read_text(errors="replace"),
-                err.read_text(errors="replace"),
-            )
+            child = Started(json.loads(proc.stdout.readline())["pid"], ["expctl", *args])
+            child._end = lambda: _Warm._ended(child, out, err, timeout)
+            try:
+                yield child
+            finally:
+                if child._end is not None:  # the block ended first: the child goes with it
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
+
+    @classmethod
+    def _ended(
+        cls, child: Started, out: Path, err: Path, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        assert cls.proc is not None and cls.proc.stdout is not None
+        ready, _, _ = select.select([cls.proc.stdout], [], [], timeout)
+        if not ready:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            cls.proc.stdout.readline()
+            raise subprocess.TimeoutExpired(child.args, timeout, out.read_text(), err.read_text())
+        code = json.loads(cls.proc.stdout.readline())["code"]
+        return subprocess.CompletedProcess(
+            child.args, code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
+
+
+class Started:
+    """An `expctl ...` child of the warm server, still running (`expctl_started`)."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid = pid  # also its process group's id
+        self.args = args
+        self.result: subprocess.CompletedProcess[str] | None = None
+        self._end: Callable[[], subprocess.CompletedProcess[str]] | None = None
+
+    def wait(self) -> subprocess.CompletedProcess[str]:
+        """Its exit code (negative: killed by that signal) and output, once it has ended."""
+        if self.result is None:
+            end, self._end = self._end, None  # the server answers once
+            assert end is not None, "it ended without a result (a timeout)"
+            self.result = end()
+        return self.result
+
+
+def expctl_started(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> contextlib.AbstractContextManager[Started]:
+    """`expctl ARGS` forked from the warm server as `expctl(...)` does, left running for the
+    block: signal `.pid`, then `.wait()`; a child still running when the block ends is killed
+    with its process group. The server runs one child at a time: no `expctl(...)` in the block
+    before `.wait()`."""
+    return _Warm.started(args, cwd, env or cli_env(), timeout)
 
 
 def expctl(
@@ -256,6 +301,68 @@ def user_repo(repo: Path, module: str = "snapmod") -> Path:
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "version 1")
     return repo
+
+
+def tree(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
+    """Every file and folder under `root` (and `root` itself, as "."): mode, mtime and contents
+    (None for a folder), to show that a command changed nothing there, not even for an instant
+    (a file made and removed again changes its folder's mtime)."""
+    out: dict[str, tuple[int, int, bytes | None]] = {}
+    for p in [root, *sorted(root.rglob("*"))]:
+        st = p.lstat()
+        out[str(p.relative_to(root))] = (
+            st.st_mode,
+            st.st_mtime_ns,
+            p.read_bytes() if p.is_file() and not p.is_symlink() else None,
+        )
+    return out
+
+
+def synthetic_accuracy(run_dir: Path, split: str = "val", **data: object) -> float:
+    """The accuracy of a run's newest checkpoint on its `data=synthetic` split (`data`: other
+    dataset arguments), computed here with the model and plain torch: what the run's own
+    validation or `expctl eval` must report."""
+    import torch
+
+    import expctl
+    from expctl import config
+    from expctl.datasets.synthetic import synthetic
+
+    splits = synthetic(**{**config.load(run_dir).data.args, **data})
+    x, y = (splits.train if split == "train" else splits.val).tensors
+    with torch.no_grad():
+        predicted = expctl.load_model(run_dir, which="last")(x).argmax(1)
+    return (predicted == y).sum().item() / len(y)
+
+
+def wait_for(what: str, ready: Callable[[], object], timeout: float = 120) -> None:
+    """Poll `ready` until it is true; fail naming `what` after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def workers_of(run_dir: Path, rank: int | None = None) -> list[int]:
+    """The live local workers (`expctl _worker RUN_DIR ...`) of a run, or of one rank of it:
+    found by their command line, since torch's agent starts each in a session of its own."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        mine = b"_worker" in argv and str(run_dir).encode() in argv and state != "Z"
+        if mine and (rank is None or f"RANK={rank}".encode() in environ):
+            out.append(int(p))
+    return out
 
 
 def run_dirs(root: Path) -> list[Path]:

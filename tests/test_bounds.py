@@ -141,6 +141,7 @@ def test_a_gz_is_decoded_once_then_read_from_its_checked_copy(
         data.read_idx(path, (5, 28, 28))  # a limit the file exceeds: refused, copy or not
 
 
+@pytest.mark.slow
 def test_a_cache_write_that_fails_midway_leaves_no_temporary_file(tmp_path: Path) -> None:
     """A full disk (here: a file-size limit, in a child process) stops the decoded copy's write
     part way: the run still gets its data, and no partial temporary file is left behind."""

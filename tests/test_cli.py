@@ -49,6 +49,7 @@ def test_show_prints_resolved_config_and_environment(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["run", "train.precision=fp8"], ["run", "-C", "missing.yml"]])
 def test_real_process_exit_code_and_no_traceback(args: list[str], tmp_path: Path) -> None:
     proc = run_cli(*args, cwd=tmp_path, check=False)
@@ -56,6 +57,7 @@ def test_real_process_exit_code_and_no_traceback(args: list[str], tmp_path: Path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "first"), [("list models", "models:"), ("run --help", "usage:")])
 def test_output_piped_into_head_ends_quietly(args: str, first: str) -> None:
     proc = subprocess.run(
@@ -115,6 +117,7 @@ def test_imports_next_to_the_config_file_work_from_any_directory(tmp_path: Path)
 SHADOW = "raise RuntimeError('the torchvision.py of the working directory was imported')\n"
 
 
+@pytest.mark.slow
 def test_a_torchvision_py_in_the_working_directory_shadows_nothing(tmp_path: Path) -> None:
     """The working directory is searched after site-packages: its torchvision.py is never
     imported, while a module of yours there is still found."""
@@ -213,6 +216,7 @@ def small_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return cwd, re.search(r"sweep directory (\S+)", out).group(1)  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(READ_ONLY_COMMANDS))
 def test_read_only_commands_import_no_torch(command: str, small_sweep: tuple[Path, str]) -> None:
     cwd, sweep = small_sweep

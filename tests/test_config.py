@@ -270,12 +270,16 @@ def test_no_yaml_duplicates_a_registered_name() -> None:
 def test_every_key_show_prints_can_be_overridden_without_plus() -> None:
     cfg = cfg_of(None, "launcher=slurm", check=False)
     values = {"data.val_batch_size": "64", "data.device_resident": "false"}
+    overrides = []
     for section in ("train", "checkpoint", "run", "launcher", "sweep", "data", "optim"):
         for key, value in cfg.to_dict()[section].items():
             if key in ("name", "dir") or isinstance(value, (dict, list)):
                 continue
             text = values.get(f"{section}.{key}", "null" if value is None else str(value))
-            cfg_of(None, "launcher=slurm", f"{section}.{key}={text}", check=False)
+            overrides.append(f"{section}.{key}={text}")
+    assert len(overrides) > 60
+    # one composition of them all: a key that needed a '+' would fail it, naming that key
+    cfg_of(None, "launcher=slurm", *overrides, check=False)
     cfg = cfg_of(None, "launcher=slurm", "launcher.sbatch.mail-type=END", "env.A_B=1")
     assert cfg.launcher.sbatch == {"mail-type": "END"} and cfg.env == {"A_B": "1"}
     assert cfg_of(None, "data.device_resident=false").data.device_resident is False
@@ -449,6 +453,7 @@ def test_a_multi_line_secret_from_the_environment_reaches_env(
     assert cfg.env["T"].count("\n") == 2
 
 
+@pytest.mark.slow
 def test_relative_file_paths_are_frozen_absolute(tmp_path: Path) -> None:
     """From a user trial: `data.root=imgs` frozen as written named other files once the run was
     evaluated or continued from another directory."""

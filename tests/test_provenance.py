@@ -25,6 +25,7 @@ def provenance(run_dir: Path) -> dict:
     return json.loads((run_dir / "provenance.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_run_records_its_command_code_machine_and_packages(tmp_path: Path) -> None:
     repo = user_repo(tmp_path / "repo")
     commit = git(repo, "rev-parse", "HEAD")
@@ -72,6 +73,7 @@ def test_a_run_records_its_command_code_machine_and_packages(tmp_path: Path) -> 
     assert (run_dir / "provenance.json").read_text() == before, "a completed run records nothing"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["no repository", "no git"])
 def test_without_a_repository_or_git_a_run_still_records_the_rest(
     tmp_path: Path, where: str
@@ -102,6 +104,7 @@ def _plan(repo: Path, module: str, *overrides: str) -> snapshot.Plan | None:
             sys.modules.pop(module, None)
 
 
+@pytest.mark.slow
 def test_the_snapshot_is_switchable_and_copies_only_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

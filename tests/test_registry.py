@@ -189,6 +189,7 @@ def test_the_torchvision_signature_cache_describes_each_model_as_torchvision_doe
         assert _facts(cached) == _facts(real), name
 
 
+@pytest.mark.slow
 def test_composing_a_torchvision_model_imports_torchvision_once_per_version(
     tmp_path: Path,
 ) -> None:

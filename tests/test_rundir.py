@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import TINY, cli_env, run_dirs
+from conftest import TINY, cli_env, run_dirs, tree, wait_for
 from conftest import expctl as run_cli
 
 import expctl
@@ -364,16 +363,15 @@ def test_two_launches_on_one_run_dir_train_once_and_a_relaunch_after_a_kill_resu
     )
     try:
         live = tmp_path / "live"
-        deadline = time.time() + 120
-        while not list(live.glob("checkpoints/step_*.pt")) and time.time() < deadline:
-            time.sleep(0.2)
-        config = (live / "config.yaml").read_bytes()
+        wait_for("a checkpoint of the first launch", lambda: list(live.glob("checkpoints/*.pt")))
+        os.killpg(first.pid, signal.SIGSTOP)  # it holds the lock but writes nothing meanwhile
+        before = tree(live)
         for extra in ("train.max_epochs=20", "train.max_epochs=30"):
             second = run_cli(*args, extra, cwd=tmp_path, env=env, check=False)
             assert second.returncode == 2, second.stdout + second.stderr
             assert f"is in use by another launch (pid {first.pid} on host" in second.stderr
             assert len(second.stderr.strip().splitlines()) == 2 and "Traceback" not in second.stderr
-            assert (live / "config.yaml").read_bytes() == config
+            assert tree(live) == before, "the refused launch changed nothing in the run directory"
         status = run_cli("status", str(live), cwd=tmp_path).stdout
         assert f"training (pid {first.pid} on host" in status
     finally:

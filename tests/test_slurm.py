@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SNAPMOD, TINY, cli_env, user_repo
+from conftest import REPO, SNAPMOD, TINY, cli_env, tree, user_repo
 from conftest import expctl as run_cli
 
 # one cluster: its tests run one after another, in one xdist worker, beside the rest
@@ -103,7 +104,10 @@ def result(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "result.json").read_text())
 
 
-def test_srun_two_nodes_matches_local_two_workers(work: Path) -> None:
+def test_srun_two_nodes_matches_one_process_with_twice_the_batch(work: Path) -> None:
+    """2 tasks x batch 32 on two nodes train what one process does with batch 64 (the same
+    tolerance as local DDP against one process, tests/test_train.py; one warm process here
+    instead of two fresh workers on the serial Slurm path)."""
     proc = subprocess.run(
         ["srun", "-N", "2", "--ntasks-per-node=1", EXPCTL, "run", "-C", "tiny.yml"],
         cwd=work,
@@ -117,10 +121,8 @@ def test_srun_two_nodes_matches_local_two_workers(work: Path) -> None:
     assert re.fullmatch(r"mlp-synthetic-job\d+", run_dir.name), "named from the job id"
     log = (run_dir / "train.log").read_text()
     assert "slurm x 2 rank(s)" in log and "via node1:" in log
-    run_cli(
-        "run", "-C", "tiny.yml", "launcher=local", "launcher.nproc=2", "run.dir=local", cwd=work
-    )
-    a, b = result(run_dir), result(work / "local")
+    run_cli("run", "-C", "tiny.yml", "data.batch_size=64", "run.dir=single", cwd=work)
+    a, b = result(run_dir), result(work / "single")
     assert a["step"] == b["step"] == 2 * 512 // 64
     assert a["val/acc"] == pytest.approx(b["val/acc"], abs=1e-6)
     assert a["val/loss"] == pytest.approx(b["val/loss"], rel=1e-4)
@@ -238,10 +240,15 @@ def _template_job(
 
 
 def test_signal_to_sbatch_job_requeues_and_resumes(work: Path) -> None:
+    """USR2 to a running job: it checkpoints, requeues and resumes. Before that, while it trains,
+    a second launch on its run directory is refused naming the job, and changes nothing."""
     job, run_dir = _template_job(work, "sig", "train.max_epochs=6")
-    _signal_when_running(
-        job, run_dir, lambda: subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    )
+
+    def refuse_then_signal() -> None:
+        _a_second_launch_is_refused(work, job, run_dir, "sig")
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+
+    _signal_when_running(job, run_dir, refuse_then_signal)
     assert wait_done(job) == "COMPLETED", (work / "sig.out").read_text()
     assert result(run_dir)["step"] == 6 * 8
     events = [json.loads(x) for x in (run_dir / "jobs.jsonl").read_text().splitlines()]
@@ -264,24 +271,59 @@ def test_scontrol_requeue_resumes_from_last_checkpoint(work: Path) -> None:
     assert resumed >= 20, "lost at most one checkpoint interval (10 steps)"
 
 
-def _kill_task(job: str, rank: int, program: bytes) -> None:
-    """SIGKILL the process of task `rank` of `job`'s first step that runs `program`."""
+def _tasks(job: str, program: bytes) -> dict[int, list[int]]:
+    """The processes of the tasks of `job`'s first step that run `program`, by rank: the task's
+    own process first, then those it forked (data workers)."""
+    found: dict[int, int] = {}  # pid: rank
+    parents: dict[int, int] = {}
     for pid in os.listdir("/proc"):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except (OSError, ValueError):
             continue
         if (
             f"SLURM_JOB_ID={job}".encode() in environ
-            and f"SLURM_PROCID={rank}".encode() in environ
             and b"SLURM_STEP_ID=0" in environ
             and program in cmd
             and not cmd.startswith(b"srun")
         ):
-            os.kill(int(pid), 9)
-            return
-    raise AssertionError(f"rank {rank} of job {job} not found")
+            found[int(pid)] = next(int(v[13:]) for v in environ if v.startswith(b"SLURM_PROCID="))
+            parents[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+    ranks: dict[int, list[int]] = {}
+    for pid in sorted(found, key=lambda p: parents[p] in found):  # tasks' own processes first
+        ranks.setdefault(found[pid], []).append(pid)
+    return ranks
+
+
+def _kill_task(job: str, rank: int, program: bytes) -> None:
+    """SIGKILL the process of task `rank` of `job`'s first step that runs `program`."""
+    pids = _tasks(job, program).get(rank)
+    assert pids, f"rank {rank} of job {job} not found"
+    os.kill(pids[0], signal.SIGKILL)
+
+
+def _a_second_launch_is_refused(work: Path, job: str, run_dir: Path, name: str) -> None:
+    """While `job` trains `run_dir` (its tasks stopped meanwhile, so that they write nothing),
+    the same run launched here exits 2 naming the job that holds the run, and leaves the run
+    directory as it was."""
+    ranks = _tasks(job, b"expctl")
+    assert sorted(ranks) == [0, 1], ranks
+    pids = [pid for rank in ranks.values() for pid in rank]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        before = tree(run_dir)
+        args = ["-C", "slow.yml", "train.step=slow", f"run.name={name}", "train.max_epochs=6"]
+        proc = run_cli("run", *args, f"run.dir={run_dir}", cwd=work, check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"is in use by another launch (pid {ranks[0][0]} on host" in proc.stderr, proc.stderr
+        assert f", Slurm job {job}, since " in proc.stderr, proc.stderr
+        assert tree(run_dir) == before, "the refused launch changed nothing in the run directory"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
@@ -363,6 +405,8 @@ def _fake_rank(rank: int, **extra: str) -> dict[str, str]:
     )
 
 
+# a Slurm environment without a job: needs no cluster time, so off the serial group
+@pytest.mark.xdist_group("slurm-light")
 def test_master_that_never_appears_fails_within_the_rendezvous_timeout(work: Path) -> None:
     t0 = time.time()
     proc = run_cli(
@@ -509,3 +553,51 @@ def test_a_queued_job_runs_the_code_submitted_not_the_code_on_disk(work: Path) -
     assert launch["attempts"][0]["slurm"] == {"job_id": jobs["auto"]}
     (other,) = json.loads((work / "snap_none" / "provenance.json").read_text())["launches"]
     assert other["snapshot"] is None and not (work / "snap_none" / "code").exists()
+
+
+@pytest.fixture
+def sbatch_calls(work: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose `sbatch` records each call in the file returned, then runs the real
+    sbatch."""
+    real, shim, calls = shutil.which("sbatch"), work / "shim", work / "sbatch_calls"
+    assert real is not None
+    shim.mkdir()
+    (shim / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    (shim / "sbatch").chmod(0o755)
+    path = f"{shim}{os.pathsep}{os.environ['PATH']}"
+    assert shutil.which("sbatch", path=path) == str(shim / "sbatch")
+    return env(PATH=path), calls
+
+
+# a held job at most (no CPU taken, nothing run): beside the serial group
+@pytest.mark.xdist_group("slurm-light")
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "launcher.partition='a;b'",
+        "launcher.job_name='$(touch pwned)'",
+        "+launcher.sbatch.comment='a`id`'",
+        None,  # a control: the same launch without it reaches sbatch
+    ],
+)
+def test_hostile_values_never_reach_sbatch(
+    hostile: str | None, work: Path, sbatch_calls: tuple[dict[str, str], Path]
+) -> None:
+    """A hostile value for sbatch is refused (exit 2, one error and its hint) before sbatch runs,
+    on a cluster that would take the job: the control without it submits one (held, then
+    cancelled)."""
+    shimmed, calls = sbatch_calls
+    args = ["run", "-C", "tiny.yml", "launcher=slurm", "+launcher.sbatch.hold=true", "run.dir=h"]
+    proc = run_cli(*args, *([hostile] if hostile else []), cwd=work, env=shimmed, check=False)
+    job = re.search(r"submitted job (\d+)", proc.stdout)
+    if job:  # held: it never runs
+        subprocess.run(["scancel", job.group(1)], check=True, timeout=60)
+    if hostile is None:
+        assert proc.returncode == 0 and job, proc.stdout + proc.stderr
+        assert calls.read_text().count("\n") == 1, "the control reached sbatch, once"
+        return
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and "sbatch values may only hold" in lines[0], proc.stderr
+    assert not calls.exists(), f"sbatch ran: {calls.read_text()}"
+    assert not (work / "h").exists() and not (work / "pwned").exists()

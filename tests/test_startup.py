@@ -63,6 +63,7 @@ def test_paused_gc_without_freeze_freezes_nothing(
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("says", [True, False])
 def test_only_a_process_that_ends_with_its_one_rank_run_freezes_at_the_first_optimizer(
     tmp_path: Path, says: bool

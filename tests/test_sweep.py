@@ -806,7 +806,7 @@ def test_a_misspelt_sweep_metric_fails_the_trial_before_it_trains(
     monkeypatch.chdir(tmp_path)
     code = cli.main(["run", "-m", *SMALL, "sweep.metric=val/accuracy", "optim.lr=0.1,0.2"])
     out, err = capsys.readouterr()
-    assert code != 0
+    assert code == 1, "every trial failed: the sweep ends in one RunError line"
     assert "sweep.metric" in out + err and "Did you mean 'val/acc'" in out + err, out + err
     assert not list(tmp_path.rglob("metrics.jsonl")) or all(
         p.stat().st_size == 0 for p in tmp_path.rglob("metrics.jsonl")

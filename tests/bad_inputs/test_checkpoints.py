@@ -69,6 +69,7 @@ def test_an_unusable_checkpoint_is_a_short_error_and_leaves_no_run(
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "no run directory left"
 
 
+@pytest.mark.slow  # a real process
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

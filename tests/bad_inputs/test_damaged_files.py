@@ -38,6 +38,7 @@ def test_status_reads_around_damaged_lines_and_names_the_files(
     assert "cannot read" in err and "result.json" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_sweep_table_reads_a_truncated_journal_and_refuses_a_corrupt_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -65,9 +66,16 @@ def test_sweep_table_reads_a_truncated_journal_and_refuses_a_corrupt_one(
     assert len(err.strip().splitlines()) == 2
 
 
-def test_a_damaged_torchvision_signature_cache_is_made_again(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_damaged_torchvision_signature_cache_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Truncated, emptied, edited by hand (checksum kept) or malformed: the composition is the
-    one made from torchvision (no traceback, no model hidden), and the file is written again."""
+    one made from torchvision (no traceback, no model hidden), and the file is written again.
+    A fresh process writes the cache; each damaged copy is then read where a process reads it,
+    when torchvision's models register (here: torchvision stays imported, ~8 s a process)."""
+    from expctl import tvmodels
+
     first = conftest.compose_resnet(tmp_path)
     (cache,) = tmp_path.glob("torchvision-*.json")
     good = json.loads(cache.read_text())
@@ -82,7 +90,27 @@ def test_a_damaged_torchvision_signature_cache_is_made_again(tmp_path: Path) -> 
         json.dumps(edited),
         json.dumps({"specs": {"models": {"resnet18": {"params": "x"}}, "imported": []}}),
     ]
-    for text in damaged:
-        cache.write_text(text)
-        assert conftest.compose_resnet(tmp_path) == first
-        assert json.loads(cache.read_text()) == good
+    monkeypatch.setenv("EXPCTL_CACHE_DIR", str(tmp_path))
+    assert tvmodels._signature_cache() == cache
+    try:
+        for text in damaged:
+            cache.write_text(text)
+            tvmodels._register_torchvision()
+            assert _compose_resnet() == [first[0], first[2]], text
+            assert json.loads(cache.read_text()) == good, text
+    finally:
+        cache.write_text(json.dumps(good))
+        tvmodels._register_torchvision()  # the next tests of this process see torchvision's
+
+
+def _compose_resnet() -> list[str]:
+    """conftest.COMPOSE_RESNET's first and third line, in this process."""
+    from expctl import compose
+    from expctl.errors import UserError
+
+    args = str(compose.compose(None, ["model=resnet18", "model.name=resnet50"]).model.args)
+    try:
+        compose.compose(None, ["model=resnet18", "model.widht_per_group=3"])
+    except UserError as e:
+        return [args, e.message]
+    return [args, "no error"]

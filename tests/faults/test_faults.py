@@ -4,12 +4,15 @@ one-line error, and nothing checkpointed is lost."""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import random
 import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,10 +68,11 @@ def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     return work, weights(work / "ref")
 
 
-# (rank, step) of the kill, 32 optimizer steps in all, 16 an epoch, a checkpoint every 3: both
-# ranks, before the first checkpoint, each position after a checkpoint (step % 3 = 0, 1, 2), either
-# side of the epoch boundary, the last step. EXPCTL_FAULT_SEEDS=N adds N random kills (a soak).
-KILLS = [(0, 2), (1, 3), (0, 4), (1, 8), (0, 15), (1, 16), (0, 17), (1, 22), (0, 30), (1, 31)]
+# (rank, step) of the kill, 32 optimizer steps in all, 16 an epoch, a checkpoint every 3: before
+# the first checkpoint, each rank at each position after a checkpoint (step % 3 = 0, 1, 2: rank 0
+# at 15, 4, 17; rank 1 at 3, 16, 8), either side of the epoch boundary (16 | 17), near the end.
+# Each case costs ~30 s of CPU (4 worker starts). EXPCTL_FAULT_SEEDS=N adds N random kills (a soak).
+KILLS = [(0, 2), (1, 3), (0, 4), (1, 8), (0, 15), (1, 16), (0, 17), (1, 31)]
 _SOAK = random.Random(0)
 KILLS += [
     (_SOAK.randrange(2), _SOAK.randrange(2, 32))
@@ -99,47 +103,56 @@ def test_sigkill_of_a_worker_at_any_step(
     assert all(torch.equal(got[k], ref[k]) for k in ref), f"rank {rank} killed at step {step}"
 
 
-def test_sigkill_during_checkpoint_writes_keeps_a_loadable_checkpoint(tmp_path: Path) -> None:
-    """Kill a run that checkpoints every step (large model: writes take time) at random moments;
-    every kill leaves the newest named checkpoint loadable, and the run finally completes."""
-    (tmp_path / "tiny.yml").write_text(TINY.replace("hidden: [32]", "hidden: [1024, 1024]"))
-    rng = random.Random(0)
-    mid_write = 0
-    for i in range(8):
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "expctl",
-                "run",
-                "-C",
-                "tiny.yml",
-                "checkpoint.every=1",
-                "checkpoint.keep=3",
-                "run.dir=w",
-            ],
-            cwd=tmp_path,
-            env=env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+# 12 steps, a checkpoint every 4: the write of step 8 is killed, step 4's is the one to resume
+WRITE_RUN = ["train.step=stall_checkpoint_write", "train.max_steps=12", "checkpoint.every=4"]
+
+
+@pytest.fixture(scope="module")
+def write_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The weights of WRITE_RUN trained without a kill."""
+    work = tmp_path_factory.mktemp("write_ref")
+    (work / "tiny.yml").write_text(TINY)
+    expctl(work, *WRITE_RUN, "run.dir=ref")
+    return weights(work / "ref")
+
+
+@pytest.mark.parametrize("where", ["mid", "end"])
+def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
+    where: str, tmp_path: Path, write_reference: dict[str, torch.Tensor]
+) -> None:
+    """SIGKILL of a run while it writes the checkpoint of step 8, stalled there by the test plugin
+    (`mid`: inside torch.save, its first bytes in the file; `end`: the payload whole, before it
+    is synced and named): step 4's checkpoint stays the newest and intact, no file has step 8's
+    name, and the relaunch resumes from step 4 to the uninterrupted weights, bitwise."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    marker = tmp_path / "stalled.json"
+    run = tmp_path / "w"
+    stall = env(STALL_AT_STEP="8", STALL_WHERE=where, STALL_MARKER=str(marker))
+    with base.expctl_started(
+        "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w", cwd=tmp_path, env=stall
+    ) as child:
+        base.wait_for(
+            "the stall", lambda: marker.exists() or not Path(f"/proc/{child.pid}").exists()
         )
-        deadline = time.time() + 60
-        while not checkpoint.list_checkpoints(tmp_path / "w") and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        mid_write += bool(list((tmp_path / "w" / "checkpoints").glob(".step_*.tmp-*")))
-        found = checkpoint.newest_valid(tmp_path / "w")
-        assert found is not None and found[0] == checkpoint.list_checkpoints(tmp_path / "w")[0], (
-            f"kill {i}"
-        )
-    print(f"kills during checkpoint writes: {mid_write} of 8 left a partial temporary file")
-    final = expctl(tmp_path, "checkpoint.every=1", "checkpoint.keep=3", "run.dir=w")
-    assert "resumed from" in final.stdout
-    assert not list((tmp_path / "w" / "checkpoints").glob(".step_*.tmp-*")), (
-        "partial files cleaned up"
-    )
+        assert marker.exists(), f"never stalled in the write: {child.wait()}"
+        os.kill(child.pid, signal.SIGKILL)
+        killed = child.wait()
+    assert killed.returncode == -signal.SIGKILL, killed
+    stalled = json.loads(marker.read_text())
+    partial = Path(stalled["file"])
+    previous = checkpoint.path_for(run, 4)
+    assert partial.parent == previous.parent and partial.name.startswith(".step_000000008.pt.tmp-")
+    assert partial.stat().st_size == stalled["bytes"], "killed where it stalled"
+    assert checkpoint.list_checkpoints(run) == [previous], "nothing under step 8's name"
+    found = checkpoint.newest_valid(run)
+    assert found is not None and found[0] == previous and found[1]["step"] == 4
+    again = expctl(tmp_path, *WRITE_RUN, "run.dir=w")
+    assert f"resumed from {previous} (step 4," in again.stdout, again.stdout
+    assert not list(previous.parent.glob(".step_*.tmp-*")), "the partial file is cleaned up"
+    full = checkpoint.path_for(run, 8).stat().st_size  # the same payload, written whole
+    assert (0 < stalled["bytes"] < full) if where == "mid" else stalled["bytes"] == full
+    got = weights(run)
+    assert all(torch.equal(got[k], write_reference[k]) for k in write_reference)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
@@ -238,8 +251,6 @@ def test_nan_loss_skip_drops_the_update_and_counts_it(tmp_path: Path) -> None:
         "run.dir=s",
         env=env(NAN_AT_STEPS="7,20"),
     )
-    import json
-
     events = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
     assert max(e.get("train/skipped", 0) for e in events) == 2.0
     assert all(torch.isfinite(t).all() for t in weights(tmp_path / "s").values())
@@ -265,44 +276,35 @@ def test_hung_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
         ],
         cwd=tmp_path,
         env=env(SLOW_STEP_S="0.05"),
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr or ()])
+    reader.start()
     metrics = tmp_path / "h" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while not (metrics.is_file() and metrics.read_text()) and time.time() < deadline:
-        time.sleep(0.2)
-    worker = next(
-        int(p) for p in os.listdir("/proc") if p.isdigit() and _is_rank(int(p), 1, tmp_path / "h")
-    )
-    t0 = time.time()
-    os.kill(worker, signal.SIGSTOP)
     seen: list[str] = []
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:  # rank 0 names the hung rank ...
-            seen.append(line)
-            if "stopped responding" in line or time.time() - t0 > 150:
-                break
+        base.wait_for("training", lambda: metrics.is_file() and metrics.read_text())
+        (worker,) = base.workers_of(tmp_path / "h", rank=1)
+        t0 = time.time()
+        os.kill(worker, signal.SIGSTOP)
+        while not any("stopped responding" in x for x in seen):  # rank 0 names the hung rank
+            try:
+                seen.append(lines.get(timeout=max(0.0, t0 + 120 - time.time())))
+            except queue.Empty:
+                raise AssertionError("no rank named in 120 s:\n" + "".join(seen)[-3000:]) from None
         took = time.time() - t0
-    finally:  # ... then the stopped worker goes, so the agent need not wait out its grace period
-        os.kill(worker, signal.SIGKILL) if Path(f"/proc/{worker}").exists() else None
-    _, rest = proc.communicate(timeout=180)
-    err = "".join(seen) + rest
+    finally:  # the stopped worker goes, so the agent need not wait out its grace period
+        for pid in base.workers_of(tmp_path / "h", rank=1):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=180)
+        reader.join(timeout=60)
+    err = "".join(seen) + "".join(lines.queue)
     print(f"hung rank: named {took:.1f} s after SIGSTOP (collective timeout 8 s)")
-    assert proc.returncode != 0 and "rank 1 stopped responding" in err, err[-3000:]
-    assert took < 120
-
-
-def _is_rank(pid: int, rank: int, run_dir: Path) -> bool:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return f"RANK={rank}".encode() in environ and b"_worker" in cmd and str(run_dir).encode() in cmd
+    assert proc.returncode == 1 and "rank 1 stopped responding" in err, err[-3000:]
 
 
 @pytest.mark.parametrize("kib", [12, 20, 64])
@@ -332,42 +334,18 @@ def test_a_full_disk_ends_the_run_in_one_line_whichever_file_it_hits(
         print(f"{kib} KiB: {last}")
 
 
-def _workers_of(run_dir: Path) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                cmd = Path(f"/proc/{p}/cmdline").read_bytes()
-            except OSError:
-                continue
-            argv = cmd.split(b"\0")
-            if b"_worker" in argv and str(run_dir).encode() in argv:
-                out.append(int(p))
-    return out
-
-
 def test_local_workers_die_with_a_killed_launcher_and_the_relaunch_resumes(tmp_path: Path) -> None:
     """SIGKILL of the launcher alone (torch's agent puts workers in sessions of their own): the
     workers end with it, so nothing trains beside the relaunch, which resumes."""
     (tmp_path / "tiny.yml").write_text(TINY)
     run_dir = tmp_path / "orphans"
     args = [*LOCAL, "train.step=slow", "checkpoint.every=2", f"run.dir={run_dir}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],
-        cwd=tmp_path,
-        env=env(SLOW_STEP_S="0.2"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    while not checkpoint.list_checkpoints(run_dir) and time.time() < deadline:
-        time.sleep(0.2)
-    assert len(_workers_of(run_dir)) == 2
-    proc.kill()
-    proc.wait()
-    deadline = time.time() + 20
-    while _workers_of(run_dir) and time.time() < deadline:
-        time.sleep(0.2)
-    assert _workers_of(run_dir) == [], "orphaned workers train on"
+    slow = env(SLOW_STEP_S="0.2")
+    with base.expctl_started("run", "-C", "tiny.yml", *args, cwd=tmp_path, env=slow) as launcher:
+        base.wait_for("a checkpoint", lambda: checkpoint.list_checkpoints(run_dir))
+        assert len(base.workers_of(run_dir)) == 2
+        os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone, not its process group
+        assert launcher.wait().returncode == -signal.SIGKILL
+    base.wait_for("the orphaned workers to end", lambda: not base.workers_of(run_dir), 20)
     again = expctl(tmp_path, *args, env=env(SLOW_STEP_S="0"))
     assert "resumed from" in again.stdout

@@ -113,3 +113,62 @@ class Meet(Supervised):
                 time.sleep(0.05)
             Meet.met = True
         return super().train_step(ctx, batch)
+
+
+@register("steps", "stall_checkpoint_write")
+class StallCheckpointWrite(Supervised):
+    """Supervised, but the checkpoint of step $STALL_AT_STEP stops inside its write, where
+    $STALL_WHERE says: `mid` (inside torch.save, its first bytes in the file) or `end` (torch.save
+    done, before the file is synced, checksummed and named). It then writes $STALL_MARKER (JSON:
+    the temporary file's path and the bytes in it) and sleeps until the test kills it. Nothing
+    stalls without $STALL_AT_STEP."""
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        _stall_checkpoint_write()
+        return super().train_step(ctx, batch)
+
+
+def _stall_checkpoint_write() -> None:
+    import torch
+
+    if getattr(torch.save, "_stalls", False) or "STALL_AT_STEP" not in os.environ:
+        return
+    real = torch.save
+    step, where = int(os.environ["STALL_AT_STEP"]), os.environ.get("STALL_WHERE", "mid")
+
+    def stall(f) -> None:  # type: ignore[no-untyped-def]
+        import json
+        import time
+
+        f.flush()
+        marker = os.environ["STALL_MARKER"]
+        with open(marker + ".tmp", "w") as m:
+            json.dump({"file": f.name, "bytes": os.fstat(f.fileno()).st_size}, m)
+        os.replace(marker + ".tmp", marker)
+        while True:
+            time.sleep(3600)
+
+    class Stalling:
+        """The checkpoint's file, stalling after the first bytes torch.save writes to it."""
+
+        def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
+            self.f = f
+
+        def write(self, data) -> int:  # type: ignore[no-untyped-def]
+            n = self.f.write(data)
+            stall(self.f)
+            return n
+
+        def flush(self) -> None:
+            self.f.flush()
+
+    def save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not (isinstance(obj, dict) and obj.get("step") == step):
+            return real(obj, f, *args, **kwargs)
+        if where == "mid":
+            return real(obj, Stalling(f), *args, **kwargs)
+        real(obj, f, *args, **kwargs)
+        stall(f)
+
+    save._stalls = True  # type: ignore[attr-defined]
+    torch.save = save
