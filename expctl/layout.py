@@ -83,6 +83,29 @@ def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ())
             tmp.unlink(missing_ok=True)
 
 
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+    """Write `path` whole or not at all: a temporary file in its folder, flushed to disk, then
+    renamed over it. A reader (or a crash, or a full disk) never leaves a half-written or empty
+    file under the name; the temporary file is removed whatever fails.
+
+    Args:
+        mode: the new file's permissions, less the umask.
+
+    Raises:
+        OSError: the write failed (`path` is as it was).
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with open(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def json_lines(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a .jsonl file, one a line. A last line without its newline is being
     written now and is skipped quietly; other unreadable lines are skipped with a warning."""

@@ -5,16 +5,19 @@ Slurm job id, or the id a launcher passes down), else from the time plus a rando
 folder is made with ``mkdir`` (atomic), so two runs started in the same second never share one.
 An existing run directory is reused (to resume) only when its frozen config matches, and a new
 launch continues the run it holds only with checkpoint.resume=auto (restarts within a launch,
-elastic or Slurm requeue, always continue it).
+elastic or Slurm requeue, always continue it). A completed run that a launch would not train
+further keeps its config.
 
-While a launch trains a run it holds RUN_DIR/.lock (`RunLock`, an flock, released by the kernel
-when the holder dies): a second launch on a live run is refused, naming the holder, before it
-changes anything.
+While a launch trains a run it holds the directory (`RunLock`: flocks on the folder and on
+RUN_DIR/.lock, released by the kernel when the holder dies): a second launch on a live run is
+refused, naming the holder, before it changes anything, whatever became of the lock file. A
+launch refused after it took the lock undoes what it did there (`RunLock.abandon`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -28,7 +31,7 @@ from expctl import config as config_mod
 from expctl import registry
 from expctl.config import Config
 from expctl.errors import UserError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, write_atomic
 
 # keys that may change between an interrupted run and its continuation
 RESUMABLE_CHANGES = (
@@ -58,39 +61,100 @@ def _safe(text: str) -> str:
 
 
 class RunLock:
-    """RUN_DIR/.lock, held (flock) by the one launch that trains the run; while held the file
-    says who holds it, and it is empty once released."""
+    """The run directory held by the one launch that trains it, released by the kernel when the
+    holder dies: an flock on the directory itself, which deleting or replacing a file inside
+    cannot undo, and one on RUN_DIR/.lock, which says who holds it (and which NFS extends to
+    other hosts: a directory's flock holds on one host only). The file is never removed while
+    held, and it is empty once released.
 
-    def __init__(self, path: Path) -> None:
+    It also remembers what its launch did to the directory before training (made the folder or
+    the lock file, replaced config.yaml): `abandon` undoes that when the launch is refused.
+    """
+
+    def __init__(self, path: Path, made_dir: bool = False) -> None:
         self.path = RunDir(path).lock
-        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        self.made_dir = made_dir  # this launch made the folder
+        self.made_lock = False
+        self.replaced: bytes | None = None  # config.yaml as it was before this launch
+        self.fd: int | None = None
+        self.dir_fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        holding = False
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 4096, 0).decode(errors="replace")
-            os.close(self.fd)
-            self.fd = None
-            raise UserError(
-                f"run.dir={path} is in use by another launch ({describe_holder(holder)})",
-                "wait for it to end (`expctl status` follows it) or stop it; for a new run, use "
-                "another run.dir",
-            ) from None
-        job = os.environ.get("SLURM_JOB_ID")
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": round(time.time())}
-        try:
+            _hold(self.dir_fd, path)
+            holding = True
+            self.fd, self.made_lock = _open_lock(self.path)
+            _hold(self.fd, path)
+            job = os.environ.get("SLURM_JOB_ID")
+            me = {"host": socket.gethostname(), "pid": os.getpid(), "since": round(time.time())}
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, json.dumps({**me, **({"job_id": job} if job else {})}).encode(), 0)
-        except OSError:
+        except BaseException:  # refused, or the lock could not be written (a full disk)
+            if self.made_lock:
+                self.path.unlink(missing_ok=True)
+            if holding and made_dir:  # no other launch can be inside it
+                _remove_if_empty(path)
             self.release()
             raise
 
     def release(self) -> None:
-        """Empty the file (no holder) and release the flock."""
+        """Empty the file (no holder) and release both flocks."""
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, 0)
             os.close(self.fd)  # closing the only descriptor releases the flock
             self.fd = None
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)
+            self.dir_fd = None
+
+    def abandon(self) -> None:
+        """Undo, while still holding it, what this launch did to the directory (it trained
+        nothing: a refusal), then release it: config.yaml as it was, no lock file or folder
+        of this launch's making."""
+        run = RunDir(self.path.parent)
+        try:
+            if self.replaced is not None:
+                with contextlib.suppress(OSError):
+                    write_atomic(run.config, self.replaced, 0o640)
+            discard_if_unstarted(run.path, fresh=self.made_dir)
+            if self.made_lock:
+                self.path.unlink(missing_ok=True)
+            if self.made_dir:
+                _remove_if_empty(run.path)
+        finally:
+            self.release()
+
+
+def _hold(fd: int, path: Path) -> None:
+    """flock `fd` for this launch, or refuse naming the launch that holds it. A reader's
+    shared flock (`is_locked`, an instant) is waited out briefly."""
+    for _ in range(20):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(0.01)
+    raise UserError(
+        f"run.dir={path} is in use by another launch ({_holder(path)})",
+        "wait for it to end (`expctl status` follows it) or stop it; for a new run, use "
+        "another run.dir",
+    )
+
+
+def _open_lock(lock: Path) -> tuple[int, bool]:
+    """RUN_DIR/.lock opened for the flock, and whether this call made it."""
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o640), True
+    except FileExistsError:
+        return os.open(lock, os.O_RDWR), False
+
+
+def _holder(path: Path) -> str:
+    try:
+        with open(RunDir(path).lock, "rb") as f:
+            return describe_holder(f.read(4096).decode(errors="replace"))
+    except OSError:
+        return f"holder unknown: its {RunDir.LOCK} file is gone"
 
 
 def describe_holder(text: str) -> str:
@@ -109,18 +173,20 @@ def describe_holder(text: str) -> str:
 
 def is_locked(path: Path) -> str | None:
     """Who holds `path`'s run lock now (None: no live launch trains it). Reads only: a shared
-    flock, held for an instant, conflicts with the launch's exclusive one."""
-    try:
-        fd = os.open(RunDir(path).lock, os.O_RDONLY)
-    except OSError:  # no lock file (never launched), or one we may not read
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-    finally:
-        os.close(fd)  # releases the shared flock
+    flock of the directory and of its lock file, held for an instant, conflicts with a launch's
+    exclusive one."""
+    for target in (path, RunDir(path).lock):
+        try:
+            fd = os.open(target, os.O_RDONLY)
+        except OSError:  # no such folder or lock file (never launched), or one we may not read
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(path)
+        finally:
+            os.close(fd)  # releases the shared flock
+    return None
 
 
 def create(
@@ -143,38 +209,41 @@ def create(
     """
     path = deterministic_dir(cfg, run_id)
     root = path.parent if path is not None else Path(cfg.run.root).expanduser().absolute()
-    root_existed = root.exists()
-    if path is None:
-        path = _new_unique(root, _safe(cfg.run.name))
-        created = True
-    else:
-        created = _make(path)
-    frozen = cfg.replace("run", dir=str(path))
+    made = [p for p in (root, *root.parents) if not p.exists()]  # the folders this call makes
     held: RunLock | None = None
+    created = False
     try:
+        if path is None:
+            path = _new_unique(root, _safe(cfg.run.name))
+            created = True
+        else:
+            created = _make(path)
+        frozen = cfg.replace("run", dir=str(path))
         if lock:
-            held = _lock(path)
-        _write_config(path, frozen, fresh=created, restart=restart)
+            held = _lock(path, created)
+        replaced = _write_config(path, frozen, fresh=created, restart=restart)
+        if held is not None:
+            held.replaced = replaced
     except BaseException:
         if held is not None:
-            held.release()
-        if created:
-            RunDir(path).lock.unlink(missing_ok=True)
-            RunDir(path).imports.unlink(missing_ok=True)
-            _remove_if_empty(path)
-            if not root_existed:
-                _remove_if_empty(root)
+            held.abandon()
+        elif created and not lock and path is not None:
+            discard_if_unstarted(path, fresh=True)
+        # lock and no `held`: another launch won the folder this one made, and holds it
+        for folder in made:
+            _remove_if_empty(folder)
         raise
     return frozen, held
 
 
-def _lock(path: Path) -> RunLock:
+def _lock(path: Path, made_dir: bool) -> RunLock:
     try:
-        return RunLock(path)
+        return RunLock(path, made_dir)
     except OSError as e:
         raise UserError(
             f"cannot write in run directory {path}: {e.strerror or e}",
-            "check the free space and permissions of run.root / run.dir",
+            f"free space in {path.parent} or check its permissions, or pick another run.root / "
+            "run.dir",
         ) from None
 
 
@@ -196,7 +265,10 @@ def _make(path: Path) -> bool:
         return False
     except OSError as e:
         raise UserError(
-            f"cannot create run directory {path}: {e.strerror}", "check run.root / run.dir"
+            f"cannot create run directory {path}: {e.strerror}",
+            "shorten run.name / run.dir: a folder's name holds at most 255 bytes"
+            if e.errno == errno.ENAMETOOLONG
+            else "check run.root / run.dir",
         ) from None
 
 
@@ -209,9 +281,15 @@ def _new_unique(root: Path, name: str) -> Path:
     raise UserError(f"could not create a fresh run directory under {root}", "check run.root")
 
 
-def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
+def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> bytes | None:
+    """Write config.yaml, or check that the run `path` holds may go on under `cfg`.
+
+    Returns:
+        The config.yaml that `cfg` replaced (None: none replaced).
+    """
     target = RunDir(path).config
     text = config_mod.to_yaml(cfg)
+    replaced = None
     if not fresh and target.exists():
         old = config_mod.load(path)
         diff = _differences(old.to_dict(), cfg.to_dict())
@@ -238,7 +316,9 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
                 "use a new run.dir, or checkpoint.resume=auto to continue it",
             )
         if not diff:
-            return
+            return None
+        _refuse_if_completed(path, old, cfg, diff)
+        replaced = target.read_bytes()
     elif not fresh and any(p.name not in _BOOKKEEPING for p in path.iterdir()):
         raise UserError(
             f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir"
@@ -247,20 +327,45 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
     if found:
         _write(RunDir(path).imports, json.dumps(found, indent=2) + "\n")
     _write(target, text)
+    return replaced
+
+
+def _refuse_if_completed(path: Path, old: Config, new: Config, diff: list[str]) -> None:
+    """A completed run that `new` would not train further keeps its config: a changed value
+    would describe training that never happened (a dropped checkpoint.monitor: `expctl eval`
+    would score its last checkpoint, not its best).
+
+    Raises:
+        UserError: naming the changed keys.
+    """
+    result = RunDir(path).read_result()
+    step, epoch = result.get("step"), result.get("epoch")
+    if result.get("status") != "completed" or not isinstance(step, int):
+        return
+    if not isinstance(epoch, int):
+        return
+    if step != _progress(path):
+        return  # continued since it completed: whatever changed applies from here on
+    t = new.train
+    longer = (t.max_steps is None or t.max_steps > step) and t.max_epochs > epoch
+    if longer and not result.get("stopped_early"):
+        return  # it trains on, under the new values
+    raise UserError(
+        f"run.dir={path} holds a completed run (step {step}) that this config would not train "
+        "further, so its config stays as it is: " + _describe(diff, old.to_dict(), new.to_dict()),
+        "drop those values to see its results, or raise train.max_steps / train.max_epochs to "
+        "continue it; for a new run, use another run.dir",
+    )
 
 
 def _write(target: Path, text: str) -> None:
     """Write `target` whole or not at all (a reader never sees half of it)."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, target)
+        write_atomic(target, text, 0o640)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(
             f"cannot write {target}: {e.strerror or e}",
-            "check the free space and permissions of run.root / run.dir",
+            f"check the free space and permissions of {target.parent}",
         ) from None
 
 
@@ -304,13 +409,18 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-def discard_if_unstarted(path: Path) -> None:
-    """Remove a run directory that a user error stopped before it trained anything: no
-    checkpoint, no result, no metrics (nothing half-written stays behind)."""
+def discard_if_unstarted(path: Path, fresh: bool = False) -> None:
+    """Remove a run directory that a user error stopped before it saved anything to continue
+    from: no checkpoint, no result, and no metrics of an earlier launch (with `fresh`, this
+    launch made the folder: whatever it holds goes, metrics of this launch included)."""
     import shutil
 
     run = RunDir(path)
     if (run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt"))) or run.result.exists():
+        return
+    if fresh:
+        shutil.rmtree(path, ignore_errors=True)
+        _remove_if_empty(path.parent)  # the runs/ root, when this run made it
         return
     if run.metrics.exists() and run.metrics.stat().st_size > 0:
         return

@@ -13,13 +13,19 @@ YAML_MAX_BYTES = 1 << 20  # a config file holds a few KB; more is a mistake or a
 YAML_MAX_VALUES = 10_000  # nodes, aliases (*name) expanded: OmegaConf takes ~1 s per 10000
 
 
-def read_yaml(p: Path, where: str) -> dict[str, Any]:
+def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
     """A YAML file (a -C file, a group file, a run's config.yaml) as a plain dict, interpolations
     unresolved.
 
+    Args:
+        empty: refuse a file that holds nothing (no YAML document: empty, or comments only),
+            with this hint; None: such a file is an empty mapping (a group file naming only
+            its option).
+
     Raises:
-        UserError: unreadable, over 1 MiB, not YAML, not a mapping, or more than 10000 values
-            once its aliases are expanded (an alias bomb), naming the file and the limit.
+        UserError: unreadable, over 1 MiB, not YAML, not a mapping, empty (see `empty`), or
+            more than 10000 values once its aliases are expanded (an alias bomb), naming the
+            file and the limit.
     """
     from omegaconf import OmegaConf
 
@@ -36,13 +42,15 @@ def read_yaml(p: Path, where: str) -> dict[str, Any]:
             "point -C at the YAML config itself; data belongs in files a dataset reads",
         )
     try:
-        _check_expansion(text, where)
+        values = _check_expansion(text, where)
         loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
     except UserError:
         raise
     except Exception as e:  # yaml.YAMLError, omegaconf errors, RecursionError (deep nesting)
         first = " ".join(str(e).split())[:200] or type(e).__name__
         raise UserError(f"{where}: not valid YAML: {first}", "fix the YAML syntax") from None
+    if empty is not None and not values:  # a truncated write, `: >`: not the built-in defaults
+        raise UserError(f"{where}: the file is empty (it holds no settings)", empty)
     out = OmegaConf.to_container(loaded, resolve=False)
     if not isinstance(out, dict):
         raise UserError(
@@ -52,9 +60,10 @@ def read_yaml(p: Path, where: str) -> dict[str, Any]:
     return {str(k): v for k, v in out.items()}
 
 
-def _check_expansion(text: str, where: str) -> None:
+def _check_expansion(text: str, where: str) -> int:
     """Count the values of a YAML text with its aliases expanded, on PyYAML's node graph (an
-    alias is one shared node there) before any object is built: each node once, no recursion."""
+    alias is one shared node there) before any object is built: each node once, no recursion.
+    Returns the count (0: the text holds no document)."""
     import yaml
 
     root = yaml.compose(text, Loader=yaml.SafeLoader)  # pure Python: deep nesting raises
@@ -86,3 +95,4 @@ def _check_expansion(text: str, where: str) -> None:
             open_nodes.add(id(node))
             stack.append((node, True))
             stack += [(c, False) for c in kids if id(c) not in sizes]
+    return sizes[id(root)] if root is not None else 0
