@@ -425,8 +425,7 @@ def test_a_launch_that_made_the_folder_but_lost_the_lock_leaves_the_winners_run_
     cfg = compose.compose("slow.yml", overrides)
     real_lock, winner = rundir._lock, []
 
-    def after_b_holds_it(path: Path, made_dir: bool) -> rundir.RunLock:
-        assert made_dir, "A made the folder"
+    def after_b_holds_it(path: Path, *made_dir: bool) -> rundir.RunLock:
         b = subprocess.Popen(
             [sys.executable, "-m", "expctl", "run", "-C", "slow.yml", *overrides],
             cwd=tmp_path,
@@ -439,7 +438,7 @@ def test_a_launch_that_made_the_folder_but_lost_the_lock_leaves_the_winners_run_
         deadline = time.time() + 120
         while not (path / "config.yaml").exists() and b.poll() is None and time.time() < deadline:
             time.sleep(0.05)
-        return real_lock(path, made_dir)
+        return real_lock(path, *made_dir)
 
     monkeypatch.setattr(rundir, "_lock", after_b_holds_it)
     with pytest.raises(UserError) as e:
