@@ -132,15 +132,17 @@ def save(
             torch.save({"format": FORMAT, **payload}, f)
             f.flush()
             os.fsync(f.fileno())
-        digest = _sha256(tmp)
-        # a step saved again (a run restored where it ended): no moment may pair the old weights
-        # with the new checksum, which would read as a damaged checkpoint
-        digest_file.unlink(missing_ok=True)
+        digest = f"{_sha256(tmp)}  {final.name}\n"
+        if existed:  # saved again (restored where it ended): never old weights, new checksum
+            digest_file.unlink(missing_ok=True)
+        else:
+            write_atomic(digest_file, digest)
         record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
         write_atomic(scores_file, json.dumps(record) + "\n")
         os.chmod(tmp, 0o640)
         os.replace(tmp, final)
-        write_atomic(digest_file, f"{digest}  {final.name}\n")
+        if existed:
+            write_atomic(digest_file, digest)
         _fsync_dir(final.parent)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__

@@ -170,7 +170,7 @@ def _local(
             _start_workers(cfg, run_dir, args)
         except SystemExit as e:  # a worker's user error: nothing of this launch stays
             if evaluation is None and held is not None and e.code == EXIT_USER:
-                held.abandon()
+                rundir.abandon(held)
             raise
     if evaluation is not None:
         record = json.loads(RunDir(run_dir).eval_result(evaluation.name).read_text())

@@ -71,7 +71,7 @@ def main(
                 if env.is_main:
                     setup_logging(None, True)  # release train.log
                     if held is not None:
-                        held.abandon()  # config.yaml as it was; what this launch made, removed
+                        rundir.abandon(held)  # config.yaml as it was; what it made, removed
                     else:
                         rundir.discard_if_unstarted(run_dir)
                 raise

@@ -8,21 +8,18 @@ launch continues the run it holds only with checkpoint.resume=auto (restarts wit
 elastic or Slurm requeue, always continue it). A completed run that a launch would not train
 further keeps its config.
 
-While a launch trains a run it holds the directory (`RunLock`: flocks on the folder and on
+While a launch trains a run it holds the directory (`runlock.RunLock`: flocks on the folder and on
 RUN_DIR/.lock, released by the kernel when the holder dies): a second launch on a live run is
 refused, naming the holder, before it changes anything, whatever became of the lock file. A
-launch refused after it took the lock undoes what it did there (`RunLock.abandon`).
+launch refused after it took the lock undoes what it did there (`abandon`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
-import os
 import secrets
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,8 @@ from expctl import registry
 from expctl.config import Config
 from expctl.errors import UserError
 from expctl.layout import RunDir, write_atomic
+from expctl.runlock import RunLock
+from expctl.runlock import is_locked as is_locked  # read by `expctl status`
 
 # keys that may change between an interrupted run and its continuation
 RESUMABLE_CHANGES = (
@@ -58,135 +57,6 @@ def deterministic_dir(cfg: Config, run_id: str | None) -> Path | None:
 def _safe(text: str) -> str:
     out = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in str(text)).strip("._")
     return out or "run"
-
-
-class RunLock:
-    """The run directory held by the one launch that trains it, released by the kernel when the
-    holder dies: an flock on the directory itself, which deleting or replacing a file inside
-    cannot undo, and one on RUN_DIR/.lock, which says who holds it (and which NFS extends to
-    other hosts: a directory's flock holds on one host only). The file is never removed while
-    held, and it is empty once released.
-
-    It also remembers what its launch did to the directory before training (made the folder or
-    the lock file, replaced config.yaml): `abandon` undoes that when the launch is refused.
-    """
-
-    def __init__(self, path: Path, made_dir: bool = False) -> None:
-        self.path = RunDir(path).lock
-        self.made_dir = made_dir  # this launch made the folder
-        self.made_lock = False
-        self.replaced: bytes | None = None  # config.yaml as it was before this launch
-        self.fd: int | None = None
-        self.dir_fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        holding = False
-        try:
-            _hold(self.dir_fd, path)
-            holding = True
-            self.fd, self.made_lock = _open_lock(self.path)
-            _hold(self.fd, path)
-            job = os.environ.get("SLURM_JOB_ID")
-            me = {"host": socket.gethostname(), "pid": os.getpid(), "since": round(time.time())}
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, json.dumps({**me, **({"job_id": job} if job else {})}).encode(), 0)
-        except BaseException:  # refused, or the lock could not be written (a full disk)
-            if self.made_lock:
-                self.path.unlink(missing_ok=True)
-            if holding and made_dir:  # no other launch can be inside it
-                _remove_if_empty(path)
-            self.release()
-            raise
-
-    def release(self) -> None:
-        """Empty the file (no holder) and release both flocks."""
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0)
-            os.close(self.fd)  # closing the only descriptor releases the flock
-            self.fd = None
-        if self.dir_fd is not None:
-            os.close(self.dir_fd)
-            self.dir_fd = None
-
-    def abandon(self) -> None:
-        """Undo, while still holding it, what this launch did to the directory (it trained
-        nothing: a refusal), then release it: config.yaml as it was, no lock file or folder
-        of this launch's making."""
-        run = RunDir(self.path.parent)
-        try:
-            if self.replaced is not None:
-                with contextlib.suppress(OSError):
-                    write_atomic(run.config, self.replaced, 0o640)
-            discard_if_unstarted(run.path, fresh=self.made_dir)
-            if self.made_lock:
-                self.path.unlink(missing_ok=True)
-            if self.made_dir:
-                _remove_if_empty(run.path)
-        finally:
-            self.release()
-
-
-def _hold(fd: int, path: Path) -> None:
-    """flock `fd` for this launch, or refuse naming the launch that holds it. A reader's
-    shared flock (`is_locked`, an instant) is waited out briefly."""
-    for _ in range(20):
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            time.sleep(0.01)
-    raise UserError(
-        f"run.dir={path} is in use by another launch ({_holder(path)})",
-        "wait for it to end (`expctl status` follows it) or stop it; for a new run, use "
-        "another run.dir",
-    )
-
-
-def _open_lock(lock: Path) -> tuple[int, bool]:
-    """RUN_DIR/.lock opened for the flock, and whether this call made it."""
-    try:
-        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o640), True
-    except FileExistsError:
-        return os.open(lock, os.O_RDWR), False
-
-
-def _holder(path: Path) -> str:
-    try:
-        with open(RunDir(path).lock, "rb") as f:
-            return describe_holder(f.read(4096).decode(errors="replace"))
-    except OSError:
-        return f"holder unknown: its {RunDir.LOCK} file is gone"
-
-
-def describe_holder(text: str) -> str:
-    """'pid 123 on host vm, Slurm job 45, since 17:40:02' from a lock file's text."""
-    try:
-        h = json.loads(text)
-    except json.JSONDecodeError:
-        return "holder unknown"
-    parts = [f"pid {h.get('pid')} on host {h.get('host')}"]
-    if h.get("job_id"):
-        parts.append(f"Slurm job {h['job_id']}")
-    if h.get("since"):
-        parts.append("since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"])))
-    return ", ".join(parts)
-
-
-def is_locked(path: Path) -> str | None:
-    """Who holds `path`'s run lock now (None: no live launch trains it). Reads only: a shared
-    flock of the directory and of its lock file, held for an instant, conflicts with a launch's
-    exclusive one."""
-    for target in (path, RunDir(path).lock):
-        try:
-            fd = os.open(target, os.O_RDONLY)
-        except OSError:  # no such folder or lock file (never launched), or one we may not read
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _holder(path)
-        finally:
-            os.close(fd)  # releases the shared flock
-    return None
 
 
 def create(
@@ -226,7 +96,7 @@ def create(
             held.replaced = replaced
     except BaseException:
         if held is not None:
-            held.abandon()
+            abandon(held)
         elif created and not lock and path is not None:
             discard_if_unstarted(path, fresh=True)
         # lock and no `held`: another launch won the folder this one made, and holds it
@@ -234,6 +104,24 @@ def create(
             _remove_if_empty(folder)
         raise
     return frozen, held
+
+
+def abandon(held: RunLock) -> None:
+    """Undo, while still holding it, what the launch holding `held` did to its run directory
+    (it trained nothing: a refusal), then release it: config.yaml as it was, no lock file or
+    folder of its making."""
+    run = RunDir(held.path.parent)
+    try:
+        if held.replaced is not None:
+            with contextlib.suppress(OSError):
+                write_atomic(run.config, held.replaced, 0o640)
+        discard_if_unstarted(run.path, fresh=held.made_dir)
+        if held.made_lock:
+            held.path.unlink(missing_ok=True)
+        if held.made_dir:
+            _remove_if_empty(run.path)
+    finally:
+        held.release()
 
 
 def _lock(path: Path, made_dir: bool) -> RunLock:
