@@ -129,6 +129,8 @@ def is_locked(path: Path) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return _holder(path)
+        except OSError:  # a filesystem without flock (for folders): the other one tells
+            continue
         finally:
             os.close(fd)  # releases the shared flock
     return None
