@@ -296,8 +296,12 @@ def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
     """A torch file's contents after checking the SHA-256 beside it, if any (weights_only)."""
     digest_file = path.with_name(path.name + ".sha256")
     if digest_file.is_file():
-        expected = digest_file.read_text().split()[0] if digest_file.read_text().strip() else ""
-        if _sha256(path) != expected:
+        try:
+            expected = digest_file.read_text(errors="replace").split()[:1]
+            matches = expected == [_sha256(path)]
+        except OSError as e:  # a folder in its place, a read error
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+        if not matches:
             raise ValueError(f"checksum mismatch for {path}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)

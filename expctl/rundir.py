@@ -128,9 +128,12 @@ def _lock(path: Path, made_dir: bool) -> RunLock:
     try:
         return RunLock(path, made_dir)
     except OSError as e:
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
         raise UserError(
             f"cannot write in run directory {path}: {e.strerror or e}",
-            f"free space in {path.parent} or check its permissions, or pick another run.root / "
+            f"free space in {path.parent}, or pick another run.root / run.dir"
+            if full
+            else f"check {RunDir(path).lock} and the permissions of {path}, or pick another "
             "run.dir",
         ) from None
 

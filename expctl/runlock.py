@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -86,20 +87,38 @@ def _hold(fd: int, path: Path, folder: bool = False) -> None:
     )
 
 
+# a lock file is never followed elsewhere (a planted symlink would have us truncate its target)
+# nor waited on (a FIFO in its place)
+_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK
+
+
 def _open_lock(lock: Path) -> tuple[int, bool]:
-    """RUN_DIR/.lock opened for the flock, and whether this call made it."""
+    """RUN_DIR/.lock opened for the flock, and whether this call made it.
+
+    Raises:
+        OSError: it cannot be made or opened, or it is not a plain file.
+    """
     try:
-        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o640), True
+        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | _SAFE, 0o640), True
     except FileExistsError:
-        return os.open(lock, os.O_RDWR), False
+        fd = os.open(lock, os.O_RDWR | _SAFE)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{lock.name} is not a plain file", str(lock))
+    return fd, False
 
 
 def _holder(path: Path) -> str:
     try:
-        with open(RunDir(path).lock, "rb") as f:
-            return describe_holder(f.read(4096).decode(errors="replace"))
+        fd = os.open(RunDir(path).lock, os.O_RDONLY | _SAFE)
     except OSError:
         return f"holder unknown: its {RunDir.LOCK} file is gone"
+    try:
+        return describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+    except OSError:
+        return "holder unknown"
+    finally:
+        os.close(fd)
 
 
 def describe_holder(text: str) -> str:
@@ -120,9 +139,9 @@ def is_locked(path: Path) -> str | None:
     """Who holds `path`'s run lock now (None: no live launch trains it). Reads only: a shared
     flock of the directory and of its lock file, held for an instant, conflicts with a launch's
     exclusive one."""
-    for target in (path, RunDir(path).lock):
+    for target, flags in ((path, os.O_DIRECTORY), (RunDir(path).lock, _SAFE)):
         try:
-            fd = os.open(target, os.O_RDONLY)
+            fd = os.open(target, os.O_RDONLY | flags)
         except OSError:  # no such folder or lock file (never launched), or one we may not read
             continue
         try:

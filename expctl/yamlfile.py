@@ -18,15 +18,15 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
     unresolved.
 
     Args:
-        empty: refuse a file that holds nothing (no YAML document: empty, or comments only),
-            with this hint; None: such a file is an empty mapping (a group file naming only
-            its option).
+        empty: refuse a file that holds nothing (empty, comments only, or null) with this
+            hint; None: such a file is an empty mapping (a group file naming only its option).
 
     Raises:
         UserError: unreadable, over 1 MiB, not YAML, not a mapping, empty (see `empty`), or
             more than 10000 values once its aliases are expanded (an alias bomb), naming the
             file and the limit.
     """
+    import yaml
     from omegaconf import OmegaConf
 
     try:
@@ -42,16 +42,16 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
             "point -C at the YAML config itself; data belongs in files a dataset reads",
         )
     try:
-        values = _check_expansion(text, where)
+        _check_expansion(text, where)
         loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
     except UserError:
         raise
     except Exception as e:  # yaml.YAMLError, omegaconf errors, RecursionError (deep nesting)
         first = " ".join(str(e).split())[:200] or type(e).__name__
         raise UserError(f"{where}: not valid YAML: {first}", "fix the YAML syntax") from None
-    if empty is not None and not values:  # a truncated write, `: >`: not the built-in defaults
-        raise UserError(f"{where}: the file is empty (it holds no settings)", empty)
     out = OmegaConf.to_container(loaded, resolve=False)
+    if empty is not None and not out and yaml.safe_load(text) is None:  # `{}` is meant
+        raise UserError(f"{where}: the file is empty (it holds no settings)", empty)
     if not isinstance(out, dict):
         raise UserError(
             f"{where}: the file must hold a mapping of keys, not a list or a scalar",
@@ -60,10 +60,9 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
     return {str(k): v for k, v in out.items()}
 
 
-def _check_expansion(text: str, where: str) -> int:
+def _check_expansion(text: str, where: str) -> None:
     """Count the values of a YAML text with its aliases expanded, on PyYAML's node graph (an
-    alias is one shared node there) before any object is built: each node once, no recursion.
-    Returns the count (0: the text holds no document)."""
+    alias is one shared node there) before any object is built: each node once, no recursion."""
     import yaml
 
     root = yaml.compose(text, Loader=yaml.SafeLoader)  # pure Python: deep nesting raises
@@ -95,4 +94,3 @@ def _check_expansion(text: str, where: str) -> int:
             open_nodes.add(id(node))
             stack.append((node, True))
             stack += [(c, False) for c in kids if id(c) not in sizes]
-    return sizes[id(root)] if root is not None else 0

@@ -44,6 +44,7 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         ([*RUN, "run.name=" + "a" * 300, "run.root=new/runs"], "shorten run.name"),
         (["run", "-C", "empty.yml"], "-C empty.yml: the file is empty"),
         (["show", "-C", "comments.yml"], "-C comments.yml: the file is empty"),
+        (["show", "-C", "null.yml"], "-C null.yml: the file is empty"),
         (["show", "-C", "r/config.yaml"], "the file is empty"),
         (["eval", "r"], "r/config.yaml: the file is empty"),
     ],
@@ -55,6 +56,7 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         "long-name-new-root",
         "empty",
         "comments",
+        "null",
         "empty-frozen",
         "eval-empty-frozen",
     ],
@@ -74,6 +76,7 @@ def test_a_refusal_leaves_nothing_at_any_depth(
     (tmp_path / "mydata" / "deeper" / "new" / "keep.txt").write_text("mine\n")
     (tmp_path / "empty.yml").write_text("")
     (tmp_path / "comments.yml").write_text("# train: {max_epochs: 2}\n\n")
+    (tmp_path / "null.yml").write_text("---\n~\n")
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.yaml").write_text("")
     before = tree(tmp_path)
