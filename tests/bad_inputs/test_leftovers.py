@@ -122,3 +122,24 @@ def test_a_corrupt_image_met_mid_run_leaves_no_run_directory(
     assert "train epoch 1 step 2/" in out, "met mid-run, after rows were logged"
     assert "zz_broken.png cannot be decoded" in err and len(err.strip().splitlines()) == 2, err
     assert tree(tmp_path) == before, "no run directory, no runs/ root"
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo"])
+def test_a_lock_file_planted_as_a_symlink_or_a_fifo_is_refused_never_followed(
+    planted: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launch would truncate a symlink's target (any file, as root) or wait on a FIFO."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r").mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    if planted == "symlink":
+        (tmp_path / "r" / ".lock").symlink_to(target)
+    else:
+        os.mkfifo(tmp_path / "r" / ".lock")
+    before = tree(tmp_path)
+    refused([*RUN, "run.dir=r"], "cannot write in run directory", capsys)
+    assert tree(tmp_path) == before and target.read_text() == "keep me\n"
