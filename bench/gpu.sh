@@ -12,6 +12,8 @@
 #   bash bench/gpu.sh fprof     profiles of the Fashion CNN step, expctl and raw, 1 and 4 GPUs
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
+#   bash bench/gpu.sh sweep     16-trial sweeps (Fashion CNN, ResNet-18 32x32): serial on one GPU,
+#                               one GPU per trial, four trials per GPU (bench/sweep_bench.py gpu)
 # Tables go to stdout and to $OUT/*.md, raw figures to $OUT/*.json.
 #   bash bench/gpu.sh bg all speed   start parts, one after the other, in their own process session: it outlives the call (the
 #                               device tool keeps such processes while the machine is held), so one
@@ -36,7 +38,8 @@ poll)
   exit 0 ;;
 esac
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab PyYAML || exit 1
+  --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab PyYAML \
+  optuna alembic colorlog sqlalchemy greenlet mako || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data/fashion-mnist
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -101,6 +104,11 @@ bn)
   echo "== reported accuracy vs the saved model's, Fashion-MNIST ResNet-18, 240 steps"
   python3 bench/bn_parity.py --workers 1 2 --extra data.root=.data/fashion-mnist
   python3 bench/bn_parity.py --workers 2 --extra data.root=.data/fashion-mnist train.sync_batchnorm=true ;;
+sweep)  # issue 24: trials side by side on the GPUs
+  for w in ${WORKLOADS:-fashion_cnn resnet18_32}; do
+    echo "== 16 trials of $w: serial (1 GPU), 1 GPU each, 0.25 GPU each"
+    python3 bench/sweep_bench.py gpu --workload "$w" --trials ${TRIALS:-16} --out "$OUT/sweep_$w.json" | tee "$OUT/sweep_$w.md"
+  done ;;
 images)
   echo "== issue 11: ResNet-50 from 20,000 JPEGs (bench/images_bench.py)"
   [ -d /tmp/jpegs/train ] || python3 bench/images_bench.py make --root /tmp/jpegs

@@ -14,7 +14,7 @@ from torch import nn
 from expctl import registry
 from expctl.config import Config
 from expctl.data import Loading, Splits, TrainBatches, auto_workers, check_splits
-from expctl.dist import DistEnv
+from expctl.dist import DistEnv, usable_cores
 from expctl.errors import UserError
 from expctl.startup import freeze_for_this_run, paused_gc
 from expctl.steps import StepContext
@@ -38,7 +38,7 @@ class Parts:
     sched_monitor: str | None = None  # ... or after each validation, on this metric
     sched_length: int | None = None  # the run's length the schedule was built for, if it was
     val_batch_size: int = 256  # batch size of validation and test
-    limit_val_batches: int | None = None  # score only this many batches per rank (debug runs)
+    limit_val_batches: int | None = None  # validations: this many batches per rank (debug runs)
 
 
 def pick_device(cfg: Config, env: DistEnv) -> torch.device:
@@ -73,14 +73,17 @@ def _cuda_defaults() -> None:
 
 
 def _cpu_threads(env: DistEnv) -> None:
-    """Split the cores between the ranks of this node, unless OMP_NUM_THREADS says otherwise
-    (torchrun sets it to 1; torch's agent, which `launcher=local` uses, sets nothing). On GPUs
-    too: each rank's intra-op pool would otherwise start a thread per core, N ranks x all cores
-    (the raw loop under torchrun ran one per rank beside expctl's 64 on 4 x H200)."""
+    """Split the cores this process may use (its affinity: a sweep trial's share) between the
+    ranks of this node, unless OMP_NUM_THREADS says otherwise (torchrun sets it to 1; torch's
+    agent, which `launcher=local` uses, sets nothing). On GPUs too: each rank's intra-op pool
+    would otherwise start a thread per core, N ranks x all cores (the raw loop under torchrun ran
+    one per rank beside expctl's 64 on 4 x H200); a trial pinned to 2 of 64 cores, 64 threads."""
     import os
 
-    if env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    cores = usable_cores()
+    narrowed = cores < (os.cpu_count() or cores)
+    if (env.local_world_size > 1 or narrowed) and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, cores // env.local_world_size))
 
 
 def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
@@ -116,7 +119,9 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
     with paused_gc(freeze=freeze_for_this_run(env.distributed)):  # it imports torch._dynamo
         optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
-    schedulers, sched_length = _schedulers(cfg, optimizers, total_steps)
+    per_epoch = max(1, batches.steps_per_epoch // cfg.train.grad_accum)
+    epochs = cfg.train.max_epochs or -(-total_steps // per_epoch)  # max_steps alone: as it takes
+    schedulers, sched_length = _schedulers(cfg, optimizers, total_steps, epochs)
     loss_fn = _make(
         "loss", cfg.loss.name, registry.get("losses", cfg.loss.name).factory, **cfg.loss.args
     )
@@ -264,8 +269,10 @@ def _total_steps(cfg: Config, steps_per_epoch: int) -> int:
             "lower train.grad_accum or data.batch_size, or use more data",
         )
     per_epoch = max(1, steps_per_epoch // cfg.train.grad_accum)
-    total = per_epoch * cfg.train.max_epochs
-    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+    t = cfg.train
+    by_epochs = per_epoch * t.max_epochs if t.max_epochs is not None else None
+    steps = [n for n in (by_epochs, t.max_steps) if n is not None]  # validation: one at least
+    return min(steps)
 
 
 def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -286,14 +293,14 @@ def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.opt
 
 
 def _schedulers(
-    cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int
+    cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int, epochs: int
 ) -> tuple[dict[str, Any], int | None]:
     """The schedulers, and the run's length they were built for (None: they do not know it)."""
     if cfg.sched.name is None:
         return {}, None
     entry = registry.get("schedulers", cfg.sched.name)
     args = dict(cfg.sched.args)
-    length = total_steps if cfg.sched.interval == "step" else cfg.train.max_epochs
+    length = total_steps if cfg.sched.interval == "step" else epochs
     inferred = [k for k in ("total_steps", "T_max") if k in entry.inferred and args.get(k) is None]
     for key in inferred:  # the run's length, in the unit of sched.interval
         args[key] = length

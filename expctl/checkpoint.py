@@ -8,7 +8,8 @@
     early_best / early_stall: early stopping's best value and validations without improvement,
     train_s: training time of all attempts so far, sched_length: the run's length the schedule
     was built for (null: it does not depend on it),
-    metrics_rows: rows of metrics.jsonl written before it (the rest are logged again on resume)
+    metrics_rows: rows of metrics.jsonl written before it (the rest are logged again on resume),
+    window: [per-rank sums of the train metrics since the last train row, and their count]
 
 next to ``step_000001234.pt.sha256`` and ``step_000001234.pt.json``: ``{"step", "epoch",
 "val"}``, the validation metrics of exactly these weights (``{}`` when no validation ran at
@@ -24,7 +25,10 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
+import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +37,7 @@ import torch
 from expctl import config
 from expctl.config import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
-from expctl.layout import RunDir, write_atomic
+from expctl.layout import RunDir, write_atomically
 
 if TYPE_CHECKING:
     from expctl.build import Parts
@@ -136,13 +140,13 @@ def save(
         if existed:  # saved again (restored where it ended): never old weights, new checksum
             digest_file.unlink(missing_ok=True)
         else:
-            write_atomic(digest_file, digest)
+            write_atomically(digest_file, digest)
         record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
-        write_atomic(scores_file, json.dumps(record) + "\n")
+        write_atomically(scores_file, json.dumps(record) + "\n")
         os.chmod(tmp, 0o640)
         os.replace(tmp, final)
         if existed:
-            write_atomic(digest_file, digest)
+            write_atomically(digest_file, digest)
         _fsync_dir(final.parent)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__
@@ -304,7 +308,17 @@ def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
         if not matches:
             raise ValueError(f"checksum mismatch for {path}")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch's note on another pickle protocol: see the error
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # not its advice to load with weights_only=False
+        if not zipfile.is_zipfile(path):
+            raise ValueError(f"cannot read {path}: not a torch.save file of tensors") from None
+        text = " ".join(str(e).split()).split("WeightsUnpickler error:", 1)[-1]
+        why = text.split(". ")[0].split(" Check the documentation")[0].strip()[:200]
+        raise ValueError(
+            f"cannot read {path}: it holds objects other than tensors and plain containers ({why})"
+        ) from None
     except Exception as e:
         text = " ".join(str(e).split())[:200]  # one line: torch's messages span several
         raise ValueError(f"cannot read {path}: {type(e).__name__}: {text}") from None

@@ -48,12 +48,17 @@ class EarlyStopConfig:
     mode: str = _f("min", choices=("min", "max"))  # min: lower is better
 
 
+DEFAULT_EPOCHS = 3  # train.max_epochs when neither it nor train.max_steps is given
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How the loop runs."""
 
-    max_epochs: int = _f(3, min=1)  # stop after this many epochs ...
-    max_steps: int | None = _f(None, min=1)  # ... or optimizer steps, whichever comes first
+    # stop after this many epochs or optimizer steps, whichever comes first; max_epochs null:
+    # 3 epochs, or as many as max_steps takes when it is set (Lightning's rule)
+    max_epochs: int | None = _f(None, min=1)
+    max_steps: int | None = _f(None, min=1)
     precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))  # auto: bf16 on capable GPUs
     grad_accum: int = _f(1, min=1)  # micro-batches per optimizer step
     grad_clip: float | None = _f(None, min=0)  # max global gradient norm
@@ -61,7 +66,7 @@ class TrainConfig:
     log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
     val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
     val_every_steps: int | None = _f(None, min=1)  # also validate every N optimizer steps
-    limit_val_batches: int | None = _f(None, min=1)  # val/test: only N batches per rank (debug)
+    limit_val_batches: int | None = _f(None, min=1)  # validations: N batches per rank (debug)
     step: str = "supervised"  # registered training step
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
     channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
@@ -74,6 +79,9 @@ class TrainConfig:
     gc_every: int = _f(50, min=0)  # steps between the ranks' joint Python GC runs (0: Python's)
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
     early_stop: EarlyStopConfig = _f(EarlyStopConfig())
+    # optimizer and loss settings from a step on: [{step: 400, optim: {lr: 0.02}}]; Population
+    # Based Training's trials continue with one, and `sweep best` writes the best trial's
+    hparam_schedule: list[dict[str, Any]] = _f([])
 
 
 @dataclass(frozen=True)
@@ -161,8 +169,20 @@ LAUNCHERS: dict[str, type] = {
 
 
 @dataclass(frozen=True)
+class PBTConfig:
+    """Population Based Training: every `interval` validations, a trial in the bottom
+    `quantile` continues from a top trial's checkpoint with perturbed hyperparameters."""
+
+    interval: int = _f(1, min=1)  # validations between exploit/explore rounds of a trial
+    quantile: float = _f(0.25, min=0)  # bottom (and top) fraction of the population: (0, 0.5]
+    resample_probability: float = _f(0.25, min=0)  # explore: draw anew instead of perturbing
+    factors: list[float] = _f([0.8, 1.2])  # explore: a float/int value times one of these
+
+
+@dataclass(frozen=True)
 class SweepConfig:
-    """How `-m` explores: sampler, objective, early stopping of bad trials."""
+    """How `-m` explores: sampler, objective, early stopping of bad trials, and how many trials
+    run side by side on which share of the machine."""
 
     sampler: str = _f("grid", choices=("grid", "random", "tpe"))
     n_trials: int | None = _f(None, min=1)  # null: every grid point; random/tpe: 10
@@ -176,6 +196,13 @@ class SweepConfig:
     seed: int = 0  # the sampler's seed
     stop_on_failure: bool = False
     params: dict[str, str] = _f({})  # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
+    max_concurrent: int | None = _f(None, min=1)  # trials at once; null: what the machine holds
+    # a fraction (0.25: four trials per GPU) or N whole GPUs (an N-rank DDP trial); null: 1 GPU
+    # where there are GPUs, none on a CPU-only machine
+    gpus_per_trial: float | None = _f(None, min=0)
+    cpus_per_trial: int | None = _f(None, min=1)  # null: the cores divided evenly
+    scheduler: str = _f("none", choices=("none", "pbt"))  # pbt: Population Based Training
+    pbt: PBTConfig = _f(PBTConfig())
 
 
 @dataclass(frozen=True)
@@ -363,6 +390,9 @@ def validate(
         else:
             values[name] = _plain(name, value)
     _check_finite("", raw)
+    train = values.get("train")
+    if isinstance(train, TrainConfig) and train.max_epochs is None and train.max_steps is None:
+        values["train"] = dataclasses.replace(train, max_epochs=DEFAULT_EPOCHS)
     cfg = Config(**values)
     _cross_checks(cfg)
     if check_components:
@@ -379,6 +409,13 @@ def check_registered(cfg: Config) -> None:
             continue
         registry.check_args(kind, comp.name, comp.args, section)
     registry.get("steps", cfg.train.step)
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        for section in set(entry) & set(HPARAM_SECTIONS):
+            comp = getattr(cfg, section)
+            where = f"train.hparam_schedule[{i}].{section}"
+            registry.check_args(
+                COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
+            )
     for name, args in cfg.logger.items():
         registry.check_args("loggers", name, args, f"logger.{name}")
     if cfg.sched.name is not None:
@@ -390,6 +427,44 @@ def check_registered(cfg: Config) -> None:
                 "set sched.monitor=val/loss (or another validation metric)"
                 if steps_on_metric
                 else "remove sched.monitor, or use sched=reducelronplateau",
+            )
+
+
+HPARAM_SECTIONS = ("optim", "loss")  # what can change mid-run: param groups, loss settings
+
+
+def check_hparam_schedule(cfg: Config) -> None:
+    """train.hparam_schedule: entries of `step` (increasing) and optim / loss arguments, none of
+    them a learning rate that a scheduler also sets.
+
+    Raises:
+        UserError: anything else, naming the entry.
+    """
+    last = -1
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        where = f"train.hparam_schedule[{i}]"
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step <= last:
+            raise UserError(
+                f"{where}: each entry needs a `step` (an integer, increasing): got {step!r}",
+                "e.g. train.hparam_schedule=[{step: 0, optim: {lr: 0.1}}, {step: 400, optim: "
+                "{lr: 0.01}}]",
+            )
+        last = step
+        for key, values in entry.items():
+            if key == "step":
+                continue
+            if key not in HPARAM_SECTIONS or not isinstance(values, dict) or "name" in values:
+                raise UserError(
+                    f"{where}.{key}: only optimizer and loss arguments can change mid-run "
+                    f"(optim: {{...}}, loss: {{...}})",
+                    "keep the component and the model as they are; change optim.* / loss.* "
+                    "arguments only",
+                )
+        if "lr" in entry.get("optim", {}) and cfg.sched.name is not None:
+            raise UserError(
+                f"{where}.optim.lr: sched={cfg.sched.name} sets the learning rate too",
+                "use sched=none with a learning-rate schedule of your own",
             )
 
 
@@ -632,6 +707,7 @@ def _cross_checks(cfg: Config) -> None:
             f"train.compile_mode={t.compile_mode} does nothing without train.compile=true",
             "add train.compile=true, or drop train.compile_mode",
         )
+    check_hparam_schedule(cfg)
     if t.grad_accum > 1 and t.step != "supervised":
         raise UserError(
             f"train.grad_accum={t.grad_accum} is handled by the supervised step only "
@@ -841,19 +917,11 @@ def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
     raw = OmegaConf.to_container(node, resolve=False)
     found: dict[str, str] = {}
     _interpolations("", raw, found)
-    secret = {k: v for k, v in found.items() if "oc.env" in v}
-    changed = True
-    while changed:  # keys that interpolate a secret key are secret too
-        changed = False
-        for k, v in found.items():
-            if k not in secret and any("${" + s + "}" in v for s in secret):
-                secret[k] = v
-                changed = True
     try:
         resolved = OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as e:
         msg = " ".join(str(e).split("\n")[0].split())
-        for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(secret.values()))):
+        for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(found.values()))):
             value = os.environ.get(name)
             if value:  # never print what the environment holds
                 msg = msg.replace(value, f"${{oc.env:{name}}}")
@@ -861,7 +929,44 @@ def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
             f"{where}: {msg}", "check ${...} interpolations; ${oc.env:NAME} needs NAME set"
         ) from None
     assert isinstance(resolved, dict)
-    return {str(k): v for k, v in resolved.items()}, secret
+    return {str(k): v for k, v in resolved.items()}, _from_environment(raw, found, resolved)
+
+
+_ENV_RESOLVER = re.compile(r"\boc\.env(?=\s*:)")
+_PROBE = "expctl.env_probe"
+
+
+def _from_environment(raw: Any, found: dict[str, str], resolved: Any) -> dict[str, str]:
+    """The interpolated keys whose values depend on the environment, however they reach it
+    (``${oc.env:..}``, a key that holds one, ``oc.select``, a relative key, ``oc.dict.values``,
+    a parent node): those whose value changes when every ``oc.env`` returns one of its own."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not any(_ENV_RESOLVER.search(v) for v in found.values()):
+        return {}  # no oc.env anywhere (run.name's default interpolates too): nothing to probe
+    if not OmegaConf.has_resolver(_PROBE):
+        count = iter(range(1 << 62))
+        OmegaConf.register_new_resolver(
+            _PROBE, lambda *_: f"expctl-env-probe-{next(count)}-{os.urandom(8).hex()}"
+        )
+    probe = copy.deepcopy(raw)
+    for dotted, text in found.items():
+        *parents, leaf = _path(dotted)
+        _set(_lookup(probe, parents), leaf, _ENV_RESOLVER.sub(_PROBE, text))
+    try:
+        probed = OmegaConf.to_container(OmegaConf.create(probe), resolve=True)
+    except OmegaConfBaseException:  # a resolver that takes only real values: keep all unresolved
+        return dict(found)
+
+    def changed(a: Any, b: Any) -> bool:  # the schema made 5 of "5": the same value
+        return a != b and str(a) != str(b)
+
+    return {
+        k: v
+        for k, v in found.items()
+        if "oc.env" in v or changed(_lookup(resolved, _path(k)), _lookup(probed, _path(k)))
+    }
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@
       git-ID.diff   a launch's uncommitted diff
       code/         launcher=slurm: the code the job imports (one copy per submission)
       train.log     rank 0's log
+      output.log    a local sweep trial's console output
       jobs.jsonl    Slurm job events
       checkpoints/  step_*.pt (+ .sha256, .json: the validation metrics of those weights)
       eval/         NAME.json: `expctl eval` results
@@ -83,7 +84,7 @@ def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ())
             tmp.unlink(missing_ok=True)
 
 
-def write_atomic(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
     """Write `path` whole or not at all: a temporary file in its folder, flushed to disk, then
     renamed over it. A reader (or a crash, or a full disk) never leaves a half-written or empty
     file under the name; the temporary file is removed whatever fails.
@@ -184,6 +185,7 @@ class RunDir:
     CSV = "metrics.csv"
     RESULT = "result.json"
     LOG = "train.log"
+    OUTPUT = "output.log"  # a sweep trial's console output (its process's stdout and stderr)
     JOBS = "jobs.jsonl"
     CHECKPOINTS = "checkpoints"
     TB = "tb"
@@ -239,6 +241,10 @@ class RunDir:
     @property
     def log(self) -> Path:
         return self.path / self.LOG
+
+    @property
+    def output(self) -> Path:
+        return self.path / self.OUTPUT
 
     @property
     def jobs(self) -> Path:
@@ -313,6 +319,7 @@ class SweepDir:
     path: Path
 
     SPEC = "sweep.json"
+    LAUNCH = ".launch.json"  # the command running the trials (provenance.json of each)
     JOURNAL = "journal.log"
     BEST = "best.yml"
     IMPORTS = RunDir.IMPORTS  # best.yml's, as a run directory holds one beside config.yaml
@@ -329,6 +336,10 @@ class SweepDir:
     @property
     def journal(self) -> Path:
         return self.path / self.JOURNAL
+
+    @property
+    def launch(self) -> Path:
+        return self.path / self.LAUNCH
 
     @property
     def best(self) -> Path:

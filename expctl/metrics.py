@@ -31,6 +31,15 @@ class Meter:
             self.sums[k] = self.sums[k] + v if k in self.sums else v.clone()
         self.count += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sums since the last reduce, on the CPU: a checkpoint between two train rows
+        carries them, so that the next row averages its whole window after a resume."""
+        return {"sums": {k: v.cpu() for k, v in self.sums.items()}, "count": self.count}
+
+    def load_state_dict(self, sd: dict[str, Any], device: torch.device) -> None:
+        self.sums = {str(k): v.to(device) for k, v in sd["sums"].items()}
+        self.count = int(sd["count"])
+
     def reduce(self, env: DistEnv, prefix: str) -> dict[str, float]:
         """Mean over steps and ranks (one host sync); resets the sums."""
         if not self.sums:
@@ -66,9 +75,11 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
                 b.copy_(v.view_as(b))
 
 
-def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]:
+def evaluate(
+    parts: Parts, env: DistEnv, split: str = "val", limit: int | None = None
+) -> dict[str, float]:
     """Metrics over a whole split (val, test or train), reduced exactly (sums and counts) over
-    ranks; with `parts.limit_val_batches`, over that many batches of each rank's shard."""
+    ranks; with `limit`, over that many batches of each rank's shard."""
     data = getattr(parts.splits, split)
     if data is None or not hasattr(parts.step, "val_step"):
         return {}
@@ -85,7 +96,7 @@ def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]
             ctx.device,
             parts.batches.loading,
         )
-        for batch in itertools.islice(batches, parts.limit_val_batches):
+        for batch in itertools.islice(batches, limit):
             for k, (s, n) in parts.step.val_step(ctx, batch).items():
                 acc = sums.setdefault(k, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + s.double(), acc[1] + n

@@ -17,7 +17,7 @@ from typing import Any
 
 from expctl import checkpoint, provenance, rundir
 from expctl.build import Parts, build, pick_device, resolve_precision
-from expctl.config import Config, monitors, redacted
+from expctl.config import Config, TrainConfig, monitors, redacted
 from expctl.control import Control, StopFlag
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import Interrupted, Preempted, RunError, UserError
@@ -202,7 +202,7 @@ def _log_start(
 ) -> None:
     log.info(
         "run %s | %s x %d rank(s) on %s%s | precision %s | global batch %d (%d per rank x %d accum)"
-        " | %d steps left | %s%s",
+        " | %d steps left (%s) | %s%s",
         run_dir,
         launcher_name(env),
         env.world_size,
@@ -213,11 +213,21 @@ def _log_start(
         cfg.data.batch_size,
         cfg.train.grad_accum,
         parts.total_steps - state.step,
+        _ends(cfg.train, parts),
         parts.batches.describe(),
         f" | validation limited to {parts.limit_val_batches} batch(es) per rank"
         if parts.limit_val_batches
         else "",
     )
+
+
+def _ends(t: TrainConfig, parts: Parts) -> str:
+    """Which limit ends the run: max_steps=400, or max_epochs=3 x 31 steps (before max_steps)."""
+    if t.max_steps is not None and parts.total_steps == t.max_steps:
+        return f"max_steps={t.max_steps}"
+    per_epoch = max(1, parts.batches.steps_per_epoch // t.grad_accum)
+    later = f", before max_steps={t.max_steps}" if t.max_steps is not None else ""
+    return f"max_epochs={t.max_epochs} x {per_epoch} steps{later}"
 
 
 def _monitors(cfg: Config, run_dir: Path) -> dict[str, str]:

@@ -28,7 +28,7 @@ from expctl import config as config_mod
 from expctl import registry
 from expctl.config import Config
 from expctl.errors import UserError
-from expctl.layout import RunDir, write_atomic
+from expctl.layout import RunDir, write_atomically
 from expctl.runlock import RunLock
 from expctl.runlock import is_locked as is_locked  # read by `expctl status`
 
@@ -114,7 +114,7 @@ def abandon(held: RunLock) -> None:
     try:
         if held.replaced is not None:
             with contextlib.suppress(OSError):
-                write_atomic(run.config, held.replaced, 0o640)
+                write_atomically(run.config, held.replaced, 0o640)
         discard_if_unstarted(run.path, fresh=held.made_dir)
         if held.made_lock:
             held.path.unlink(missing_ok=True)
@@ -238,7 +238,8 @@ def _refuse_if_completed(path: Path, old: Config, new: Config, diff: list[str]) 
     if step != _progress(path):
         return  # continued since it completed: whatever changed applies from here on
     t = new.train
-    longer = (t.max_steps is None or t.max_steps > step) and t.max_epochs > epoch
+    steps_left = t.max_steps is None or t.max_steps > step
+    longer = steps_left and (t.max_epochs is None or t.max_epochs > epoch)
     if longer and not result.get("stopped_early"):
         return  # it trains on, under the new values
     raise UserError(
@@ -252,7 +253,7 @@ def _refuse_if_completed(path: Path, old: Config, new: Config, diff: list[str]) 
 def _write(target: Path, text: str) -> None:
     """Write `target` whole or not at all (a reader never sees half of it)."""
     try:
-        write_atomic(target, text, 0o640)
+        write_atomically(target, text, 0o640)
     except OSError as e:
         raise UserError(
             f"cannot write {target}: {e.strerror or e}",
@@ -317,7 +318,7 @@ def discard_if_unstarted(path: Path, fresh: bool = False) -> None:
         return
     for file in (run.config, run.imports, run.trial, run.log, run.metrics, run.csv, run.lock):
         file.unlink(missing_ok=True)
-    for file in (run.provenance, *run.diffs()):
+    for file in (run.output, run.provenance, *run.diffs()):
         file.unlink(missing_ok=True)
     for folder in (run.tb, run.path / RunDir.WANDB, run.checkpoints, run.code):
         shutil.rmtree(folder, ignore_errors=True)

@@ -40,7 +40,8 @@ FULL_GC = 20  # every FULL_GC-th of the loop's collections is a full one (see `_
 class TrainState:
     """Where training stands: optimizer steps, epochs done, micro-batches done in the epoch, the
     last validation and train metrics, early stopping's best value and validations without
-    improvement, and the training time of all attempts up to the last checkpoint."""
+    improvement, the training time of all attempts up to the last checkpoint, and every rank's
+    train-metric sums since the last train row (`Meter.state_dict`, in rank order)."""
 
     step: int = 0
     epoch: int = 0
@@ -50,6 +51,7 @@ class TrainState:
     early_best: float | None = None
     early_stall: int = 0
     train_s: float = 0.0
+    window: list[dict[str, Any]] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -61,6 +63,7 @@ class TrainState:
         self.early_best = None if best is None else float(best)
         self.early_stall = int(sd.get("early_stall") or 0)
         self.train_s = float(sd.get("train_s") or 0.0)
+        self.window = list(sd.get("window") or [])
 
 
 @dataclass
@@ -80,11 +83,66 @@ class Loop:
     saved_at: int = -1  # the step of the newest checkpoint this launch wrote
     validated_at: int = -1  # the step of this launch's newest validation
     base_s: float = 0.0  # training time of earlier attempts
+    hparams: HParams = field(default_factory=lambda: HParams([], None))
+    meter: Meter = field(default_factory=Meter)  # the train metrics since the last train row
+
+
+class HParams:
+    """train.hparam_schedule: each entry's optimizer and loss values, set before the optimizer
+    step that follows its `step` (a run restored at step S gets those of every entry up to S).
+
+    Optimizer values go into every param group (what `checkpoint.resume` restored included),
+    loss values onto the loss module's attribute of that name.
+
+    Raises:
+        UserError: a loss value its module has no attribute for (it could not change mid-run).
+    """
+
+    def __init__(self, schedule: list[dict[str, Any]], parts: Parts | None) -> None:
+        self.entries = sorted(schedule, key=lambda e: int(e["step"]))
+        self.parts, self._next = parts, 0
+        loss = parts.ctx.loss_fn if parts is not None else None
+        for e in self.entries:
+            for key in e.get("loss", {}):
+                if not hasattr(loss, key):
+                    raise UserError(
+                        f"train.hparam_schedule: loss.{key} cannot change mid-run (the loss "
+                        f"module has no attribute '{key}')",
+                        "schedule optimizer values, or loss arguments its module keeps as such",
+                    )
+
+    @property
+    def next_step(self) -> float:
+        """The step of the next entry to apply (infinity: none left)."""
+        return int(self.entries[self._next]["step"]) if self._next < len(self.entries) else math.inf
+
+    def at(self, step: int) -> None:
+        """Apply every entry not yet applied whose step is at most `step`."""
+        while self._next < len(self.entries) and int(self.entries[self._next]["step"]) <= step:
+            entry = self.entries[self._next]
+            self._next += 1
+            assert self.parts is not None
+            for key, value in entry.get("optim", {}).items():
+                for opt in self.parts.ctx.optimizers.values():
+                    for group in opt.param_groups:
+                        group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+            for key, value in entry.get("loss", {}).items():
+                setattr(self.parts.ctx.loss_fn, key, value)
+            log.info("train.hparam_schedule: from step %d, %s", step, _values(entry))
+
+
+def _values(entry: dict[str, Any]) -> str:
+    return " ".join(
+        f"{section}.{k}={v}"
+        for section in ("optim", "loss")
+        for k, v in entry.get(section, {}).items()
+    )
 
 
 def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
     """Whether the run's budget is spent or early stopping ended it."""
-    return state.epoch >= t.max_epochs or state.step >= total_steps or _stalled(t.early_stop, state)
+    epochs_done = t.max_epochs is not None and state.epoch >= t.max_epochs
+    return epochs_done or state.step >= total_steps or _stalled(t.early_stop, state)
 
 
 def _step_validation(t: TrainConfig, state: TrainState) -> bool:
@@ -101,15 +159,16 @@ def fit(
 ) -> dict[str, Any]:
     """Train from `state` to the end of the budget; returns the final metrics (result.json)."""
     per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum  # micro-batches
-    meter = Meter()
+    meter = loop.meter
+    if len(state.window) == loop.env.world_size:  # restored between two train rows
+        meter.load_state_dict(state.window[loop.env.rank], parts.ctx.device)
     loop.mark_step, loop.base_s = state.step, state.train_s
+    loop.hparams = HParams(t.hparam_schedule, parts)
+    loop.hparams.at(state.step)  # a run restored inside a segment: that segment's values
     for m in parts.ctx.models.values():
         m.train()
     with _collector(t.gc_every) as gc_every:
         status = _loop(t, ck, parts, state, loop, meter, per_epoch, gc_every)
-    if meter.count:
-        state.train = meter.reduce(loop.env, "train/")
-        _check_finite(t, state, loop.run_dir)
     return _finish(t, ck, parts, state, loop, status)
 
 
@@ -132,6 +191,8 @@ def _loop(
     ):
         done = state.batch >= per_epoch  # micro-batches past the last full accumulation: none
         for batch in () if done else parts.batches.epoch(state.epoch, start=state.batch):
+            if state.step >= loop.hparams.next_step:  # an int compare: no cost when unused
+                loop.hparams.at(state.step)
             ctx.boundary = (state.batch + 1) % t.grad_accum == 0
             with no_sync(ctx.models, skip=not ctx.boundary):
                 meter.add(parts.step.train_step(ctx, batch))
@@ -222,12 +283,17 @@ def _end_epoch(
 def _finish(
     t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop, status: str
 ) -> dict[str, Any]:
-    """Validate, checkpoint and test the final weights; write result.json."""
+    """Validate, checkpoint and test the final weights, log the last train row; write
+    result.json."""
     sync_buffers(parts.models, loop.env)  # after the last step: validate and test the saved model
     if loop.validated_at != state.step and (not state.val or state.batch):
         _validate(t, ck, parts, state, loop)  # stopped mid-epoch (max_steps): the final weights
     if loop.saved_at != state.step and status == "completed":
         _save(ck, parts, state, loop)
+    if loop.meter.count:  # the steps since the last train row: the run's last row, logged after
+        # the checkpoint that keeps them as its window (a longer budget logs the next row whole),
+        # in the epoch they were trained in (the loop may have counted it done)
+        _log_train(t, parts, state, loop.meter, loop, state.epoch - (state.batch == 0))
     test = evaluate(parts, loop.env, "test") if status == "completed" else {}
     if test:
         loop.rep.record(state.step, state.epoch, test, "test")
@@ -255,7 +321,7 @@ def check_monitors(names: dict[str, str], parts: Parts, env: DistEnv) -> None:
     if not names:
         return
     rng = checkpoint.rng_state()
-    reported = evaluate(dataclasses.replace(parts, limit_val_batches=1), env)
+    reported = evaluate(parts, env, limit=1)
     checkpoint.set_rng_state(rng)
     for where, name in names.items():
         monitored(reported, where, name)
@@ -296,7 +362,8 @@ def _validate(
     if loop.validated_at == state.step:
         return
     sync_buffers(parts.models, loop.env)
-    state.val = loop.ctl.broadcast(evaluate(parts, loop.env))  # rank 0's: every rank decides alike
+    scored = evaluate(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
+    state.val = loop.ctl.broadcast(scored)  # rank 0's: every rank decides alike
     loop.validated_at = state.step
     loop.rep.record(state.step, state.epoch, state.val, "val")
     if parts.sched_monitor is not None:
@@ -332,10 +399,11 @@ def _early_stop(es: EarlyStopConfig, state: TrainState) -> None:
 
 
 def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
-    """Every rank contributes its RNG state; rank 0 writes the checkpoint (with the validation
-    metrics of these weights, when they were scored at this step)."""
+    """Every rank contributes its RNG state and train-metric sums; rank 0 writes the checkpoint
+    (with the validation metrics of these weights, when they were scored at this step)."""
     sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
     rng = loop.ctl.gather(checkpoint.rng_state())
+    state.window = loop.ctl.gather(loop.meter.state_dict())
     loop.saved_at = state.step
     state.train_s = round(_elapsed(loop), 3)
     if loop.env.is_main:
@@ -344,8 +412,16 @@ def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> 
         checkpoint.save(loop.run_dir, payload, ck, scores)
 
 
-def _log_train(t: TrainConfig, parts: Parts, state: TrainState, meter: Meter, loop: Loop) -> None:
-    """Reduce the running sums (the loop's one host sync) and write a train event."""
+def _log_train(
+    t: TrainConfig,
+    parts: Parts,
+    state: TrainState,
+    meter: Meter,
+    loop: Loop,
+    epoch: int | None = None,
+) -> None:
+    """Reduce the running sums (the loop's one host sync) and write a train event (of `epoch`,
+    by default the one in progress)."""
     now = time.perf_counter()
     state.train = meter.reduce(loop.env, "train/")
     _check_finite(t, state, loop.run_dir)
@@ -355,7 +431,7 @@ def _log_train(t: TrainConfig, parts: Parts, state: TrainState, meter: Meter, lo
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
     event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
-    loop.rep.record(state.step, state.epoch, event, "train")
+    loop.rep.record(state.step, state.epoch if epoch is None else epoch, event, "train")
     loop.mark, loop.mark_step = now, state.step
 
 

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TINY, cli_env
 from conftest import expctl as run_cli
 from omegaconf import MISSING, OmegaConf
 
 from expctl import compose, config, confstore, registry, yamlfile
 from expctl.errors import UserError
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def cfg_of(file: Path | None = None, *overrides: str, check: bool = True) -> config.Config:
@@ -40,6 +41,7 @@ def test_embedded_default() -> None:
     assert cfg.optim.args["lr"] == 0.05 and cfg.optim.args["momentum"] == 0.9
     assert cfg.optim.args["nesterov"] is False  # torch's own default, written down
     assert cfg.sched.interval == "step" and cfg.train.max_epochs == 3
+    assert cfg_of(None, "train.max_steps=400").train.max_epochs is None, "steps alone decide"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +181,9 @@ def test_every_registered_name_is_a_group_option(group: str, name: str) -> None:
         return
     entry = registry.get(config.COMPONENT_KINDS[group], name)
     node = confstore.node_defaults(group, entry)
-    builtin = compose.read_layer(yamlfile.read_yaml(REPO / "conf" / "config.yaml", ""), "", [])
+    builtin = compose.read_layer(
+        yamlfile.read_yaml(compose.builtin_conf_dir() / "config.yaml", ""), "", []
+    )
     tuned = builtin.sections.get(group, {}) if builtin.choices[group] == name else {}
     for p in entry.parameters().values():
         if p.name in tuned:
@@ -225,7 +229,7 @@ def _default_of(group: str, choice: str, key: str) -> Any:
 
 
 def _conf_files() -> list[Path]:
-    conf = REPO / "conf"
+    conf = compose.builtin_conf_dir()
     return [conf / "config.yaml", *sorted((conf / "experiment").glob("*.yaml"))]
 
 
@@ -305,6 +309,61 @@ def test_secrets_stay_unresolved_in_what_is_written(
     (tmp_path / "config.yaml").write_text(text)
     monkeypatch.setenv("EXPCTL_TEST_TOKEN", "rotated")
     assert config.load(tmp_path).env["WANDB_API_KEY"] == "rotated"  # resolved where it runs
+
+
+REACHES_THE_ENVIRONMENT = [  # every way a key's value can come from ${oc.env:...}
+    "${oc.select:env.TOKEN,x}",
+    "${env.TOKEN}",
+    "Bearer ${env.TOKEN}",
+    "${.TOKEN}",
+    "${oc.select:.TOKEN}",
+    "${oc.decode:'${oc.env:EXPCTL_TEST_TOKEN}'}",
+    "${oc.env:EXPCTL_TEST_UNSET,${env.TOKEN}}",
+]
+
+
+@pytest.mark.parametrize("text", REACHES_THE_ENVIRONMENT)
+def test_a_value_that_reaches_the_environment_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv("EXPCTL_TEST_TOKEN", "s3cr3t-value")
+    monkeypatch.delenv("EXPCTL_TEST_UNSET", raising=False)
+    body = f"env:\n  TOKEN: ${{oc.env:EXPCTL_TEST_TOKEN}}\n  OTHER: {text!r}\n  PLAIN: '${{.X}}'\n"
+    cfg = cfg_of(
+        write(tmp_path, body + "  X: x\nlauncher: {name: slurm, setup: '${oc.dict.values:env}'}\n")
+    )
+    assert "s3cr3t-value" in cfg.env["OTHER"] and "s3cr3t-value" in cfg.launcher.setup
+    written = config.to_yaml(cfg)
+    assert "s3cr3t" not in written, written
+    assert "PLAIN: x" in written, "a value from elsewhere in the config is written resolved"
+    (tmp_path / "config.yaml").write_text(written)
+    monkeypatch.setenv("EXPCTL_TEST_TOKEN", "rotated")
+    assert "rotated" in config.load(tmp_path).env["OTHER"]  # resolved where it runs
+
+
+@pytest.mark.slow
+def test_no_file_a_sweep_writes_holds_an_environment_value(tmp_path: Path) -> None:
+    """A sweep's trials (run directories, with loggers) and its best.yml: no file written (nor
+    its name) holds the value of a variable read through ${oc.env:...}, however it is reached."""
+    value = "s3cr3t-" + os.urandom(6).hex()
+    env = cli_env(EXPCTL_TEST_S=value)
+    keys = "".join(f"  K{i}: {t!r}\n" for i, t in enumerate(REACHES_THE_ENVIRONMENT))
+    body = "env:\n  TOKEN: ${oc.env:EXPCTL_TEST_S}\n" + keys.replace("_TOKEN", "_S")
+    (tmp_path / "my.yml").write_text(TINY + body)
+    args = ["-m", "optim.lr=0.01,0.1", "logger=[csv,tensorboard]", "train.max_steps=2"]
+    proc = run_cli("run", "-C", "my.yml", *args, "data.num_samples=64", cwd=tmp_path, env=env)
+    sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    frozen = (sweep / "trial_000" / "config.yaml").read_text()
+    assert "K0: ${oc.select:env.TOKEN,x}" in frozen and "TOKEN: ${oc.env:EXPCTL_TEST_S}" in frozen
+    shown = run_cli("show", "-C", str(sweep / "best.yml"), cwd=tmp_path, env=env).stdout
+    assert "K0: ${oc.select:env.TOKEN,x}" in shown and value not in shown
+    files = [p.relative_to(sweep) for p in sweep.rglob("*") if p.is_file()]
+    assert {Path("best.yml"), Path("trial_001/metrics.csv")} <= set(files)
+    assert any(p.name.startswith("events.out.tfevents") for p in files)
+    for path in tmp_path.rglob("*"):
+        assert value not in str(path), path
+        if path.is_file():
+            assert value.encode() not in path.read_bytes(), path
 
 
 BAD = [

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import conftest
 import pytest
 
-from expctl import compose, rank
+from expctl import compose, rank, register
 from expctl.build import build
+from expctl.data import Splits
+from expctl.datasets.synthetic import synthetic
 from expctl.dist import DistEnv
+from expctl.errors import Preempted
 from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
 from expctl.metrics import evaluate
+from expctl.steps import Supervised
 from expctl.train import TrainState
 
 SMALL = [
@@ -102,8 +109,91 @@ def test_limit_val_batches_scores_that_many_batches(tmp_path: Path) -> None:
     evaluate(parts, DistEnv())
     assert scored == [4, 4, 4, 4]  # 16 validation samples
     scored.clear()
-    evaluate(dataclasses.replace(parts, limit_val_batches=2), DistEnv())
+    evaluate(parts, DistEnv(), limit=2)
     assert scored == [4, 4]
+
+
+@register("datasets", "synthetic_with_test")
+def synthetic_with_test(
+    shape: tuple[int, ...] = (6,),
+    num_classes: int = 3,
+    num_samples: int = 32,
+    val_samples: int = 16,
+) -> Splits:
+    """data=synthetic, its validation split also its test split."""
+    splits = synthetic(
+        shape=shape, num_classes=num_classes, num_samples=num_samples, val_samples=val_samples
+    )
+    return dataclasses.replace(splits, test=splits.val)
+
+
+@pytest.mark.slow  # trains in-process, two runs
+def test_limit_val_batches_never_limits_the_test_score(tmp_path: Path) -> None:
+    keys = ["data.name=synthetic_with_test", "data.val_batch_size=4", "train.max_steps=3"]
+    _, whole = rank.main(_cfg(tmp_path / "a", *keys), DistEnv())
+    _, limited = rank.main(_cfg(tmp_path / "b", *keys, "train.limit_val_batches=1"), DistEnv())
+    assert limited["val/loss"] != whole["val/loss"], "the validation scored one batch"
+    assert limited["test/loss"] == whole["test/loss"] and "test/acc" in limited
+
+
+@register("steps", "stop_at_step")
+class StopAtStep(Supervised):
+    """Supervised, but sends this process the stop signal (launcher.signal, USR2) at its
+    micro-batch `AT`, counted from when the test sets it."""
+
+    AT = 0
+
+    def train_step(self, ctx: Any, batch: Any) -> Any:
+        StopAtStep.AT -= 1
+        if StopAtStep.AT == 0:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return super().train_step(ctx, batch)
+
+
+@pytest.mark.slow  # trains in-process, three runs
+def test_a_run_stopped_between_two_train_rows_continues_the_same_history(tmp_path: Path) -> None:
+    """Stopped at step 5 (rows every 3 steps), then resumed: metrics.jsonl reads as the run
+    that was never stopped (the row of step 6 averages steps 4-6), and every event the loggers
+    got is in it, the last steps' train row too (step 10: 10 is no multiple of 3)."""
+    keys = ["train.step=stop_at_step", "train.log_every=3", "train.max_steps=10", "logger=[csv]"]
+    rank.main(_cfg(tmp_path / "ref", *keys), DistEnv(), Recorder())
+    StopAtStep.AT = 5
+    with pytest.raises(Preempted, match="at step 5"):
+        rank.main(_cfg(tmp_path, *keys), DistEnv(), Recorder())
+    rank.main(_cfg(tmp_path, *keys), DistEnv(), Recorder())
+    ref, run = RunDir(tmp_path / "ref" / "run"), RunDir(tmp_path / "run")
+
+    def history(run: RunDir) -> list[dict[str, Any]]:
+        clock = ("time", "perf/samples_per_s")
+        return [{k: v for k, v in r.items() if k not in clock} for r in run.metric_rows()]
+
+    assert history(run) == history(ref)
+    assert [r["step"] for r in history(ref) if "train/loss" in r] == [3, 6, 9, 10]
+    with open(run.csv, newline="") as f:  # what the loggers got: the events (+ result.json's time)
+        logged = [{k: float(v) for k, v in r.items() if v} for r in csv.DictReader(f)]
+    assert logged.pop() == {
+        "step": 10,
+        "epoch": 2,
+        "time/train_s": run.read_result()["time/train_s"],
+    }
+    assert logged == [{k: float(v) for k, v in r.items() if k != "time"} for r in run.metric_rows()]
+
+
+@pytest.mark.slow  # trains in-process, three runs
+def test_max_steps_alone_decides_the_length_and_the_first_line_says_which_limit_ends_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """4 steps an epoch: max_steps=14 alone trains 14 (Lightning's rule: no epoch limit then);
+    with max_epochs=3 as well, 3 epochs end the run first, and its first line says so."""
+    _, result = rank.main(_cfg(tmp_path / "a", "train.max_steps=14"), DistEnv())
+    assert result["step"] == 14 and "14 steps left (max_steps=14)" in capsys.readouterr().out
+    _, result = rank.main(
+        _cfg(tmp_path / "b", "train.max_steps=14", "train.max_epochs=3"), DistEnv()
+    )
+    assert result["step"] == 12
+    assert "12 steps left (max_epochs=3 x 4 steps, before max_steps=14)" in capsys.readouterr().out
+    _, result = rank.main(_cfg(tmp_path / "c"), DistEnv())
+    assert result["step"] == 12 and "(max_epochs=3 x 4 steps)" in capsys.readouterr().out
 
 
 def test_train_state_round_trips_through_its_state_dict() -> None:

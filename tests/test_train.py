@@ -26,6 +26,12 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return checkpoint.load(path)["models"]["model"]
 
 
+def history(run_dir: Path) -> list[dict[str, float]]:
+    """metrics.jsonl without what the clock decides (time, samples/s)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("time", "perf/samples_per_s")} for r in rows]
+
+
 def test_inline_run_writes_the_run_directory(tiny: Path) -> None:
     proc = run_cli("run", "-C", str(tiny), cwd=tiny.parent)
     (run_dir,) = run_dirs(tiny.parent / "runs")
@@ -184,7 +190,9 @@ def test_sync_batchnorm_on_cpu_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_kill_and_resume_is_bitwise_exact(tiny: Path) -> None:
-    """SIGKILL mid-epoch, run again with resume=auto: the same weights as an uninterrupted run."""
+    """SIGKILL mid-epoch, run again with resume=auto: the same weights and the same history as
+    an uninterrupted run (the checkpoint lies between two train rows: the row after it averages
+    its whole window; the last steps get a row of their own)."""
     args = [
         "run",
         "-C",
@@ -192,6 +200,7 @@ def test_kill_and_resume_is_bitwise_exact(tiny: Path) -> None:
         "imports=[faulty]",
         "train.step=kill_at_step",
         "checkpoint.every=5",
+        "train.log_every=3",
         "+model.dropout=0.2",
     ]
     run_cli(*args, "run.dir=ref", cwd=tiny.parent)
@@ -204,6 +213,9 @@ def test_kill_and_resume_is_bitwise_exact(tiny: Path) -> None:
     assert "resumed from" in resumed.stdout and "(step 20, epoch 1, batch 4)" in resumed.stdout
     a, b = final_weights(tiny.parent / "ref"), final_weights(tiny.parent / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    ref = history(tiny.parent / "ref")
+    assert history(tiny.parent / "cut") == ref
+    assert [r["step"] for r in ref if "train/loss" in r][-2:] == [30, 32]
 
 
 def test_killed_worker_restarts_and_resumes_exactly(tiny: Path) -> None:
@@ -229,6 +241,7 @@ def test_killed_worker_restarts_and_resumes_exactly(tiny: Path) -> None:
     assert "resumed from" in proc.stdout and "(step 9," in proc.stdout
     a, b = final_weights(tiny.parent / "ref"), final_weights(tiny.parent / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert history(tiny.parent / "cut") == history(tiny.parent / "ref"), "each rank's window"
 
 
 def test_torchrun_environment_is_detected(tiny: Path) -> None:
@@ -416,9 +429,12 @@ def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) ->
     assert proc.returncode == 130 and "Traceback" not in out, out
     how = re.search(r"to resume from the last checkpoint: (.+)", out)
     assert how, out
-    if sweep:
+    if sweep:  # each trial's log is in its own folder
         assert how.group(1).startswith("expctl sweep resume ")
-        again = run_cli("sweep", "resume", how.group(1).split()[-1], cwd=tiny.parent)
+        run_cli("sweep", "resume", how.group(1).split()[-1], cwd=tiny.parent)
+        logs = [p.read_text() for p in Path(how.group(1).split()[-1]).glob("trial_*/output.log")]
+        assert any("resumed from" in text for text in logs), logs
+        return
     else:
         assert how.group(1).startswith("run the same command with run.dir=")
         again = run_cli(

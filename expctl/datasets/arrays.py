@@ -9,13 +9,17 @@
 
 Classification targets are integer labels (``num_classes`` = the number of distinct ones);
 regression targets are floats (``num_classes`` = the number of target columns, the model's
-outputs). Features are standardised with the training split's mean and std unless
-``standardize=false``.
+outputs). Features are standardised with the training split's mean and std (in float64, then
+stored as float32) unless ``standardize=false``. A file that cannot be a table of numbers (one
+column, no feature column, complex values, an empty target, NaN) is refused, naming it.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from expctl.registry import register
 TASKS = ("classification", "regression")
 SUFFIXES = (".csv", ".npy", ".npz")
 MAX_BYTES = 8 * 2**30  # one file read whole into memory
+NOT_FINITE = ["nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"]
 
 
 def _path(key: str, value: str) -> Path:
@@ -82,18 +87,26 @@ def _column(target: str | int | None, header: list[str] | None, width: int, wher
     )
 
 
-def _read_csv(
-    path: Path, target: str | int | None, features: list[Any] | None
-) -> tuple[np.ndarray, np.ndarray]:
+def _read_csv(path: Path, target: str | int | None, features: list[Any] | None) -> Table:
     with open(path, newline="", encoding="utf-8-sig") as f:
         rows = [r for r in csv.reader(f) if r]
     if not rows:
         raise UserError(f"data: {path} is empty", "give a CSV with one row per sample")
+    if all(len(r) == 1 for r in rows):  # no comma on any line: a table needs two columns
+        sep = next((s for s in ";\t|" if s in rows[0][0]), None)
+        raise UserError(
+            f"data: {path} has one column (no comma in any row"
+            + (f"; {sep!r} separates its values" if sep else "")
+            + "): no features besides the target",
+            "save it comma-separated (pandas: df.to_csv(path, index=False))",
+        )
     header = None
     if not all(_is_number(v) for v in rows[0][:-1]) or (
         len(rows) > 1 and _is_number(rows[1][-1]) and not _is_number(rows[0][-1])
     ):
         header, rows = [h.strip() for h in rows[0]], rows[1:]
+        if not rows:
+            raise UserError(f"data: {path} has a header but no rows", "add one row per sample")
     width = len(header or rows[0])
     bad = next((i for i, r in enumerate(rows) if len(r) != width), None)
     if bad is not None:
@@ -107,14 +120,73 @@ def _read_csv(
         if features
         else [c for c in range(width) if c != y_col]
     )
-    try:
-        x = np.array([[float(r[c]) for c in cols] for r in rows], dtype=np.float32)
+    try:  # float64: a value beyond float32's range is seen as such, not as infinity
+        x = np.array([[float(r[c]) for c in cols] for r in rows], dtype=np.float64)
     except ValueError as e:
         raise UserError(
             f"data: {path} has a non-numeric feature value ({e})",
             "features must be numbers; pick columns with data.features",
         ) from None
-    return x, np.array([r[y_col].strip() for r in rows])
+    names = [f"column {header[c]!r}" if header else f"column {c}" for c in cols]
+    y = _targets_of(path, np.array([r[y_col].strip() for r in rows]), first=1 + bool(header))
+    return Table(path, _features(path, x), y, names)
+
+
+@dataclass
+class Table:
+    """One split as read from `path`: features (float64), targets, the features' names."""
+
+    path: Path
+    x: np.ndarray
+    y: np.ndarray
+    columns: list[str]
+
+
+def _features(path: Path, x: np.ndarray, name: str = "") -> np.ndarray:
+    """The features of a file as float64, or a UserError saying why they are none."""
+    what = f"{path}" + (f" ({name})" if name else "")
+    if x.dtype.kind == "c":
+        raise UserError(
+            f"data: {what} holds complex numbers: their imaginary parts would be lost",
+            "store the real and imaginary parts as columns of their own",
+        )
+    if x.dtype.kind not in "biuf":
+        raise UserError(
+            f"data: {what} holds {x.dtype} values, not numbers", "save the features as numbers"
+        )
+    if x.ndim < 2 or math.prod(x.shape[1:]) == 0:
+        raise UserError(
+            f"data: {what} has no feature columns (shape {x.shape}): the model would get no input",
+            "save features and target together (numpy.column_stack([x, y])), or x and y in an .npz",
+        )
+    return x.astype(np.float64)
+
+
+def _targets_of(path: Path, y: np.ndarray, name: str = "", first: int = 0) -> np.ndarray:
+    """A file's targets; a UserError for complex numbers, empty labels, NaN and infinities
+    (reported at row `first` + i of a CSV, else at index i)."""
+    what = f"{path}" + (f" ({name})" if name else "")
+    if y.dtype.kind == "c":
+        raise UserError(
+            f"data: {what} has complex targets: their imaginary parts would be lost",
+            "store the real and imaginary parts as targets of their own (data.task=regression)",
+        )
+    if y.dtype.kind in "US":
+        text = np.char.strip(y.astype(str))
+        bad = (text == "") | np.isin(np.char.lower(text), NOT_FINITE)
+    elif y.dtype.kind == "f":
+        bad = ~np.isfinite(y)
+    else:
+        return y
+    if bad.any():
+        i = int(np.flatnonzero(bad.reshape(len(y), -1).any(axis=1))[0])
+        shown = y[i].item() if y.ndim == 1 else y[i].tolist()
+        raise UserError(
+            f"data: {what} has no target at {f'row {i + first}' if first else f'index {i}'} "
+            f"({shown!r})",
+            "fill it in, or drop the row",
+        )
+    return y
 
 
 def _is_number(text: str) -> bool:
@@ -131,9 +203,9 @@ def _read(
     features: list[Any] | None,
     split: str,
     whole: bool = True,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(features, targets) of one split from `path`: an .npz's x_SPLIT/y_SPLIT, or (`whole`: the
-    file is this split's) its x/y; None when the train file (not `whole`) lacks that split."""
+) -> Table | None:
+    """Features and targets of one split from `path`: an .npz's x_SPLIT/y_SPLIT, or (`whole`:
+    the file is this split's) its x/y; None when the train file (not `whole`) lacks that split."""
     if path.suffix.lower() == ".csv":
         return _read_csv(path, target, features)
     try:
@@ -150,14 +222,18 @@ def _read(
                 "save one 2-D array: a row per sample, the target in one column",
             )
         y_col = _column(target, None, loaded.shape[1], path)
-        return np.delete(loaded, y_col, axis=1).astype(np.float32), loaded[:, y_col]
+        x = _features(path, np.delete(loaded, y_col, axis=1))
+        columns = [f"column {c}" for c in range(loaded.shape[1]) if c != y_col]
+        return Table(path, x, _targets_of(path, loaded[:, y_col]), columns)
     keys = set(loaded.files)
     pairs = [(f"x_{split}", f"y_{split}")]
     if whole:
         pairs += [("x", "y"), ("X", "y"), ("features", "targets")]
     for x_key, y_key in pairs:
         if {x_key, y_key} <= keys:
-            return loaded[x_key].astype(np.float32), loaded[y_key]
+            x = _features(path, loaded[x_key], x_key)
+            columns = [f"{x_key}[:, {c}]" for c in range(x.shape[1])] if x.ndim == 2 else []
+            return Table(path, x, _targets_of(path, loaded[y_key], y_key), columns)
     if not whole:
         return None  # the train file holds no such split
     raise UserError(
@@ -180,9 +256,7 @@ def arrays(
     """Your own table: features and targets from .csv, .npy or .npz files (see the module doc)."""
     _check(train, val, test, task)
     first = _path("train", train)
-    found: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
-        "train": _read(first, target, features, "train")
-    }
+    found: dict[str, Table | None] = {"train": _read(first, target, features, "train")}
     for split, value in (("val", val), ("test", test)):
         found[split] = (
             _read(_path(split, value), target, features, split)
@@ -193,17 +267,17 @@ def arrays(
                 else None
             )
         )
-    train_xy = found["train"]
-    assert train_xy is not None
+    tr = found["train"]
+    assert tr is not None
     if val_split:  # hold part of train out; the given val (or test) file is then the test set
-        keep, held = carve(len(train_xy[0]), val_split)
+        keep, held = carve(len(tr.x), val_split)
         found["test"] = found["test"] if found["test"] is not None else found["val"]
-        found["val"] = train_xy[0][held], train_xy[1][held]
-        found["train"] = train_xy = train_xy[0][keep], train_xy[1][keep]
+        found["val"] = dataclasses.replace(tr, x=tr.x[held], y=tr.y[held])
+        found["train"] = tr = dataclasses.replace(tr, x=tr.x[keep], y=tr.y[keep])
     elif found["val"] is None:  # the test file (if any) validates
         found["val"], found["test"] = found["test"], None
-    classes, encode = _targets(task, train_xy[1])
-    sets = {k: _tensors(v, encode, standardize, train_xy[0], k) for k, v in found.items() if v}
+    classes, encode = _targets(task, tr.y)
+    sets = {k: _tensors(v, encode, standardize, tr.x, k) for k, v in found.items() if v}
     y = sets["train"].tensors[1]
     outputs = len(classes) if classes is not None else (1 if y.dim() == 1 else y.shape[1])
     info = DataInfo(tuple(sets["train"].tensors[0].shape[1:]), outputs, classes)
@@ -254,9 +328,9 @@ def _targets(task: str, y: np.ndarray) -> tuple[tuple[str, ...] | None, Any]:
 
 
 def _tensors(
-    xy: tuple[np.ndarray, np.ndarray], encode: Any, standardize: bool, ref: np.ndarray, split: str
+    table: Table, encode: Any, standardize: bool, ref: np.ndarray, split: str
 ) -> TensorDataset:
-    x, y = xy
+    x, y = table.x, table.y
     if x.shape[1:] != ref.shape[1:]:
         raise UserError(
             f"data.{split}: features of shape {x.shape[1:]}, the training split has {ref.shape[1:]}",
@@ -268,10 +342,28 @@ def _tensors(
         )
     if not np.isfinite(x).all():
         raise UserError(
-            f"data.{split}: the features hold NaN or infinite values", "clean or impute them first"
+            f"data.{split}: {_where(table, ~np.isfinite(x))} holds NaN or infinite values",
+            "clean or impute them first",
         )
-    xt = torch.as_tensor(x)
-    if standardize:
-        mean, std = ref.mean(axis=0), ref.std(axis=0)
-        xt = (xt - torch.as_tensor(mean)) / torch.as_tensor(np.where(std > 0, std, 1.0))
-    return TensorDataset(xt.float(), encode(y))
+    if standardize:  # in float64 and per column's largest value: no sum or square overflows
+        scale = np.abs(ref).max(axis=0)
+        scale = np.where(scale > 0, scale, 1.0)
+        mean, std = (ref / scale).mean(axis=0) * scale, (ref / scale).std(axis=0) * scale
+        x = (x - mean) / np.where(std > 0, std, 1.0)
+    with np.errstate(over="ignore"):
+        x32 = x.astype(np.float32)
+    if not np.isfinite(x32).all():
+        raise UserError(
+            f"data.{split}: {_where(table, ~np.isfinite(x32))} holds values beyond float32's "
+            f"range ({np.abs(x[~np.isfinite(x32)]).max():.3g})",
+            "scale the column down, or keep data.standardize=true",
+        )
+    return TensorDataset(torch.as_tensor(x32), encode(y))
+
+
+def _where(table: Table, bad: np.ndarray) -> str:
+    """`FILE, column NAME`: the first feature column where `bad` holds."""
+    flat = bad.reshape(len(bad), -1).any(axis=0)
+    first = int(np.flatnonzero(flat)[0])
+    name = table.columns[first] if first < len(table.columns) else f"feature {first}"
+    return f"{table.path}, {name},"

@@ -12,7 +12,15 @@ from expctl.errors import UserError
 from expctl.registry import register
 
 
-@register("datasets")
+def _check(shape: Sequence[int] = (3, 32, 32), **_: object) -> None:
+    if not shape or any(not isinstance(s, int) or s < 1 for s in shape):
+        raise UserError(
+            f"data.shape={list(shape)}: each sample needs at least one value in every dimension",
+            "e.g. data.shape=[20] (a vector) or data.shape=[3,32,32] (an image)",
+        )
+
+
+@register("datasets", check=_check)
 def synthetic(
     task: str = "classification",
     shape: Sequence[int] = (3, 32, 32),
