@@ -37,7 +37,7 @@ import torch
 from expctl import config
 from expctl.config import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, write_atomically
 
 if TYPE_CHECKING:
     from expctl.build import Parts
@@ -128,6 +128,7 @@ def save(
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     digest_file = final.with_name(final.name + ".sha256")
     scores_file = _scores_file(final)
+    existed = final.exists()
     for stale in final.parent.glob(".step_*.tmp-*"):  # left by a process killed mid-write
         stale.unlink(missing_ok=True)
     try:
@@ -135,39 +136,32 @@ def save(
             torch.save({"format": FORMAT, **payload}, f)
             f.flush()
             os.fsync(f.fileno())
-        digest = _sha256(tmp)
-        _write_atomic(digest_file, f"{digest}  {final.name}\n")
+        digest = f"{_sha256(tmp)}  {final.name}\n"
+        if existed:  # saved again (restored where it ended): never old weights, new checksum
+            digest_file.unlink(missing_ok=True)
+        else:
+            write_atomically(digest_file, digest)
         record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
-        _write_atomic(scores_file, json.dumps(record) + "\n")
+        write_atomically(scores_file, json.dumps(record) + "\n")
         os.chmod(tmp, 0o640)
         os.replace(tmp, final)
+        if existed:
+            write_atomically(digest_file, digest)
         _fsync_dir(final.parent)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__
         if not isinstance(cause, OSError):
             raise
         tmp.unlink(missing_ok=True)
-        if not final.exists():
-            digest_file.unlink(missing_ok=True)
-            scores_file.unlink(missing_ok=True)
+        if not existed:  # none of this step's files stays
+            for file in (final, digest_file, scores_file):
+                file.unlink(missing_ok=True)
         raise CheckpointError(
             f"could not write checkpoint {final} ({cause.strerror or cause}); "
             "the previous checkpoint is intact"
         ) from e
     _prune(run_dir, ck)
     return final
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -187,16 +181,45 @@ def _sha256(path: Path) -> str:
 
 
 def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
+    """Delete the checkpoints `ck.keep` does not keep, each only once its checksum is verified:
+    one that fails (damaged, or its .sha256 edited) may hold the only copy of its weights."""
     files = list_checkpoints(run_dir)
     if ck.monitor is None:
         kept = set(files[: ck.keep])
     else:
         kept = {*files[:1], *ranked(files, ck.monitor, ck.mode)[: ck.keep]}
     for old in files:
-        if old not in kept:
-            old.unlink(missing_ok=True)
-            old.with_name(old.name + ".sha256").unlink(missing_ok=True)
-            _scores_file(old).unlink(missing_ok=True)
+        if old in kept:
+            continue
+        problem = unverified(old)
+        if problem is not None:
+            log.warning(
+                "checkpoint %s is kept beyond checkpoint.keep=%d: %s; it is never deleted "
+                "unverified (remove it yourself once you know it is not needed)",
+                old,
+                ck.keep,
+                problem,
+            )
+            continue
+        old.unlink(missing_ok=True)
+        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+        _scores_file(old).unlink(missing_ok=True)
+
+
+def unverified(path: Path) -> str | None:
+    """Why the checksum beside checkpoint `path` does not prove it intact (None: it does)."""
+    digest_file = path.with_name(path.name + ".sha256")
+    try:
+        expected = digest_file.read_text(errors="replace").split()[:1]
+    except FileNotFoundError:
+        return f"it has no {digest_file.name}"
+    except OSError as e:
+        return f"cannot read {digest_file.name} ({e.strerror or e})"
+    try:
+        actual = _sha256(path)
+    except OSError as e:
+        return f"cannot read it ({e.strerror or e})"
+    return None if expected == [actual] else "checksum mismatch"
 
 
 def _scores_file(path: Path) -> Path:
@@ -277,8 +300,12 @@ def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
     """A torch file's contents after checking the SHA-256 beside it, if any (weights_only)."""
     digest_file = path.with_name(path.name + ".sha256")
     if digest_file.is_file():
-        expected = digest_file.read_text().split()[0] if digest_file.read_text().strip() else ""
-        if _sha256(path) != expected:
+        try:
+            expected = digest_file.read_text(errors="replace").split()[:1]
+            matches = expected == [_sha256(path)]
+        except OSError as e:  # a folder in its place, a read error
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+        if not matches:
             raise ValueError(f"checksum mismatch for {path}")
     try:
         with warnings.catch_warnings():  # torch's note on another pickle protocol: see the error
@@ -303,6 +330,35 @@ def newest_valid(
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads, skipping corrupt ones with a warning naming each."""
     return _first_valid(list_checkpoints(run_dir), map_location)
+
+
+def resume_point(
+    run_dir: Path, map_location: str | torch.device = "cpu"
+) -> tuple[Path, dict[str, Any]] | None:
+    """The run's newest checkpoint, loaded, where it continues (None: it has none yet).
+
+    Raises:
+        UserError: the newest checkpoint does not load (damaged, or its .sha256 edited): the
+            run neither starts over nor falls back to an older one on its own; the error says
+            which older one is intact.
+    """
+    files = list_checkpoints(run_dir)
+    if not files:
+        return None
+    try:
+        return files[0], load(files[0], map_location)
+    except ValueError as e:
+        problem = e
+    intact = next((p for p in files[1:] if unverified(p) is None), None)
+    raise UserError(
+        f"run.dir={run_dir}: its newest checkpoint does not load ({problem}); the run is not "
+        "started over",
+        f"if it is damaged, move {files[0]}* elsewhere to continue from {intact.name}, or start "
+        "a new run in another run.dir"
+        if intact is not None
+        else "restore its checkpoints from a copy, or start a new run in another run.dir (no "
+        "older checkpoint of it is intact)",
+    )
 
 
 def _first_valid(

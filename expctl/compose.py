@@ -78,7 +78,9 @@ def read_user_file(path: str) -> dict[str, Any]:
             f"-C {path}: no such file{did_you_mean(str(p), near)}",
             "check the path (relative paths start from the current directory)",
         )
-    return read_yaml(p, f"-C {path}")
+    return read_yaml(
+        p, f"-C {path}", empty="write settings into it, or leave -C out for the defaults"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

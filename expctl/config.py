@@ -874,7 +874,9 @@ def load(run_dir: str | Path, path: Path | None = None) -> Config:
             f"{run_dir}: not a run directory (no {RunDir.CONFIG})",
             "pass the folder printed at the start of a run",
         )
-    node = OmegaConf.create(read_yaml(path, str(path)))
+    node = OmegaConf.create(
+        read_yaml(path, str(path), empty="restore it from a copy, or start a new run elsewhere")
+    )
     raw, interps = resolve(node, f"{path}")
     drop_legacy(raw)
     with redacted(raw, interps):

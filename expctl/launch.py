@@ -151,6 +151,7 @@ def _local(
         )
     if cfg.train.sync_batchnorm:
         check_sync_batchnorm(n, "cuda" if gpus else "cpu")  # here, before workers start
+    held = None
     with contextlib.ExitStack() as stack:
         if evaluation is None:
             frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
@@ -166,7 +167,12 @@ def _local(
             frozen_eval = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "eval.yaml"
             frozen_eval.write_text(config_mod.to_yaml(cfg))
             args = ["--eval", evaluation.to_json(), "--config", str(frozen_eval)]
-        _start_workers(cfg, run_dir, args)
+        try:
+            _start_workers(cfg, run_dir, args)
+        except SystemExit as e:  # a worker's user error: nothing of this launch stays
+            if evaluation is None and held is not None and e.code == EXIT_USER:
+                rundir.abandon(held)
+            raise
     if evaluation is not None:
         record = json.loads(RunDir(run_dir).eval_result(evaluation.name).read_text())
         return Result(run_dir, record)

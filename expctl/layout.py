@@ -84,20 +84,27 @@ def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ())
             tmp.unlink(missing_ok=True)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, then renamed over it (a
-    full disk or a kill leaves the old content, never a part of the new one).
+def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+    """Write `path` whole or not at all: a temporary file in its folder, flushed to disk, then
+    renamed over it. A reader (or a crash, or a full disk) never leaves a half-written or empty
+    file under the name; the temporary file is removed whatever fails.
+
+    Args:
+        mode: the new file's permissions, less the umask.
 
     Raises:
-        OSError: the write failed (the temporary file is removed).
+        OSError: the write failed (`path` is as it was).
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
     try:
-        tmp.write_text(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with open(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:

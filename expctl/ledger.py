@@ -22,9 +22,9 @@ from typing import Any
 from expctl import config as config_mod
 from expctl import pbt
 from expctl.config import SweepConfig
-from expctl.errors import UserError
+from expctl.errors import RunError, UserError
 from expctl.explain import parse_override
-from expctl.layout import RunDir, SweepDir, metric_values
+from expctl.layout import RunDir, SweepDir, metric_values, write_atomically
 from expctl.slurmstate import FINAL_STATES, job_states
 from expctl.study import open_study
 
@@ -381,9 +381,18 @@ def best(sweep_dir: str | Path) -> Best:
             f"# best configuration of {path} ({s.metric}={top.value:.6g} ± {top.std:.2g} over "
             f"trials {numbers}): {top.label}\n"
         )
-    top.path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(cfg)))
     imports = RunDir(first.run_dir).imports  # -C best.yml finds the trial's modules anywhere
-    SweepDir(path).imports.unlink(missing_ok=True)
-    if imports.is_file():
-        shutil.copyfile(imports, SweepDir(path).imports)
+    target = SweepDir(path).imports
+    try:  # each file whole or not at all; best.yml, last, completes the pair
+        if imports.is_file():
+            write_atomically(target, imports.read_bytes())
+        else:
+            target.unlink(missing_ok=True)
+        target = top.path
+        write_atomically(target, header + OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    except OSError as e:
+        raise RunError(
+            f"could not write {target} ({e.strerror or e}): free space in {path}, then run "
+            f"`expctl sweep best {path}` again"
+        ) from None
     return top

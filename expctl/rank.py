@@ -71,8 +71,9 @@ def main(
                 if env.is_main:
                     setup_logging(None, True)  # release train.log
                     if held is not None:
-                        held.release()
-                    rundir.discard_if_unstarted(run_dir)
+                        rundir.abandon(held)  # config.yaml as it was; what it made, removed
+                    else:
+                        rundir.discard_if_unstarted(run_dir)
                 raise
     except Preempted as e:
         log.warning("stop signal: checkpoint of step %d saved in %s", state.step, cfg.run.dir)
@@ -267,7 +268,7 @@ def _agree_run_dir(
 def _restore(
     cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir: Path
 ) -> int | None:
-    """Set `state` to where training continues: this run's newest valid checkpoint (resume=auto,
+    """Set `state` to where training continues: this run's newest checkpoint (resume=auto,
     or any restart within the launch), else the checkpoint.resume=PATH it started from, else
     the beginning.
 
@@ -276,7 +277,7 @@ def _restore(
     """
     resume = cfg.checkpoint.resume
     own = resume == "auto" or env.restart_count > 0
-    found = checkpoint.newest_valid(run_dir) if own else None
+    found = checkpoint.resume_point(run_dir) if own else None
     where = "the run's newest checkpoint" if found else f"checkpoint.resume={resume}"
     try:
         if found is None and resume not in ("auto", "never"):

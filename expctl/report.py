@@ -68,10 +68,12 @@ def setup_logging(run_dir: Path | None, enabled: bool, rank: int = 0) -> None:
 
 
 def write_failed(path: Path, error: OSError) -> RunError:
-    """The one-line error of a failed write of `path`."""
+    """The one-line error of a failed write of `path` (a run directory's file, at any depth, or
+    the directory itself)."""
+    run_dir = next((p for p in (path, *path.parents) if RunDir(p).is_run()), path.parent)
     return RunError(
         f"could not write {path} ({error.strerror or error}); the checkpoints written so far are "
-        f"intact: free space, then run the same command with run.dir={path.parent} to resume"
+        f"intact: free space, then run the same command with run.dir={run_dir} to resume"
     )
 
 

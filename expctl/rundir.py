@@ -5,21 +5,21 @@ Slurm job id, or the id a launcher passes down), else from the time plus a rando
 folder is made with ``mkdir`` (atomic), so two runs started in the same second never share one.
 An existing run directory is reused (to resume) only when its frozen config matches, and a new
 launch continues the run it holds only with checkpoint.resume=auto (restarts within a launch,
-elastic or Slurm requeue, always continue it).
+elastic or Slurm requeue, always continue it). A completed run that a launch would not train
+further keeps its config.
 
-While a launch trains a run it holds RUN_DIR/.lock (`RunLock`, an flock, released by the kernel
-when the holder dies): a second launch on a live run is refused, naming the holder, before it
-changes anything.
+While a launch trains a run it holds the directory (`runlock.RunLock`: flocks on the folder and on
+RUN_DIR/.lock, released by the kernel when the holder dies): a second launch on a live run is
+refused, naming the holder, before it changes anything, whatever became of the lock file. A
+launch refused after it took the lock undoes what it did there (`abandon`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
-import os
 import secrets
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,9 @@ from expctl import config as config_mod
 from expctl import registry
 from expctl.config import Config
 from expctl.errors import UserError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, write_atomically
+from expctl.runlock import RunLock
+from expctl.runlock import is_locked as is_locked  # read by `expctl status`
 
 # keys that may change between an interrupted run and its continuation
 RESUMABLE_CHANGES = (
@@ -57,72 +59,6 @@ def _safe(text: str) -> str:
     return out or "run"
 
 
-class RunLock:
-    """RUN_DIR/.lock, held (flock) by the one launch that trains the run; while held the file
-    says who holds it, and it is empty once released."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = RunDir(path).lock
-        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 4096, 0).decode(errors="replace")
-            os.close(self.fd)
-            self.fd = None
-            raise UserError(
-                f"run.dir={path} is in use by another launch ({describe_holder(holder)})",
-                "wait for it to end (`expctl status` follows it) or stop it; for a new run, use "
-                "another run.dir",
-            ) from None
-        job = os.environ.get("SLURM_JOB_ID")
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": round(time.time())}
-        try:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, json.dumps({**me, **({"job_id": job} if job else {})}).encode(), 0)
-        except OSError:
-            self.release()
-            raise
-
-    def release(self) -> None:
-        """Empty the file (no holder) and release the flock."""
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0)
-            os.close(self.fd)  # closing the only descriptor releases the flock
-            self.fd = None
-
-
-def describe_holder(text: str) -> str:
-    """'pid 123 on host vm, Slurm job 45, since 17:40:02' from a lock file's text."""
-    try:
-        h = json.loads(text)
-    except json.JSONDecodeError:
-        return "holder unknown"
-    parts = [f"pid {h.get('pid')} on host {h.get('host')}"]
-    if h.get("job_id"):
-        parts.append(f"Slurm job {h['job_id']}")
-    if h.get("since"):
-        parts.append("since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"])))
-    return ", ".join(parts)
-
-
-def is_locked(path: Path) -> str | None:
-    """Who holds `path`'s run lock now (None: no live launch trains it). Reads only: a shared
-    flock, held for an instant, conflicts with the launch's exclusive one."""
-    try:
-        fd = os.open(RunDir(path).lock, os.O_RDONLY)
-    except OSError:  # no lock file (never launched), or one we may not read
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
-    finally:
-        os.close(fd)  # releases the shared flock
-
-
 def create(
     cfg: Config, run_id: str | None = None, restart: bool = False, lock: bool = True
 ) -> tuple[Config, RunLock | None]:
@@ -143,38 +79,62 @@ def create(
     """
     path = deterministic_dir(cfg, run_id)
     root = path.parent if path is not None else Path(cfg.run.root).expanduser().absolute()
-    root_existed = root.exists()
-    if path is None:
-        path = _new_unique(root, _safe(cfg.run.name))
-        created = True
-    else:
-        created = _make(path)
-    frozen = cfg.replace("run", dir=str(path))
+    made = [p for p in (root, *root.parents) if not p.exists()]  # the folders this call makes
     held: RunLock | None = None
+    created = False
     try:
+        if path is None:
+            path = _new_unique(root, _safe(cfg.run.name))
+            created = True
+        else:
+            created = _make(path)
+        frozen = cfg.replace("run", dir=str(path))
         if lock:
-            held = _lock(path)
-        _write_config(path, frozen, fresh=created, restart=restart)
+            held = _lock(path, created)
+        replaced = _write_config(path, frozen, fresh=created, restart=restart)
+        if held is not None:
+            held.replaced = replaced
     except BaseException:
         if held is not None:
-            held.release()
-        if created:
-            RunDir(path).lock.unlink(missing_ok=True)
-            RunDir(path).imports.unlink(missing_ok=True)
-            _remove_if_empty(path)
-            if not root_existed:
-                _remove_if_empty(root)
+            abandon(held)
+        elif created and not lock and path is not None:
+            discard_if_unstarted(path, fresh=True)
+        # lock and no `held`: another launch won the folder this one made, and holds it
+        for folder in made:
+            _remove_if_empty(folder)
         raise
     return frozen, held
 
 
-def _lock(path: Path) -> RunLock:
+def abandon(held: RunLock) -> None:
+    """Undo, while still holding it, what the launch holding `held` did to its run directory
+    (it trained nothing: a refusal), then release it: config.yaml as it was, no lock file or
+    folder of its making."""
+    run = RunDir(held.path.parent)
     try:
-        return RunLock(path)
+        if held.replaced is not None:
+            with contextlib.suppress(OSError):
+                write_atomically(run.config, held.replaced, 0o640)
+        discard_if_unstarted(run.path, fresh=held.made_dir)
+        if held.made_lock:
+            held.path.unlink(missing_ok=True)
+        if held.made_dir:
+            _remove_if_empty(run.path)
+    finally:
+        held.release()
+
+
+def _lock(path: Path, made_dir: bool) -> RunLock:
+    try:
+        return RunLock(path, made_dir)
     except OSError as e:
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
         raise UserError(
             f"cannot write in run directory {path}: {e.strerror or e}",
-            "check the free space and permissions of run.root / run.dir",
+            f"free space in {path.parent}, or pick another run.root / run.dir"
+            if full
+            else f"check {RunDir(path).lock} and the permissions of {path}, or pick another "
+            "run.dir",
         ) from None
 
 
@@ -196,7 +156,10 @@ def _make(path: Path) -> bool:
         return False
     except OSError as e:
         raise UserError(
-            f"cannot create run directory {path}: {e.strerror}", "check run.root / run.dir"
+            f"cannot create run directory {path}: {e.strerror}",
+            "shorten run.name / run.dir: a folder's name holds at most 255 bytes"
+            if e.errno == errno.ENAMETOOLONG
+            else "check run.root / run.dir",
         ) from None
 
 
@@ -209,9 +172,15 @@ def _new_unique(root: Path, name: str) -> Path:
     raise UserError(f"could not create a fresh run directory under {root}", "check run.root")
 
 
-def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
+def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> bytes | None:
+    """Write config.yaml, or check that the run `path` holds may go on under `cfg`.
+
+    Returns:
+        The config.yaml that `cfg` replaced (None: none replaced).
+    """
     target = RunDir(path).config
     text = config_mod.to_yaml(cfg)
+    replaced = None
     if not fresh and target.exists():
         old = config_mod.load(path)
         diff = _differences(old.to_dict(), cfg.to_dict())
@@ -238,7 +207,9 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
                 "use a new run.dir, or checkpoint.resume=auto to continue it",
             )
         if not diff:
-            return
+            return None
+        _refuse_if_completed(path, old, cfg, diff)
+        replaced = target.read_bytes()
     elif not fresh and any(p.name not in _BOOKKEEPING for p in path.iterdir()):
         raise UserError(
             f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir"
@@ -247,20 +218,46 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> None:
     if found:
         _write(RunDir(path).imports, json.dumps(found, indent=2) + "\n")
     _write(target, text)
+    return replaced
+
+
+def _refuse_if_completed(path: Path, old: Config, new: Config, diff: list[str]) -> None:
+    """A completed run that `new` would not train further keeps its config: a changed value
+    would describe training that never happened (a dropped checkpoint.monitor: `expctl eval`
+    would score its last checkpoint, not its best).
+
+    Raises:
+        UserError: naming the changed keys.
+    """
+    result = RunDir(path).read_result()
+    step, epoch = result.get("step"), result.get("epoch")
+    if result.get("status") != "completed" or not isinstance(step, int):
+        return
+    if not isinstance(epoch, int):
+        return
+    if step != _progress(path):
+        return  # continued since it completed: whatever changed applies from here on
+    t = new.train
+    steps_left = t.max_steps is None or t.max_steps > step
+    longer = steps_left and (t.max_epochs is None or t.max_epochs > epoch)
+    if longer and not result.get("stopped_early"):
+        return  # it trains on, under the new values
+    raise UserError(
+        f"run.dir={path} holds a completed run (step {step}) that this config would not train "
+        "further, so its config stays as it is: " + _describe(diff, old.to_dict(), new.to_dict()),
+        "drop those values to see its results, or raise train.max_steps / train.max_epochs to "
+        "continue it; for a new run, use another run.dir",
+    )
 
 
 def _write(target: Path, text: str) -> None:
     """Write `target` whole or not at all (a reader never sees half of it)."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, target)
+        write_atomically(target, text, 0o640)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(
             f"cannot write {target}: {e.strerror or e}",
-            "check the free space and permissions of run.root / run.dir",
+            f"check the free space and permissions of {target.parent}",
         ) from None
 
 
@@ -304,13 +301,18 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-def discard_if_unstarted(path: Path) -> None:
-    """Remove a run directory that a user error stopped before it trained anything: no
-    checkpoint, no result, no metrics (nothing half-written stays behind)."""
+def discard_if_unstarted(path: Path, fresh: bool = False) -> None:
+    """Remove a run directory that a user error stopped before it saved anything to continue
+    from: no checkpoint, no result, and no metrics of an earlier launch (with `fresh`, this
+    launch made the folder: whatever it holds goes, metrics of this launch included)."""
     import shutil
 
     run = RunDir(path)
     if (run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt"))) or run.result.exists():
+        return
+    if fresh:
+        shutil.rmtree(path, ignore_errors=True)
+        _remove_if_empty(path.parent)  # the runs/ root, when this run made it
         return
     if run.metrics.exists() and run.metrics.stat().st_size > 0:
         return

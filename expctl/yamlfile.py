@@ -13,14 +13,20 @@ YAML_MAX_BYTES = 1 << 20  # a config file holds a few KB; more is a mistake or a
 YAML_MAX_VALUES = 10_000  # nodes, aliases (*name) expanded: OmegaConf takes ~1 s per 10000
 
 
-def read_yaml(p: Path, where: str) -> dict[str, Any]:
+def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
     """A YAML file (a -C file, a group file, a run's config.yaml) as a plain dict, interpolations
     unresolved.
 
+    Args:
+        empty: refuse a file that holds nothing (empty, comments only, or null) with this
+            hint; None: such a file is an empty mapping (a group file naming only its option).
+
     Raises:
-        UserError: unreadable, over 1 MiB, not YAML, not a mapping, or more than 10000 values
-            once its aliases are expanded (an alias bomb), naming the file and the limit.
+        UserError: unreadable, over 1 MiB, not YAML, not a mapping, empty (see `empty`), or
+            more than 10000 values once its aliases are expanded (an alias bomb), naming the
+            file and the limit.
     """
+    import yaml
     from omegaconf import OmegaConf
 
     try:
@@ -44,6 +50,8 @@ def read_yaml(p: Path, where: str) -> dict[str, Any]:
         first = " ".join(str(e).split())[:200] or type(e).__name__
         raise UserError(f"{where}: not valid YAML: {first}", "fix the YAML syntax") from None
     out = OmegaConf.to_container(loaded, resolve=False)
+    if empty is not None and not out and yaml.safe_load(text) is None:  # `{}` is meant
+        raise UserError(f"{where}: the file is empty (it holds no settings)", empty)
     if not isinstance(out, dict):
         raise UserError(
             f"{where}: the file must hold a mapping of keys, not a list or a scalar",

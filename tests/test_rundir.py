@@ -175,6 +175,25 @@ def test_rerun_of_a_completed_run_returns_its_result_and_writes_nothing(
     assert result.metrics == json.loads((run_dir / "result.json").read_text())
     assert snapshot(run_dir) == files
 
+    # other values that would train nothing are refused, naming them: its config stays its own
+    for changed, named in [
+        (["train.max_steps=20", "checkpoint.monitor=val/acc"], "monitor=None there, val/acc here"),
+        (["train.max_steps=12"], "train.max_steps=20 there, 12 here"),
+        (["train.max_steps=20", "train.max_epochs=1"], "train.max_epochs=2 there, 1 here"),
+    ]:
+        proc = run_cli(
+            "run", "-C", str(tiny), *changed, "run.dir=done", cwd=tiny.parent, check=False
+        )
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"run.dir={run_dir} holds a completed run (step 20)" in proc.stderr
+        assert named in proc.stderr and len(proc.stderr.strip().splitlines()) == 2
+        assert snapshot(run_dir) == files
+    # a longer run refused once built (a metric name the validation lacks): config.yaml as it was
+    typo = ["train.max_steps=28", "checkpoint.monitor=val/acc_typo"]
+    proc = run_cli("run", "-C", str(tiny), *typo, "run.dir=done", cwd=tiny.parent, check=False)
+    assert proc.returncode == 2 and "val/acc_typo" in proc.stderr, proc.stderr
+    assert snapshot(run_dir) == files
+
     more = run_cli("run", "-C", str(tiny), "train.max_steps=28", "run.dir=done", cwd=tiny.parent)
     assert "resumed from" in more.stdout and "already completed" not in more.stdout
     assert json.loads((run_dir / "result.json").read_text())["step"] == 28
@@ -374,12 +393,59 @@ def test_two_launches_on_one_run_dir_train_once_and_a_relaunch_after_a_kill_resu
             assert tree(live) == before, "the refused launch changed nothing in the run directory"
         status = run_cli("status", str(live), cwd=tmp_path).stdout
         assert f"training (pid {first.pid} on host" in status
+        (live / ".lock").unlink()  # the holder is known no more; the directory is still held
+        second = run_cli(*args, "train.max_epochs=20", cwd=tmp_path, env=env, check=False)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert "is in use by another launch (holder unknown" in second.stderr
+        assert not (live / ".lock").exists() and (live / "config.yaml").read_bytes() == config
+        assert "training (holder unknown" in run_cli("status", str(live), cwd=tmp_path).stdout
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     relaunch = run_cli(*args, "train.max_epochs=1", cwd=tmp_path, env=cli_env(SLOW_STEP_S="0"))
     assert "resumed from" in relaunch.stdout
     assert json.loads((live / "result.json").read_text())["status"] == "completed"
+
+
+def test_a_launch_that_made_the_folder_but_lost_the_lock_leaves_the_winners_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Launch A makes run.dir; before A takes the lock, launch B (a real process) takes it and
+    starts training there. A is refused and removes nothing: B's lock file, config and folder
+    stay, and B trains to the end."""
+    (tmp_path / "slow.yml").write_text(TINY + "imports: [faulty]\n")
+    overrides = ["train.step=slow", "run.dir=r", "train.max_steps=6"]
+    monkeypatch.chdir(tmp_path)
+    cfg = compose.compose("slow.yml", overrides)
+    real_lock, winner = rundir._lock, []
+
+    def after_b_holds_it(path: Path, *made_dir: bool) -> rundir.RunLock:
+        b = subprocess.Popen(
+            [sys.executable, "-m", "expctl", "run", "-C", "slow.yml", *overrides],
+            cwd=tmp_path,
+            env=cli_env(SLOW_STEP_S="0.3"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        winner.append(b)
+        deadline = time.time() + 120
+        while not (path / "config.yaml").exists() and b.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        return real_lock(path, *made_dir)
+
+    monkeypatch.setattr(rundir, "_lock", after_b_holds_it)
+    with pytest.raises(UserError) as e:
+        rundir.create(cfg)
+    (b,) = winner
+    try:
+        assert "is in use by another launch" in e.value.message
+        assert json.loads((tmp_path / "r" / ".lock").read_text())["pid"] == b.pid
+        out, _ = b.communicate(timeout=300)
+    finally:
+        b.kill()
+    assert b.returncode == 0, out
+    assert json.loads((tmp_path / "r" / "result.json").read_text())["step"] == 6
 
 
 def test_a_directory_holding_only_bookkeeping_is_free_to_use(tiny: Path) -> None:

@@ -91,3 +91,92 @@ def test_checkpoint_init_at_a_plain_pickle_or_pickled_code_is_one_line_and_a_hin
     assert lines[1].startswith("  HINT: ") and "weights_only" not in proc.stderr
     assert "pickled code ran" not in proc.stdout + proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "no run directory left"
+
+
+# --- a run's own checkpoints, damaged ----------------------------------------------------------
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def _flip_digest(digest_file: Path) -> None:
+    text = digest_file.read_text()
+    digest_file.write_text(("0" if text[0] != "0" else "1") + text[1:])
+
+
+@pytest.mark.slow  # trains
+@pytest.mark.parametrize("damage", ["every-digest", "newest-weights"])
+def test_a_run_whose_newest_checkpoint_fails_verification_is_refused_not_restarted(
+    damage: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Re-running (or lengthening) a run whose newest checkpoint does not verify neither starts it
+    over nor prunes anything: exit 2, the files untouched, the way on in the HINT."""
+    monkeypatch.chdir(tmp_path)
+    run = [*conftest.SMALL, "train.device=cpu", "sched=none", "checkpoint.every=2", "run.dir=r"]
+    assert cli.main(["run", *run, "train.max_steps=8"]) == 0
+    ckpts = tmp_path / "r" / "checkpoints"
+    newest, older = ckpts / "step_000000008.pt", ckpts / "step_000000006.pt"
+    if damage == "every-digest":  # the weights are intact: only a checksum proves it
+        for digest in ckpts.glob("*.sha256"):
+            _flip_digest(digest)
+    else:
+        newest.write_bytes(newest.read_bytes()[:-100])
+    before = _tree(tmp_path / "r")
+    capsys.readouterr()
+    for steps in ("train.max_steps=8", "train.max_steps=16"):
+        assert cli.main(["run", *run, steps]) == 2
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 2 and "Traceback" not in err, err
+        assert lines[0] == (
+            f"expctl: error: run.dir={tmp_path / 'r'}: its newest checkpoint does not load "
+            f"(checksum mismatch for {newest}); the run is not started over"
+        )
+        if damage == "every-digest":
+            assert "no older checkpoint of it is intact" in lines[1]
+        else:
+            assert f"move {newest}* elsewhere to continue from {older.name}" in lines[1]
+        assert {k: v for k, v in _tree(tmp_path / "r").items() if k != "train.log"} == {
+            k: v for k, v in before.items() if k != "train.log"
+        }, "nothing pruned, nothing rewritten"
+    if damage == "newest-weights":  # the HINT's way on
+        (tmp_path / "aside").mkdir()
+        for f in ckpts.glob(f"{newest.name}*"):
+            f.rename(tmp_path / "aside" / f.name)
+        assert cli.main(["run", *run, "train.max_steps=16"]) == 0
+        assert f"resumed from {older} (step 6," in capsys.readouterr().out
+
+
+def test_pruning_never_deletes_a_checkpoint_it_cannot_verify(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """keep=2: the checkpoint that falls out of the window is deleted only once its checksum
+    proves it intact; one that fails stays, with a warning, until it is checked again."""
+    from expctl import checkpoint
+    from expctl.config import CheckpointConfig
+
+    ck = CheckpointConfig(keep=2)
+    weights = {"model": {"w": torch.arange(4.0)}}
+
+    def save(step: int) -> None:
+        checkpoint.save(tmp_path, {"step": step, "epoch": 0, "models": weights}, ck, {})
+
+    save(1)
+    save(2)
+    first = checkpoint.path_for(tmp_path, 1)
+    _flip_digest(first.with_name(first.name + ".sha256"))
+    save(3)
+    assert first.exists() and first.with_name(first.name + ".sha256").exists()
+    assert "step_000000001.pt is kept beyond checkpoint.keep=2: checksum mismatch" in caplog.text
+    save(4)
+    steps = [int(p.stem[5:]) for p in checkpoint.list_checkpoints(tmp_path)]
+    assert steps == [4, 3, 1], "the verified step 2 went, the unverified step 1 stayed"
+    assert (
+        sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if "000000002" in p.name) == []
+    )

@@ -3,6 +3,7 @@ do not stop us, a read-only mount does): one or two lines, exit 2, no traceback.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,52 @@ def test_a_read_only_run_root_is_a_short_error(
     lines = err.strip().splitlines()
     assert expected in err and "Read-only file system" in err, err
     assert len(lines) == 2 and lines[1].startswith("  HINT: ") and "Traceback" not in err
+
+
+def _fill(disk: Path, name: str = "filler") -> None:
+    with contextlib.suppress(OSError), open(disk / name, "wb") as f:
+        while True:
+            f.write(b"x" * 4096)
+            f.flush()
+
+
+@pytest.mark.slow  # trains a two-trial sweep
+def test_sweep_best_on_a_full_disk_is_one_line_and_leaves_no_partial_best_yml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """best.yml is written whole or not at all: a full disk keeps the previous one as it was,
+    and leaves no empty one (which `-C best.yml` would read as the built-in defaults)."""
+    monkeypatch.chdir(tmp_path)
+    with conftest.tmpfs(tmp_path / "disk", 4096) as disk:
+        sweep_args = ["run", "-m", *conftest.SMALL, "train.max_steps=1", "optim.lr=0.1,0.2"]
+        assert cli.main([*sweep_args, f"run.root={disk}"]) == 0
+        (sweep,) = disk.glob("sweep-*")
+        assert cli.main(["sweep", "best", str(sweep)]) == 0
+        best = sweep / "best.yml"
+        kept = best.read_bytes()
+        _fill(disk)
+        capsys.readouterr()
+        for previous in (True, False):
+            if not previous:
+                best.unlink()
+                _fill(disk, "filler2")  # the space best.yml held
+            assert cli.main(["sweep", "best", str(sweep)]) == 1
+            err = capsys.readouterr().err
+            assert err == (
+                f"expctl: error: could not write {best} (No space left on device): free space in "
+                f"{sweep}, then run `expctl sweep best {sweep}` again\n"
+            )
+            assert best.read_bytes() == kept if previous else not best.exists()
+            assert not list(sweep.glob(".*tmp*")), "no temporary file left"
+
+
+@pytest.mark.parametrize("where", [".", "metrics.jsonl", "tb/events.out", "eval/val.json"])
+def test_a_failed_write_names_the_run_directory_to_resume(where: str, tmp_path: Path) -> None:
+    """Whatever file (or the folder itself) a full disk stopped, the hint names the run."""
+    from expctl.report import write_failed
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("train: {}\n")
+    error = write_failed(run / where, OSError(28, "No space left on device"))
+    assert str(error).endswith(f"run the same command with run.dir={run} to resume")

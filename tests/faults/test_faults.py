@@ -156,7 +156,11 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_corrupt_checkpoint_is_skipped_with_a_warning(damage: str, tmp_path: Path) -> None:
+def test_a_corrupt_newest_checkpoint_is_refused_and_set_aside_by_hand(
+    damage: str, tmp_path: Path
+) -> None:
+    """The run does not fall back by itself (the next save would replace the damaged file): exit
+    2 naming the intact one; once the damaged files are moved aside, it resumes from it."""
     (tmp_path / "tiny.yml").write_text(TINY)
     expctl(tmp_path, "checkpoint.every=4", "checkpoint.keep=5", "train.max_epochs=1", "run.dir=c")
     newest, previous = checkpoint.list_checkpoints(tmp_path / "c")[:2]
@@ -167,10 +171,14 @@ def test_corrupt_checkpoint_is_skipped_with_a_warning(damage: str, tmp_path: Pat
     else:
         data = data[: len(data) // 2]
     newest.write_bytes(bytes(data))
-    proc = expctl(
-        tmp_path, "checkpoint.every=4", "checkpoint.keep=5", "train.max_epochs=2", "run.dir=c"
-    )
-    assert f"skipping checkpoint {newest.name}: checksum mismatch" in proc.stdout + proc.stderr
+    args = ["checkpoint.every=4", "checkpoint.keep=5", "train.max_epochs=2", "run.dir=c"]
+    refused = expctl(tmp_path, *args, check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"checksum mismatch for {newest}); the run is not started over" in refused.stderr
+    assert f"continue from {previous.name}" in refused.stderr
+    for f in newest.parent.glob(f"{newest.name}*"):
+        f.rename(tmp_path / f.name)
+    proc = expctl(tmp_path, *args)
     assert f"resumed from {previous}" in proc.stdout
 
 
