@@ -84,6 +84,8 @@ def evaluate(parts: Parts, env: DistEnv, split: str = "val") -> dict[str, float]
             env.world_size,
             ctx.device,
             parts.batches.loading,
+            parts.reader,
+            split,
         )
         for batch in itertools.islice(batches, parts.limit_val_batches):
             for k, (s, n) in parts.step.val_step(ctx, batch).items():

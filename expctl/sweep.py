@@ -28,7 +28,7 @@ from typing import Any
 from expctl import compose, ledger, results, rundir, slurm, snapshot
 from expctl import config as config_mod
 from expctl.config import Config
-from expctl.errors import Interrupted, UserError
+from expctl.errors import Interrupted, Preempted, UserError
 from expctl.explain import parse_override
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
@@ -357,6 +357,10 @@ def run_trials(
                 break
     except KeyboardInterrupt:  # the interrupted trial resumes from its checkpoints
         raise Interrupted(f"expctl sweep resume {sweep_dir}") from None
+    except Preempted as e:  # SIGTERM: the trial saved a checkpoint; the sweep ends here
+        what = str(e).split("; ")[0]
+        resume = f"{what}; to resume the sweep: expctl sweep resume {sweep_dir}"
+        raise Preempted(resume, e.code) from None
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)
@@ -414,6 +418,8 @@ def run_one(cfg: Config, origin: Launch | None = None) -> bool:
     mark(ref, "running", started=time.time(), pid=os.getpid(), host=socket.gethostname())
     try:
         launch.launch(cfg, origin=origin)
+    except Preempted:  # a stop signal ends the sweep, not the trial alone
+        raise
     except Exception as e:  # a failing trial does not end the sweep
         if is_open(ref, cfg.sweep):
             finish(ref, cfg.sweep, {}, error=e)
