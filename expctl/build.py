@@ -218,7 +218,7 @@ def _loading(cfg: Config, env: DistEnv, device: torch.device, splits: Splits) ->
     workers = d.num_workers if d.num_workers is not None else auto_workers(env.local_world_size)
     pin = d.pin_memory if d.pin_memory != "auto" else device.type == "cuda"
     pin = pin and getattr(splits.train, "pin_memory", True)  # e.g. not lists of encoded files
-    if not d.persistent_workers:
+    if not d.persistent_workers and env.is_main:
         log.warning(
             "data.persistent_workers=false is ignored: a rank's DataLoader workers are started "
             "once and kept for the run (forking them later, while threads run, can hang)"
