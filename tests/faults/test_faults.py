@@ -527,3 +527,34 @@ def test_ctrl_c_while_a_sweep_trial_closes_its_data_workers_stops_the_sweep(
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr
     assert "to resume from the last checkpoint: expctl sweep resume " in proc.stderr
     assert "trial_001" not in proc.stdout, "the sweep went on"
+
+
+@pytest.mark.skipif(
+    not os.environ.get("EXPCTL_DATA_SOAK"), reason="a soak: EXPCTL_DATA_SOAK=N validations"
+)
+def test_soak_validations_on_streamed_data_with_several_workers(tmp_path: Path) -> None:
+    """EXPCTL_DATA_SOAK=N: 2 ranks with 4 DataLoader workers each validate after each of N
+    steps; the run completes (a hung worker would end it after data.timeout, a hung collective
+    after launcher.collective_timeout), and no rank forked while another of its threads ran."""
+    n = int(os.environ["EXPCTL_DATA_SOAK"])
+    (tmp_path / "tiny.yml").write_text(STREAMED)
+    forks = tmp_path / "forks.jsonl"
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", "imports=[faulty,forkprobe]"]
+        + ["launcher=local", "launcher.nproc=2", "launcher.collective_timeout=120"]
+        + ["data.num_workers=4", "data.timeout=60", "train.val_every_steps=1"]
+        + ["train.max_epochs=100000", f"train.max_steps={n}", "train.log_every=50"]
+        + ["run.dir=soak"],
+        cwd=tmp_path,
+        env=env(FORK_PROBE=str(forks)),
+        capture_output=True,
+        text=True,
+        timeout=60 + 10 * n,
+    )
+    print(f"soak: {n} validations in {time.time() - t0:.0f} s, exit {proc.returncode}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in forks.read_text().splitlines()]
+    assert len(records) == 8 and all(r["threads"] == [] for r in records), records
+    rows = (tmp_path / "soak" / "metrics.jsonl").read_text().splitlines()
+    assert sum('"val/loss"' in r for r in rows) >= n
