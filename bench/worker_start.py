@@ -7,7 +7,8 @@ do not inherit the forking process's threads: `forkserver` (a server interpreter
 (what a rank holds), on samples made in `__getitem__`:
 
 - start: from the iterator's creation to the first batch, with `--workers` persistent workers;
-  forkserver once cold (its server starts: the first DataLoader of the process) and once warm;
+  forkserver once cold (its server starts: the first DataLoader of the process) and once warm,
+  with Python's default preload (`__main__`) and with torch preloaded in the server;
 - pass: a later pass of the same workers (what a validation costs expctl now), against
   `fresh` (a new fork-started DataLoader per pass: what each validation cost before).
 
@@ -43,9 +44,15 @@ class Made(Dataset[Any]):
 
 
 def _loader(method: str, workers: int) -> DataLoader[Any]:
+    context: Any = {"fresh": "fork", "forkserver+torch": "forkserver"}.get(method, method)
+    if method == "forkserver+torch":  # its server imports torch once, for every worker
+        import multiprocessing
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "torch.utils.data"])
     return DataLoader(
         Made(), batch_size=64, num_workers=workers, persistent_workers=method != "fresh",
-        multiprocessing_context="fork" if method == "fresh" else method,
+        multiprocessing_context=context,
     )  # fmt: skip
 
 
@@ -61,7 +68,7 @@ def one(method: str, workers: int) -> dict[str, float]:
 
     loader = _loader(method, workers)
     out = {"start": _first_batch(loader), "pass": _first_batch(loader)}
-    if method == "forkserver":  # the server runs now: a second DataLoader's workers
+    if method.startswith("forkserver"):  # the server runs now: a second DataLoader's workers
         out["start_warm"] = _first_batch(_loader(method, workers))
     if method == "fork":  # before: a new DataLoader (fresh workers) for each validation
         fresh = _loader("fresh", workers)
@@ -80,7 +87,8 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.one, a.workers)))
         return
-    runs: dict[str, list[dict[str, float]]] = {m: [] for m in ("fork", "forkserver", "spawn")}
+    methods = ("fork", "forkserver", "forkserver+torch", "spawn")
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
     for _ in range(a.repeats):  # interleaved: the machine's load drifts alike for all
         for method, rows in runs.items():
             cmd = [sys.executable, __file__, "--one", method, "--workers", str(a.workers)]
@@ -97,7 +105,7 @@ def main() -> None:
             }
             cell = table[f"{method} {key}"]
             print(
-                f"{method:>10} {key:<11} {cell['median_s']:8.3f} s  "
+                f"{method:>16} {key:<11} {cell['median_s']:8.3f} s  "
                 f"({cell['min_s']:.3f}..{cell['max_s']:.3f})"
             )
     if a.json:

@@ -223,7 +223,7 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
 
 AGENT_LOGS = ("multiprocessing.api", "agent.server.api")
 SPOKE = (EXIT_FAILED, EXIT_USER, EXIT_PREEMPTED, EXIT_TERMINATED)  # a worker printed why
-_STOPPED = "stopped by {} at a checkpoint; run the same command with run.dir={} to resume"
+_STOPPED = "stopped by {}; its checkpoints are kept: run the same command with run.dir={} to resume"
 
 
 def _failure(codes: dict[int, int], restarts: int, run_dir: Path) -> Exception:
