@@ -193,8 +193,8 @@ class Reader:
 
 @contextlib.contextmanager
 def deferred_interrupt() -> Iterator[None]:
-    """SIGINT inside is remembered, and raised as KeyboardInterrupt on leaving (in the main
-    thread; elsewhere Python delivers no signal anyway)."""
+    """A SIGINT inside is held, and sent again on leaving, to the handler it was meant for
+    (Python's raises KeyboardInterrupt). Only the main thread can: elsewhere, nothing is held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -203,6 +203,6 @@ def deferred_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if got:  # again, to the handler it was meant for (Python's raises KeyboardInterrupt)
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        if got:
             signal.raise_signal(signal.SIGINT)
