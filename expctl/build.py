@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from expctl import registry
 from expctl.config import Config
-from expctl.data import Loading, Splits, TrainBatches, auto_workers, check_splits
+from expctl.data import Loading, Reader, Splits, TrainBatches, auto_workers, check_splits
 from expctl.dist import DistEnv, usable_cores
 from expctl.errors import UserError
 from expctl.startup import freeze_for_this_run, paused_gc
@@ -39,6 +40,12 @@ class Parts:
     sched_length: int | None = None  # the run's length the schedule was built for, if it was
     val_batch_size: int = 256  # batch size of validation and test
     limit_val_batches: int | None = None  # validations: this many batches per rank (debug runs)
+    reader: Reader | None = None  # the DataLoader workers of the streamed splits
+
+    def close(self) -> None:
+        """End the DataLoader workers."""
+        if self.reader is not None:
+            self.reader.close()
 
 
 def pick_device(cfg: Config, env: DistEnv) -> torch.device:
@@ -91,6 +98,39 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     registry.import_user_modules(cfg.imports)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     splits = _splits(cfg, device)
+    loading = _loading(cfg, env, device, splits)
+    reader = _reader(splits, loading, cfg.train.seed, env.rank)
+    try:
+        return _build(cfg, env, device, splits, loading, reader)
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+
+
+def _reader(splits: Splits, loading: Loading, seed: int, rank: int) -> Reader | None:
+    """The DataLoader workers of the streamed splits, forked now: no thread of this process
+    runs yet (see reader.py), and the model is not yet in memory to be copied."""
+    streamed = {
+        name: ds
+        for name in ("train", "val", "test")
+        if (ds := getattr(splits, name)) is not None and not isinstance(ds, TensorDataset)
+    }
+    if not streamed:
+        return None
+    reader = Reader(streamed, loading, seed, rank)
+    reader.start()
+    return reader
+
+
+def _build(
+    cfg: Config,
+    env: DistEnv,
+    device: torch.device,
+    splits: Splits,
+    loading: Loading,
+    reader: Reader | None,
+) -> Parts:
     models, model_args = _models(cfg, splits)
     if cfg.train.sync_batchnorm and env.distributed:
         models = _sync_batchnorm(models, env, device)
@@ -112,9 +152,10 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         env.world_size,
         cfg.train.seed,
         device,
-        loading=_loading(cfg, env, device, splits),
+        loading=loading,
         resident=resident,
         augment=cfg.data.augment,
+        reader=reader,
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
     with paused_gc(freeze=freeze_for_this_run(env.distributed)):  # it imports torch._dynamo
@@ -165,6 +206,7 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
         sched_length=sched_length,
         val_batch_size=cfg.data.val_batch_size or cfg.data.batch_size,
         limit_val_batches=cfg.train.limit_val_batches,
+        reader=reader,
     )
 
 
@@ -181,7 +223,12 @@ def _loading(cfg: Config, env: DistEnv, device: torch.device, splits: Splits) ->
     workers = d.num_workers if d.num_workers is not None else auto_workers(env.local_world_size)
     pin = d.pin_memory if d.pin_memory != "auto" else device.type == "cuda"
     pin = pin and getattr(splits.train, "pin_memory", True)  # e.g. not lists of encoded files
-    return Loading(workers, bool(pin), d.persistent_workers, d.prefetch_factor)
+    if not d.persistent_workers and env.is_main:
+        log.warning(
+            "data.persistent_workers=false is ignored: a rank's DataLoader workers are started "
+            "once and kept for the run (forking them later, while threads run, can hang)"
+        )
+    return Loading(workers, bool(pin), d.prefetch_factor, d.timeout)
 
 
 def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:

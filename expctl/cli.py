@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from expctl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
-    EXIT_PREEMPTED,
     EXIT_USER,
     Interrupted,
     Preempted,
+    Reported,
     RunError,
     UserError,
 )
@@ -238,18 +238,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().print_help()
         return 0
     except UserError as e:
-        if args.command != "_worker" or os.environ.get("RANK", "0") == "0":
-            print(f"expctl: error: {e}", file=sys.stderr)  # every rank has it: rank 0 says it
+        if _speaks(e, args.command):
+            print(f"expctl: error: {e}", file=sys.stderr)
         return EXIT_USER
     except BrokenPipeError:  # `expctl list | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Reported as e:  # local workers printed it
+        return e.code
     except RunError as e:  # disk full, a hung peer: one line, no traceback
-        print(f"expctl: error: {e}", file=sys.stderr)
+        if _speaks(e, args.command):
+            print(f"expctl: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except Preempted as e:
-        print(f"expctl: {e}", file=sys.stderr)
-        return EXIT_PREEMPTED
+        if args.command != "_worker":  # the launching process speaks for its workers
+            print(f"expctl: {e}", file=sys.stderr)
+        return e.code
     except KeyboardInterrupt as e:
         if args.command != "_worker":  # the launching process speaks for its workers
             how = e.resume if isinstance(e, Interrupted) else "run the same command"
@@ -257,6 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"expctl: interrupted; to resume from the last checkpoint: {how}", file=sys.stderr
             )
         return EXIT_INTERRUPTED
+
+
+def _speaks(e: UserError | RunError, command: str) -> bool:
+    """Whether this process prints `e`: the rank that met it first (see rank.main), or where
+    no rank was chosen (an error of every rank before they met) rank 0 of local workers."""
+    if e.quiet is not None:
+        return not e.quiet
+    return command != "_worker" or os.environ.get("RANK", "0") == "0"
 
 
 def _run(args: argparse.Namespace) -> int:

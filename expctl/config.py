@@ -222,8 +222,9 @@ class DataConfig:
     val_batch_size: int | None = _f(None, min=1)  # null: batch_size
     num_workers: int | None = _f(None, min=0)  # DataLoader workers per rank; null: cores/ranks - 1
     pin_memory: Any = _f("auto", choices=("auto", True, False))  # auto: on CUDA
-    persistent_workers: bool = True  # keep workers between epochs
+    persistent_workers: bool = True  # ignored: workers are started once and kept for the run
     prefetch_factor: int | None = _f(None, min=1)  # batches each worker reads ahead; null: 2
+    timeout: float = _f(300.0, min=1)  # seconds a rank waits for a batch from its workers
     device_resident: Any = _f("auto", choices=("auto", True, False))  # in-memory data on the GPU
     augment: str = _f("none", choices=("none", "flip", "crop_flip"))  # on the device, per batch
     args: dict[str, Any] = _f({})

@@ -12,10 +12,11 @@ leaves out are filled from it. A dataset may also define
 Two data paths, chosen by the dataset's type and reported in the run's first log line:
 - in memory: a TensorDataset is batched by indexing whole tensors, resident on the GPU when
   ``data.device_resident`` allows it;
-- streamed: any other dataset is read by DataLoader workers (``data.num_workers``,
-  ``persistent_workers``, ``pin_memory``, ``prefetch_factor``) in the order of a
-  DistributedSampler, never whole in memory. Each sample's random transforms draw from torch's
-  RNG seeded by (seed, epoch, index), so a run's result does not depend on ``num_workers``.
+- streamed: any other dataset is read by the rank's DataLoader workers (``data.num_workers``,
+  ``pin_memory``, ``prefetch_factor``, ``timeout``; one set for all splits, started once: see
+  reader.py) in the order of a DistributedSampler, never whole in memory. Each sample's random
+  transforms draw from torch's RNG seeded by (seed, epoch, index), so a run's result does not
+  depend on ``num_workers``.
 """
 
 from __future__ import annotations
@@ -26,17 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import (
-    DataLoader,
-    Dataset,
-    DistributedSampler,
-    Sampler,
-    Subset,
-    TensorDataset,
-    default_collate,
-)
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 from expctl.errors import UserError
+from expctl.reader import Loading, Reader
+from expctl.reader import hook as _hook
+
+NO_WORKERS = Loading()  # samples read by the rank's own process
 
 
 @dataclass(frozen=True)
@@ -135,72 +132,11 @@ def _check_info(name: str, made: Splits, first: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Loading:
-    """DataLoader settings of a streamed dataset (data.num_workers & co, resolved)."""
-
-    num_workers: int = 0
-    pin_memory: bool = False
-    persistent_workers: bool = True
-    prefetch_factor: int | None = None
-
-    def loader_args(self) -> dict[str, Any]:
-        args: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
-        if self.num_workers:
-            args["persistent_workers"] = self.persistent_workers
-            args["prefetch_factor"] = self.prefetch_factor
-        return args
-
-
 def auto_workers(local_world_size: int) -> int:
     """DataLoader workers per rank when data.num_workers is null: the cores this process may use
     shared by the node's ranks, one left to each rank's own process, at most 32."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(32, (cores or 1) // max(1, local_world_size) - 1))
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The RNG seed of one sample's random transforms in one epoch."""
-    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % (2**63)
-
-
-def _hook(dataset: Any, name: str) -> Callable[..., Any] | None:
-    """A dataset's optional `collate` / `on_device`, looked up through Subset views."""
-    while isinstance(dataset, Subset):
-        dataset = dataset.dataset
-    return getattr(dataset, name, None)
-
-
-class _Keyed(Dataset[Any]):
-    """Reads sample i of `epoch` from key (epoch, i) with torch's RNG seeded for that sample."""
-
-    def __init__(self, dataset: Dataset[Any], seed: int) -> None:
-        self.dataset, self.seed = dataset, seed
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, index = key
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seed, epoch, index))
-            return self.dataset[index]
-
-
-def _streamed(
-    dataset: Dataset[Any],
-    sampler: Sampler[Any] | Sequence[Any],
-    batch_size: int,
-    loading: Loading,
-    seed: int,
-) -> DataLoader[Any]:
-    return DataLoader(
-        _Keyed(dataset, seed),
-        batch_size=batch_size,
-        sampler=sampler,
-        collate_fn=_hook(dataset, "collate") or default_collate,
-        **loading.loader_args(),
-    )
 
 
 def _to_device(dataset: Dataset[Any], device: torch.device) -> Callable[[Any], tuple[Any, ...]]:
@@ -210,18 +146,8 @@ def _to_device(dataset: Dataset[Any], device: torch.device) -> Callable[[Any], t
     return lambda batch: tuple(t.to(device, non_blocking=True) for t in batch)
 
 
-class _Order(Sampler[tuple[int, int]]):
-    """The (epoch, index) keys of the current epoch; one DataLoader (and its persistent
-    workers) reads it."""
-
-    def __init__(self) -> None:
-        self.keys: list[tuple[int, int]] = []
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter(self.keys)
-
-    def __len__(self) -> int:
-        return len(self.keys)
+def _groups(indices: Sequence[int], size: int) -> list[Sequence[int]]:
+    return [indices[i : i + size] for i in range(0, len(indices), size)]
 
 
 AUGMENTS = ("none", "flip", "crop_flip")
@@ -250,7 +176,7 @@ class TrainBatches:
     Order comes from DistributedSampler (seed + epoch), so it depends only on the seed, the epoch
     and the world size: a resumed run sees exactly the batches the interrupted one would have.
     In-memory datasets are batched by indexing whole tensors (resident on the GPU when asked);
-    others are streamed by one DataLoader whose workers persist across epochs.
+    others are streamed by the rank's `Reader`, whose workers persist for the run.
     """
 
     def __init__(
@@ -261,9 +187,10 @@ class TrainBatches:
         world_size: int,
         seed: int,
         device: torch.device,
-        loading: Loading = Loading(),
+        loading: Loading = NO_WORKERS,
         resident: bool = False,
         augment: str = "none",
+        reader: Reader | None = None,
     ) -> None:
         self.dataset, self.batch_size, self.device, self.augment = (
             dataset,
@@ -284,12 +211,11 @@ class TrainBatches:
                 f"lower data.batch_size to at most {max(1, n // world_size)}",
             )
         self.tensors: tuple[torch.Tensor, ...] | None = None
-        self._order = _Order()
-        self._loader: DataLoader[Any] | None = None
+        self.reader: Reader | None = None
         if isinstance(dataset, TensorDataset):
             self.tensors = tuple(t.to(device) if resident else t for t in dataset.tensors)
         else:
-            self._loader = _streamed(dataset, self._order, batch_size, loading, seed)
+            self.reader = reader or Reader({"train": dataset}, loading, seed, rank)
         self._finish = _to_device(dataset, device)
 
     def describe(self) -> str:
@@ -314,9 +240,8 @@ class TrainBatches:
         if self.tensors is not None:
             batches = _index_batches(self.tensors, indices, self.batch_size, self.device)
         else:
-            assert self._loader is not None
-            self._order.keys = [(epoch, i) for i in indices]
-            batches = iter(self._loader)
+            assert self.reader is not None
+            batches = self.reader.read("train", epoch, _groups(indices, self.batch_size))
             batches = (
                 ahead(batches, self._finish, self.device)
                 if self.device.type == "cuda"
@@ -406,10 +331,12 @@ def val_batches(
     rank: int,
     world_size: int,
     device: torch.device,
-    loading: Loading = Loading(),
+    loading: Loading = NO_WORKERS,
+    reader: Reader | None = None,
+    split: str = "val",
 ) -> Iterator[tuple[torch.Tensor, ...]]:
     """This rank's share of a validation or test set, without padding: every sample counted
-    once (streamed sets by fresh DataLoader workers, which end with the pass)."""
+    once (a streamed set by `reader`'s workers, or workers of its own when it has no `split`)."""
     n = len(dataset)  # type: ignore[arg-type]
     indices = list(range(rank, n, world_size))
     if isinstance(dataset, TensorDataset):
@@ -419,6 +346,7 @@ def val_batches(
             sel = idx[start : start + batch_size]
             yield tuple(t.index_select(0, sel).to(device, non_blocking=True) for t in tensors)
         return
-    once = Loading(loading.num_workers, loading.pin_memory, False, loading.prefetch_factor)
-    keys = [(-1, i) for i in indices]
-    yield from map(_to_device(dataset, device), _streamed(dataset, keys, batch_size, once, 0))
+    if reader is None or split not in reader.names:
+        reader = Reader({split: dataset}, loading, 0, rank)
+    batches = reader.read(split, -1, _groups(indices, batch_size))
+    yield from map(_to_device(dataset, device), batches)

@@ -282,6 +282,7 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
         return _join(env, backend, rdzv_timeout_s, timeout_s)
     finally:
         bounded.cancel()
+        bounded.join()  # gone before the DataLoader workers fork (reader.py)
 
 
 def _abort(error: UserError) -> None:

@@ -14,6 +14,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # RunError: one line, no traceback; what was checkpointed is kept
 EXIT_USER = 2  # UserError: a mistake the user fixes; nothing half-written on disk
 EXIT_PREEMPTED = 3  # Preempted: stopped by the signal at a checkpoint; the same command resumes
+EXIT_TERMINATED = 143  # Preempted by SIGTERM (128 + 15, as a shell reports a process it ended)
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
@@ -24,6 +25,8 @@ class UserError(Exception):
         message: what is wrong, naming the bad value.
         hint: the exact fix, printed on a second line after ``HINT:``.
     """
+
+    quiet: bool | None = None  # True: another rank prints it; None: rank 0 does
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -79,13 +82,29 @@ class RunError(RuntimeError):
     The CLI prints it in one line without a traceback and exits 1; what was checkpointed is kept.
     """
 
+    quiet: bool | None = None  # True: another rank (or the launcher) prints it; None: rank 0 does
+
+
+class Reported(RunError):
+    """A failure of local workers that they printed themselves: the launcher exits with `code`
+    and prints nothing more (a sweep records the trial as failed with this message)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 class CheckpointError(RunError):
     """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
 
 
 class Preempted(Exception):
-    """Training stopped at a checkpoint because the stop signal arrived (resumable)."""
+    """Training stopped at a checkpoint because the stop signal arrived (resumable); `code` is
+    the exit code (EXIT_PREEMPTED, or EXIT_TERMINATED for SIGTERM)."""
+
+    def __init__(self, message: str, code: int = EXIT_PREEMPTED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Interrupted(KeyboardInterrupt):

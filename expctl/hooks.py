@@ -23,7 +23,7 @@ class Hooks:
         return False
 
     def on_stop(self, step: int, signame: str) -> None:
-        """The stop signal ended training at the checkpoint of `step` (before `Preempted`)."""
+        """launcher.signal ended training at the checkpoint of `step` (before `Preempted`)."""
 
     def on_end(self, metrics: dict[str, Any]) -> None:
         """The run ended with `metrics` (as in result.json; status completed or stopped)."""

@@ -26,7 +26,17 @@ from expctl import rank, registry, rundir, slurm, snapshot, study
 from expctl.build import check_sync_batchnorm
 from expctl.config import Config
 from expctl.dist import DistEnv, detect
-from expctl.errors import EXIT_USER, Interrupted, RunError, UserError
+from expctl.errors import (
+    EXIT_FAILED,
+    EXIT_PREEMPTED,
+    EXIT_TERMINATED,
+    EXIT_USER,
+    Interrupted,
+    Preempted,
+    Reported,
+    RunError,
+    UserError,
+)
 from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
 from expctl.provenance import Launch
@@ -198,38 +208,68 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
         max_restarts=cfg.launcher.max_restarts,
         monitor_interval=0.2,
     )
-    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    quiet = _WorkerPrintedItsError()
-    agent_log.addFilter(quiet)
+    quiet = _WorkersSpeakForThemselves()
+    agent_logs = [logging.getLogger(f"torch.distributed.elastic.{n}") for n in AGENT_LOGS]
+    for agent_log in agent_logs:
+        agent_log.addFilter(quiet)
     try:
         elastic_launch(lc, sys.executable)("-c", WORKER_MAIN, "_worker", str(run_dir), *args)
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
         if e.sigval == signal.SIGINT:
             raise Interrupted(f"run the same command with run.dir={run_dir}") from None
+        if e.sigval == signal.SIGTERM:  # the workers took it as a stop signal, and saved
+            raise Preempted(_STOPPED.format("SIGTERM", run_dir), EXIT_TERMINATED) from None
         raise RunError(f"stopped by {e.sigval.name}; the run is in {run_dir}") from None
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        code = failure.exitcode
-        if code == EXIT_USER:  # the worker printed a user error itself
-            raise SystemExit(EXIT_USER) from None
-        raise RunError(
-            f"local worker rank {rank} failed with exit code {code} after "
-            f"{cfg.launcher.max_restarts} restart(s); its output is above, the run is in {run_dir}"
-        ) from None
+        codes = {rank: failure.exitcode for rank, failure in e.failures.items()}
+        raise _failure(codes, cfg.launcher.max_restarts, run_dir) from None
     finally:
-        agent_log.removeFilter(quiet)
+        for agent_log in agent_logs:
+            agent_log.removeFilter(quiet)
 
 
-class _WorkerPrintedItsError(logging.Filter):
-    """Drops torch's agent's line about a worker that exited with EXIT_USER ("failed (exitcode:
-    2) local_rank: ..."): that worker printed its one-line error and hint, which end the
-    output. Also its lines about stopping the other workers ("Sending process N closing signal
-    SIGTERM"), which it writes before it says why, after every failure: what failed is in the
-    worker's output and in expctl's own last line. Other failures keep the agent's lines."""
+AGENT_LOGS = ("multiprocessing.api", "agent.server.api")
+SPOKE = (EXIT_FAILED, EXIT_USER, EXIT_PREEMPTED, EXIT_TERMINATED)  # a worker printed why
+_STOPPED = "stopped by {}; its checkpoints are kept: run the same command with run.dir={} to resume"
+
+
+def _failure(codes: dict[int, int], restarts: int, run_dir: Path) -> Exception:
+    """What the launcher says of failed workers (rank -> exit code): where one printed its
+    error (1 or 2), nothing more; where they stopped at a checkpoint, how to resume; else which
+    rank died of what, for a worker that could not say it (killed, or the interpreter died)."""
+    # the agent sends SIGTERM to the workers left after the first failure: not a cause
+    died = {r: c for r, c in codes.items() if c not in (*SPOKE, -signal.SIGTERM)}
+    if not died and all(c == -signal.SIGTERM for c in codes.values()):
+        died = codes
+    if died:
+        rank = min(died)
+        code = died[rank]
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        return RunError(
+            f"local worker rank {rank} {how} after {restarts} restart(s); the run is in {run_dir}"
+        )
+    if all(c in (EXIT_PREEMPTED, EXIT_TERMINATED) for c in codes.values()):
+        code = max(codes.values())
+        return Preempted(_STOPPED.format(_signal_of(code), run_dir), code)
+    code = EXIT_USER if EXIT_USER in codes.values() else EXIT_FAILED
+    return Reported(f"local workers failed (exit code {code}; their error is above)", code)
+
+
+def _signal_of(code: int) -> str:
+    return "SIGTERM" if code == EXIT_TERMINATED else "the stop signal"
+
+
+class _WorkersSpeakForThemselves(logging.Filter):
+    """Drops torch's agent's lines that follow a worker's own words: "failed (exitcode: N)"
+    where the worker printed its error or its stop (`SPOKE`: the output ends with its error and
+    hint), "Sending process N closing signal SIGTERM" (written after every failure, before the
+    agent says why) and "Received N death signal" (a Ctrl-C or SIGTERM that expctl's last line
+    names). A worker killed outright keeps the agent's line, and gets expctl's."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        return f"(exitcode: {EXIT_USER})" not in text and "closing signal" not in text
+        spoke = any(f"(exitcode: {code})" in text for code in SPOKE)
+        return not spoke and "closing signal" not in text and "death signal" not in text
 
 
 def worker(

@@ -95,6 +95,8 @@ def evaluate(
             env.world_size,
             ctx.device,
             parts.batches.loading,
+            parts.reader,
+            split,
         )
         for batch in itertools.islice(batches, limit):
             for k, (s, n) in parts.step.val_step(ctx, batch).items():

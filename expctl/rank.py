@@ -20,7 +20,7 @@ from expctl.build import Parts, build, pick_device, resolve_precision
 from expctl.config import Config, TrainConfig, monitors, redacted
 from expctl.control import Control, StopFlag
 from expctl.dist import DistEnv, apply_env, init_process_group
-from expctl.errors import Interrupted, Preempted, RunError, UserError
+from expctl.errors import EXIT_PREEMPTED, Interrupted, Preempted, RunError, UserError
 from expctl.hooks import Hooks
 from expctl.layout import RunDir
 from expctl.metrics import evaluate as score
@@ -51,22 +51,25 @@ def main(
     state = TrainState()
     held: rundir.RunLock | None = None
     try:
-        with _process_group(cfg, env, device) as ctl:
+        with _process_group(cfg, env, device) as ctl, _one_voice(ctl, env, state):
             cfg, held = _agree_run_dir(cfg, env, ctl, lock)
             run_dir = Path(str(cfg.run.dir))
             setup_logging(run_dir, env.is_main, env.rank)
             try:
                 with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
                     parts = build(cfg, env, device)
-                rows = _restore(cfg, env, parts, state, run_dir)
-                check_monitors(_monitors(cfg, run_dir), parts, env)
-                hooks.on_start(run_dir)
-                stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
-                if stored is not None:
-                    return run_dir, _completed(stored, state, hooks, run_dir)
-                if env.is_main:
-                    provenance.record(run_dir, origin or Launch.here(None), env)
-                return run_dir, _train(cfg, env, parts, state, ctl, hooks, run_dir, rows, device)
+                with contextlib.closing(parts):  # its DataLoader workers end here
+                    rows = _restore(cfg, env, parts, state, run_dir)
+                    check_monitors(_monitors(cfg, run_dir), parts, env)
+                    hooks.on_start(run_dir)
+                    stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
+                    if stored is not None:
+                        return run_dir, _completed(stored, state, hooks, run_dir)
+                    if env.is_main:
+                        provenance.record(run_dir, origin or Launch.here(None), env)
+                    return run_dir, _train(
+                        cfg, env, parts, state, ctl, hooks, run_dir, rows, device
+                    )
             except UserError:  # a bad value or file, met before anything was saved: leave nothing
                 if env.is_main:
                     setup_logging(None, True)  # release train.log
@@ -76,10 +79,13 @@ def main(
                         rundir.discard_if_unstarted(run_dir)
                 raise
     except Preempted as e:
-        log.warning("stop signal: checkpoint of step %d saved in %s", state.step, cfg.run.dir)
-        hooks.on_stop(state.step, cfg.launcher.signal)
+        if env.is_main:
+            log.warning("stop signal: checkpoint of step %d saved in %s", state.step, cfg.run.dir)
+        if e.code == EXIT_PREEMPTED:  # launcher.signal: the job comes back (SIGTERM: it ends)
+            hooks.on_stop(state.step, cfg.launcher.signal)
         raise Preempted(
-            f"{e}; checkpoint saved: run the same command with run.dir={cfg.run.dir} to resume"
+            f"{e}; checkpoint saved: run the same command with run.dir={cfg.run.dir} to resume",
+            e.code,
         ) from None
     except KeyboardInterrupt:
         if cfg.run.dir is None or not env.is_main:
@@ -114,6 +120,31 @@ def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+# what a rank's collective raises when a peer's process ended (gloo, NCCL)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ncclRemote")
+
+
+@contextlib.contextmanager
+def _one_voice(ctl: Control, env: DistEnv, state: TrainState) -> Iterator[None]:
+    """One line for a failure, whichever rank met it: the first rank to fail prints its error
+    (`quiet` marks the others'), and a rank whose peer's process ended says only that, in one
+    line (none under the local launcher, which reports a peer that died without a word)."""
+    try:
+        yield
+    except (UserError, RunError) as e:
+        e.quiet = not ctl.first_to_fail()
+        raise
+    except RuntimeError as e:
+        if not env.distributed or not any(s in str(e) for s in PEER_GONE):
+            raise
+        lost = RunError(
+            f"rank {env.rank}: another rank's process ended near step {state.step + 1} "
+            "(its own output says why)"
+        )
+        lost.quiet = env.source == "local"
+        raise lost from None
 
 
 def _train(
@@ -414,17 +445,18 @@ def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str,
         setup_logging(None, env.is_main, env.rank)
         with redacted(cfg.to_dict(resolved=True), cfg.interpolations):
             parts = build(cfg, env, device)
-        path = Path(ev.checkpoint)
-        try:
-            checkpoint.put_weights(
-                parts.models, checkpoint.load_weights(path, [*parts.models]), True
-            )
-        except ValueError as e:
-            raise UserError(
-                f"{path} does not fit this config's models: {e}",
-                "evaluate with the run's own model settings (no model.* overrides)",
-            ) from None
-        metrics = score(parts, env, ev.split)
+        with contextlib.closing(parts):
+            path = Path(ev.checkpoint)
+            try:
+                checkpoint.put_weights(
+                    parts.models, checkpoint.load_weights(path, [*parts.models]), True
+                )
+            except ValueError as e:
+                raise UserError(
+                    f"{path} does not fit this config's models: {e}",
+                    "evaluate with the run's own model settings (no model.* overrides)",
+                ) from None
+            metrics = score(parts, env, ev.split)
     if not metrics:
         raise UserError(
             f"data '{cfg.data.name}' has no {ev.split} split to score (or train.step has no "

@@ -24,7 +24,14 @@ from expctl.build import Parts
 from expctl.config import CheckpointConfig, EarlyStopConfig, TrainConfig
 from expctl.control import Control, StopFlag
 from expctl.dist import DistEnv
-from expctl.errors import Preempted, UserError, choices_text, did_you_mean
+from expctl.errors import (
+    EXIT_PREEMPTED,
+    EXIT_TERMINATED,
+    Preempted,
+    UserError,
+    choices_text,
+    did_you_mean,
+)
 from expctl.hooks import Hooks
 from expctl.metrics import Meter, evaluate, sync_buffers
 from expctl.report import Reporter
@@ -215,7 +222,8 @@ def _loop(
             if loop.stop.agreed():
                 if loop.saved_at != state.step:
                     _save(ck, parts, state, loop)
-                raise Preempted(f"stopped by SIG{loop.stop.signame} at step {state.step}")
+                code = EXIT_PREEMPTED if loop.stop.requeue else EXIT_TERMINATED
+                raise Preempted(f"stopped by {loop.stop.signame} at step {state.step}", code)
             if finished(t, state, parts.total_steps) or state.batch >= per_epoch:
                 break
         if state.batch >= per_epoch:

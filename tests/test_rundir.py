@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -384,7 +385,7 @@ def test_two_launches_on_one_run_dir_train_once_and_a_relaunch_after_a_kill_resu
         live = tmp_path / "live"
         wait_for("a checkpoint of the first launch", lambda: list(live.glob("checkpoints/*.pt")))
         os.killpg(first.pid, signal.SIGSTOP)  # it holds the lock but writes nothing meanwhile
-        before = tree(live)
+        before, config = tree(live), (live / "config.yaml").read_bytes()
         for extra in ("train.max_epochs=20", "train.max_epochs=30"):
             second = run_cli(*args, extra, cwd=tmp_path, env=env, check=False)
             assert second.returncode == 2, second.stdout + second.stderr

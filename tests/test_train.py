@@ -384,6 +384,7 @@ def test_ctrl_c_stops_every_worker(tiny: Path, to_group: bool) -> None:
     wait_for("no orphaned worker", lambda: not workers_of(tiny.parent / "cc"), 20)
     assert proc.returncode == 130, out
     assert "Traceback" not in out and out.count("interrupted") == 1, out
+    assert "death signal" not in out, out  # torch's agent's "Received 2 death signal ..."
     hint = f"to resume from the last checkpoint: run the same command with run.dir={tiny.parent / 'cc'}"
     assert hint in out, out
 

@@ -66,6 +66,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "train.grad_clip=-1"], "below the minimum 0"),
     (["run", "checkpoint.keep=0"], "below the minimum 1"),
     (["run", "data.num_workers=-2"], "below the minimum 0"),
+    (["run", "data.timeout=0"], "below the minimum 1"),
     (["run", "launcher=local", "launcher.max_restarts=-1"], "below the minimum 0"),
     (["run", "launcher.rdzv_timeout=0"], "below the minimum 1"),
     (["run", "data=synthetic", "data.num_classes=0"], "num_samples and num_classes must be >= 1"),

@@ -27,6 +27,14 @@ pytestmark = pytest.mark.slow
 
 # the suite's small config (tests/conftest.py), with batch 16 and the fault-injecting plugin
 TINY = base.TINY.replace("batch_size: 32", "batch_size: 16") + "imports: [faulty]\n"
+# streamed data (samples made in `__getitem__`, tests/plugins/faulty.py) read by 2 DataLoader
+# workers per rank: 128 samples, 8 a batch (16 steps an epoch inline, 8 with 2 ranks)
+STREAMED = TINY.replace(
+    "data: {name: synthetic, shape: [20], num_classes: 4, num_samples: 512, val_samples: 128, "
+    "batch_size: 16}",
+    "data: {name: streamed, num_samples: 128, val_samples: 32, batch_size: 8, num_workers: 2}",
+)
+assert STREAMED != TINY
 LOCAL = ["launcher=local", "launcher.nproc=2", "launcher.max_restarts=3", "+model.dropout=0.2"]
 env = base.cli_env
 
@@ -229,25 +237,39 @@ def test_nan_loss_stops_with_the_step_and_last_checkpoint(tmp_path: Path) -> Non
     )
 
 
-def test_a_user_error_in_local_workers_ends_the_output_in_two_lines(tmp_path: Path) -> None:
-    """The workers print the error and its hint; torch's agent's own line about a worker that
-    exited with code 2 ("failed (exitcode: 2) local_rank: ...") does not follow them."""
-    (tmp_path / "tiny.yml").write_text(TINY)
+@pytest.mark.parametrize("who", ["every rank", "rank 1 alone"])
+def test_a_user_error_in_local_workers_ends_the_output_in_two_lines(
+    who: str, tmp_path: Path
+) -> None:
+    """The first rank to meet a user error prints it and its hint: once when every rank meets
+    it (a non-finite loss), and when rank 1 alone does (a corrupt sample of its shard); neither
+    torch's agent's line about a worker that exited with code 2 ("failed (exitcode: 2)
+    local_rank: ...") nor the other rank's gloo traceback ("Connection closed by peer")
+    follows them."""
+    if who == "every rank":
+        (tmp_path / "tiny.yml").write_text(TINY)
+        fault, said = ["train.step=nan_at_step"], "non-finite train/loss by step "
+        faults = env(NAN_AT_STEPS="3")
+    else:  # sample 129: the second of the validation set, in rank 1's shard
+        (tmp_path / "tiny.yml").write_text(STREAMED)
+        fault, said = [], "sample 129 of rank 1 cannot be decoded"
+        faults = env(BAD_AT_SAMPLE="1:129")
     proc = expctl(
         tmp_path,
         "launcher=local",
         "launcher.nproc=2",
         "train.device=cpu",
-        "train.step=nan_at_step",
+        *fault,
         "run.dir=n",
         check=False,
-        env=env(NAN_AT_STEPS="3"),
+        env=faults,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("expctl: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"expctl: error: {said}"), proc.stderr
     last = proc.stderr.strip().splitlines()[-2:]
-    assert last[0].startswith("expctl: error: non-finite train/loss by step "), proc.stderr
-    assert last[1].startswith("  HINT: "), proc.stderr
-    assert "exitcode" not in proc.stderr
+    assert last[0] == errors[0] and last[1].startswith("  HINT: "), proc.stderr
+    assert "exitcode" not in proc.stderr and "Connection closed" not in proc.stderr
 
 
 def test_nan_loss_skip_drops_the_update_and_counts_it(tmp_path: Path) -> None:
@@ -357,3 +379,168 @@ def test_local_workers_die_with_a_killed_launcher_and_the_relaunch_resumes(tmp_p
     base.wait_for("the orphaned workers to end", lambda: not base.workers_of(run_dir), 20)
     again = expctl(tmp_path, *args, env=env(SLOW_STEP_S="0"))
     assert "resumed from" in again.stdout
+
+
+def test_data_workers_fork_before_any_thread_and_a_stalled_rank_ends_the_run_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """2 ranks, a validation every 2 steps (DESIGN.md trap 13): every fork of a rank happened
+    while no other thread of it ran, so never while the training workers' queue feeders ran
+    (tests/plugins/forkprobe.py); and when rank 1's worker never returns a validation batch (the
+    4th validation), the run ends after data.timeout with one line naming rank 1, exit 1, not
+    after launcher.collective_timeout."""
+    (tmp_path / "tiny.yml").write_text(STREAMED)
+    forks = tmp_path / "forks.jsonl"
+    proc = expctl(
+        tmp_path,
+        "imports=[faulty,forkprobe]",
+        "launcher=local",
+        "launcher.nproc=2",
+        "launcher.collective_timeout=300",
+        "train.val_every_steps=2",
+        "data.timeout=3",
+        "run.dir=stall",
+        check=False,
+        env=env(FORK_PROBE=str(forks), STALL_AT_SAMPLE="1:129:4"),
+    )
+    records = [json.loads(line) for line in forks.read_text().splitlines()]
+    assert len(records) == 4, records  # 2 workers for each rank, forked once
+    assert all(r["threads"] == [] and r["frames"] == 0 for r in records), records
+    said = [line for line in proc.stderr.splitlines() if line.startswith("expctl:")]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert said == [
+        "expctl: error: rank 1: no val batch from its 2 DataLoader worker(s) in data.timeout=3 s: "
+        "a worker is stuck in the dataset's __getitem__ (or collate); raise data.timeout if a "
+        "batch takes that long"
+    ], proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == said[0]
+
+
+def test_resume_with_data_workers_and_dropout_is_bitwise(tmp_path: Path) -> None:
+    """Stopped mid-epoch and continued, a run on streamed data with dropout ends with bitwise
+    the weights and momentum of the uninterrupted run (the DataLoader's seed draw took a number
+    from torch's generator, which dropout uses, only when its workers started)."""
+    (tmp_path / "tiny.yml").write_text(STREAMED)
+    args = ["+model.dropout=0.2"]
+    expctl(tmp_path, *args, "run.dir=whole")
+    expctl(tmp_path, *args, "train.max_steps=11", "run.dir=parts")
+    again = expctl(tmp_path, *args, "run.dir=parts")
+    assert "resumed from" in again.stdout
+    whole, parts = (
+        checkpoint.load(checkpoint.list_checkpoints(tmp_path / d)[0]) for d in ("whole", "parts")
+    )
+    assert whole["step"] == parts["step"] == 32
+    for key in ("models", "optimizers"):
+        a, b = _tensors(whole[key]), _tensors(parts[key])
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), key
+
+
+def _tensors(tree: object, at: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a nested state dict, by path."""
+    if isinstance(tree, torch.Tensor):
+        return {at: tree}
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _tensors(sub, f"{at}/{key}").items()}
+    if isinstance(tree, (list, tuple)):
+        return {k: v for i, sub in enumerate(tree) for k, v in _tensors(sub, f"{at}/{i}").items()}
+    return {}
+
+
+@pytest.mark.parametrize("launcher", ["inline", "local"])
+def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
+    launcher: str, tmp_path: Path
+) -> None:
+    """SIGTERM to `expctl run` alone (as Kubernetes or a spot instance sends it; under
+    launcher=local the launcher passes it on to each rank's process group, DataLoader workers
+    included, which leave it to their rank): every rank stops at the same step, the checkpoint
+    of that step is saved, the last line says how to resume, exit 143; and that command
+    resumes."""
+    (tmp_path / "tiny.yml").write_text(STREAMED)
+    run_dir = tmp_path / "term"
+    ranks = ["launcher=local", "launcher.nproc=2"] if launcher == "local" else []
+    args = [*ranks, "train.step=slow", "train.max_epochs=20", f"run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],
+        cwd=tmp_path,
+        env=env(SLOW_STEP_S="0.05"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 180
+    while not (metrics.is_file() and metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "death signal" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    resume = f"run the same command with run.dir={run_dir} to resume"
+    assert last.startswith("expctl: stopped by SIGTERM") and last.endswith(resume), err
+    saved = checkpoint.load(checkpoint.list_checkpoints(run_dir)[0])["step"]
+    assert 0 < saved < 20 * (16 if launcher == "inline" else 8)
+    if launcher == "inline":
+        assert f"at step {saved};" in last
+    again = expctl(tmp_path, *args, env=env(SLOW_STEP_S="0"))
+    assert f"(step {saved}," in again.stdout, again.stdout[-2000:]  # "resumed from ... (step N,"
+
+
+def test_ctrl_c_while_a_sweep_trial_closes_its_data_workers_stops_the_sweep(
+    tmp_path: Path,
+) -> None:
+    """The SIGINT lands while trial 0 closes its DataLoader workers (a worker sends it once
+    its DataLoader tells the workers to stop, tests/plugins/faulty.py): the sweep stops there,
+    exit 130, the line that says how to resume it; not "Exception ignored ... KeyboardInterrupt"
+    and a sweep that runs on to exit 0."""
+    (tmp_path / "tiny.yml").write_text(STREAMED)
+    proc = subprocess.run(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", "-m", "optim.lr=0.1,0.2"]
+        + ["data.val_batch_size=2", "train.limit_val_batches=1"]
+        + ["train.max_epochs=1", "sweep.metric=train/loss", "sweep.mode=min"],
+        cwd=tmp_path,
+        # sample 130 (the 3rd of the validation set, in its second batch): read ahead, never used
+        env=env(INTERRUPT_AT_SAMPLE="0:130"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        # Ctrl-C as a terminal's foreground program gets it, also when these tests run from a
+        # background job (whose SIGINT is ignored, and an ignored signal is inherited)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "to resume from the last checkpoint: expctl sweep resume " in proc.stderr
+    assert "trial_001" not in proc.stdout, "the sweep went on"
+
+
+@pytest.mark.skipif(
+    not os.environ.get("EXPCTL_DATA_SOAK"), reason="a soak: EXPCTL_DATA_SOAK=N validations"
+)
+def test_soak_validations_on_streamed_data_with_several_workers(tmp_path: Path) -> None:
+    """EXPCTL_DATA_SOAK=N: 2 ranks with 4 DataLoader workers each validate after each of N
+    steps; the run completes (a hung worker would end it after data.timeout, a hung collective
+    after launcher.collective_timeout), and no rank forked while another of its threads ran."""
+    n = int(os.environ["EXPCTL_DATA_SOAK"])
+    (tmp_path / "tiny.yml").write_text(STREAMED)
+    forks = tmp_path / "forks.jsonl"
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", "imports=[faulty,forkprobe]"]
+        + ["launcher=local", "launcher.nproc=2", "launcher.collective_timeout=120"]
+        + ["data.num_workers=4", "data.timeout=60", "train.val_every_steps=1"]
+        + ["train.max_epochs=100000", f"train.max_steps={n}", "train.log_every=50"]
+        + ["run.dir=soak"],
+        cwd=tmp_path,
+        env=env(FORK_PROBE=str(forks)),
+        capture_output=True,
+        text=True,
+        timeout=60 + 10 * n,
+    )
+    print(f"soak: {n} validations in {time.time() - t0:.0f} s, exit {proc.returncode}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in forks.read_text().splitlines()]
+    assert len(records) == 8 and all(r["threads"] == [] for r in records), records
+    rows = (tmp_path / "soak" / "metrics.jsonl").read_text().splitlines()
+    assert sum('"val/loss"' in r for r in rows) >= n

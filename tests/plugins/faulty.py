@@ -172,3 +172,79 @@ def _stall_checkpoint_write() -> None:
 
     save._stalls = True  # type: ignore[attr-defined]
     torch.save = save
+
+
+class _Made:
+    """A map-style dataset whose samples are made in `__getitem__` (streamed by DataLoader
+    workers): a fixed input per index, plus noise from torch's RNG (as a random transform).
+
+    Faults, each named by "RANK:INDEX[:NTH]": the NTH read (default the first) of sample INDEX
+    (the validation set's numbered after the training set's) by a DataLoader worker of rank
+    RANK. $STALL_AT_SAMPLE: that read never returns. $INTERRUPT_AT_SAMPLE: it waits until its
+    DataLoader shuts the workers down, then sends SIGINT to the rank (a Ctrl-C that lands while
+    the rank closes its DataLoader), and never returns. $BAD_AT_SAMPLE: it raises a
+    corrupt-image error."""
+
+    reads: dict[int, int] = {}  # per process: how often each sample was read
+
+    def __init__(self, n: int, dim: int, classes: int, offset: int) -> None:
+        self.n, self.dim, self.classes, self.offset = n, dim, classes, offset
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
+        import torch
+
+        key = index + self.offset
+        _Made.reads[key] = _Made.reads.get(key, 0) + 1
+        if _hit("INTERRUPT_AT_SAMPLE", key):
+            _interrupt_the_close()
+        if _hit("STALL_AT_SAMPLE", key):
+            import time
+
+            time.sleep(10_000)
+        if _hit("BAD_AT_SAMPLE", key):
+            from expctl.datasets.images import CorruptImage
+
+            raise CorruptImage(
+                f"sample {key} of rank {os.environ.get('RANK', '0')} cannot be decoded"
+            )
+        g = torch.Generator().manual_seed(key)
+        x = torch.randn(self.dim, generator=g) + 0.05 * torch.randn(self.dim)
+        return x, int(x[: self.classes].argmax())
+
+
+def _hit(variable: str, key: int) -> bool:
+    spec = os.environ.get(variable, "").split(":")
+    if len(spec) < 2 or spec[:2] != [os.environ.get("RANK", "0"), str(key)]:
+        return False
+    return _Made.reads[key] == int((spec + ["1"])[2])
+
+
+def _interrupt_the_close() -> None:
+    """In a DataLoader worker: once its DataLoader starts shutting the workers down (torch's
+    worker loop holds the event it sets), SIGINT to the rank; then stay busy."""
+    import sys
+    import time
+
+    frame = sys._getframe()
+    while frame.f_code.co_name != "_worker_loop":
+        frame = frame.f_back  # type: ignore[assignment]
+    done = frame.f_locals["done_event"]
+    while not done.is_set():
+        time.sleep(0.01)
+    os.kill(os.getppid(), signal.SIGINT)
+    time.sleep(10_000)
+
+
+@register("datasets", "streamed")
+def streamed(num_samples: int = 256, val_samples: int = 64, dim: int = 20, num_classes: int = 4):
+    """Samples made one by one in `__getitem__` (no TensorDataset): the streamed data path."""
+    from expctl import DataInfo, Splits
+
+    return Splits(
+        _Made(num_samples, dim, num_classes, 0),
+        _Made(val_samples, dim, num_classes, num_samples),
+        DataInfo((dim,), num_classes),
+    )

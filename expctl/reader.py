@@ -1,0 +1,208 @@
+"""One rank's DataLoader workers: every streamed split (train, val, test) is read by one set of
+worker processes, forked once, while no other thread of the process runs, and kept for the run.
+
+Why once: fork() copies only the calling thread, and a child forked while another thread held a
+lock (the queue feeders of persistent workers, a pin-memory or logger thread) can hang in
+CPython's after-fork clean-up before it runs a line (DESIGN.md trap 13). A loader per split would
+fork its workers at the first validation, while the training workers' feeder threads run; here
+`Reader.start` forks them all in `build`, before the loop, its loggers or any queue thread exist.
+
+Passes share the workers: a pass (`read`) that starts while another is unfinished (a validation
+within an epoch) takes the workers over; the earlier pass asks again for what it had not yet
+received when it goes on (samples are keyed, so a sample read twice is the same sample). A worker
+that stops answering ends the run after `data.timeout` seconds, naming the rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, default_collate
+
+from expctl.errors import RunError
+
+
+@dataclass(frozen=True)
+class Loading:
+    """DataLoader settings of streamed datasets (data.num_workers & co, resolved)."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+    timeout: float = 300.0  # seconds a rank waits for a batch from its workers
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The RNG seed of one sample's random transforms in one epoch."""
+    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % (2**63)
+
+
+def hook(dataset: Any, name: str) -> Callable[..., Any] | None:
+    """A dataset's optional `collate` / `on_device`, looked up through Subset views."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return getattr(dataset, name, None)
+
+
+class _Keyed(Dataset[Any]):
+    """Reads key (split, epoch, i): sample i of that split with torch's RNG seeded for it."""
+
+    def __init__(self, datasets: Sequence[Dataset[Any]], seeds: Sequence[int]) -> None:
+        self.datasets, self.seeds = tuple(datasets), tuple(seeds)
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self.datasets)  # type: ignore[misc, arg-type]
+
+    def __getitem__(self, key: tuple[int, int, int]) -> tuple[int, Any]:
+        split, epoch, index = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(self.seeds[split], epoch, index))
+            return split, self.datasets[split][index]
+
+
+class _Collate:
+    """Joins a batch's samples with its split's `collate` (default: stacking)."""
+
+    def __init__(self, datasets: Sequence[Dataset[Any]]) -> None:
+        self.collates = tuple(hook(d, "collate") or default_collate for d in datasets)
+
+    def __call__(self, samples: list[tuple[int, Any]]) -> Any:
+        return self.collates[samples[0][0]]([s for _, s in samples])
+
+
+class _Plan(Sampler[list[Any]]):
+    """The batches (lists of keys) of the current pass."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _worker_init(worker_id: int) -> None:
+    """A worker ends when its rank closes the reader, or with its rank, never on its own:
+    SIGTERM (sent to a rank's whole process group, or to every process of a Slurm step) and
+    Ctrl-C are for the rank to act on: a worker that died of them would fail the rank (torch's
+    SIGCHLD handler) before it saved its checkpoint. A rank killed outright takes its workers
+    along (Linux's PR_SET_PDEATHSIG), stuck ones included."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import ctypes
+    import ctypes.util
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Reader:
+    """The DataLoader workers that read `splits` (name -> streamed dataset) for one rank.
+
+    Args:
+        seed: train.seed; the training split's samples draw from (seed, epoch, index), the
+            others from (0, -1, index).
+        rank: named when the workers stop answering.
+    """
+
+    def __init__(self, splits: dict[str, Dataset[Any]], loading: Loading, seed: int, rank: int):
+        self.names, self.loading, self.rank = list(splits), loading, rank
+        datasets = list(splits.values())
+        self._plan = _Plan()
+        workers = loading.num_workers
+        extra: dict[str, Any] = {}
+        if workers:
+            extra = {"persistent_workers": True, "prefetch_factor": loading.prefetch_factor}
+            extra.update(timeout=loading.timeout, worker_init_fn=_worker_init)
+        self.loader: DataLoader[Any] | None = DataLoader(
+            _Keyed(datasets, [seed if n == "train" else 0 for n in self.names]),
+            batch_sampler=self._plan,
+            collate_fn=_Collate(datasets),
+            num_workers=workers,
+            pin_memory=loading.pin_memory,
+            # its workers' base seed is drawn from here, not from torch's global generator,
+            # whose state a checkpoint restores (dropout's): a resumed run draws what the
+            # uninterrupted one did
+            generator=torch.Generator().manual_seed(seed),
+            **extra,
+        )
+        self._it: Iterator[Any] | None = None
+        self._turn = 0
+        self._workers: list[multiprocessing.process.BaseProcess] = []
+
+    def start(self) -> None:
+        """Fork the workers now (with an empty pass: no queue thread starts)."""
+        if self.loader is not None and self.loader.num_workers and self._it is None:
+            before = set(multiprocessing.active_children())
+            self._plan.batches = []
+            self._it = iter(self.loader)
+            self._workers = [p for p in multiprocessing.active_children() if p not in before]
+
+    def read(self, split: str, epoch: int, batches: Sequence[Sequence[int]]) -> Iterator[Any]:
+        """The collated batches of `split` (lists of sample indices) in order; `epoch` keys
+        the training split's random transforms."""
+        which = self.names.index(split)
+        plan = [[(which, epoch, i) for i in b] for b in batches]
+        done = 0
+        while done < len(plan):
+            self._turn += 1
+            turn = self._turn
+            self._plan.batches = plan[done:]
+            if self.loader is None:
+                raise RuntimeError("the reader is closed")
+            self._it = iter(self.loader)  # only `self` holds it: `close` ends the workers
+            while self._turn == turn and done < len(plan):
+                batch = self._next(split)
+                done += 1
+                yield batch
+
+    def _next(self, split: str) -> Any:
+        assert self._it is not None
+        try:
+            return next(self._it)
+        except RuntimeError as e:
+            if not str(e).startswith("DataLoader timed out"):
+                raise
+        raise RunError(
+            f"rank {self.rank}: no {split} batch from its {self.loading.num_workers} DataLoader "
+            f"worker(s) in data.timeout={self.loading.timeout:g} s: a worker is stuck in the "
+            "dataset's __getitem__ (or collate); raise data.timeout if a batch takes that long"
+        ) from None
+
+    def close(self) -> None:
+        """End the workers now. A Ctrl-C meanwhile is held until they are gone, then raised:
+        in the iterator's __del__ it would be printed as "Exception ignored" and lost."""
+        with deferred_interrupt():
+            self._it = self.loader = None  # torch's iterator asks its workers to stop, and waits
+            for p in self._workers:  # one stuck in __getitem__ ignored that (and SIGTERM)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            self._workers = []
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """A SIGINT inside is held, and sent again on leaving, to the handler it was meant for
+    (Python's raises KeyboardInterrupt). Only the main thread can: elsewhere, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        if got:
+            signal.raise_signal(signal.SIGINT)
