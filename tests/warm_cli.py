@@ -85,4 +85,7 @@ if __name__ == "__main__":
     from expctl import registry
 
     registry.load_builtins()
+    # Hydra's first composition builds its grammar and config repository (~2 s here); every
+    # child composes again from its own files and arguments, as in-process tests do
+    expctl.compose.compose(None, [])
     serve()

@@ -16,6 +16,9 @@ outputs). Features are standardised with the training split's mean and std unles
 from __future__ import annotations
 
 import csv
+import math
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from expctl.registry import register
 TASKS = ("classification", "regression")
 SUFFIXES = (".csv", ".npy", ".npz")
 MAX_BYTES = 8 * 2**30  # one file read whole into memory
+MAX_CLASSES = 1_000_000  # integer labels 0..N-1 make N classes: the model's outputs
 
 
 def _path(key: str, value: str) -> Path:
@@ -85,8 +89,16 @@ def _column(target: str | int | None, header: list[str] | None, width: int, wher
 def _read_csv(
     path: Path, target: str | int | None, features: list[Any] | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        rows = [r for r in csv.reader(f) if r]
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            rows = [r for r in reader if r]
+    except (csv.Error, UnicodeDecodeError) as e:  # a field over 128 KiB, bytes not UTF-8
+        where = f" line {reader.line_num}" if isinstance(e, csv.Error) else ""
+        raise UserError(
+            f"data: {path}{where} is not a CSV table ({' '.join(str(e).split())[:120]})",
+            "save it as UTF-8 CSV: one row per sample, numbers separated by commas",
+        ) from None
     if not rows:
         raise UserError(f"data: {path} is empty", "give a CSV with one row per sample")
     header = None
@@ -117,6 +129,13 @@ def _read_csv(
     return x, np.array([r[y_col].strip() for r in rows])
 
 
+def _unreadable(path: Path, e: BaseException) -> UserError:
+    return UserError(
+        f"data: {path} is not a readable NumPy file ({' '.join(str(e).split())[:160]})",
+        "save it with numpy.save / numpy.savez",
+    )
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -138,11 +157,8 @@ def _read(
         return _read_csv(path, target, features)
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"data: {path} is not a readable NumPy file ({e})",
-            "save it with numpy.save / numpy.savez",
-        ) from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated, not NumPy's
+        raise _unreadable(path, e) from None
     if isinstance(loaded, np.ndarray):
         if loaded.ndim != 2:
             raise UserError(
@@ -157,7 +173,11 @@ def _read(
         pairs += [("x", "y"), ("X", "y"), ("features", "targets")]
     for x_key, y_key in pairs:
         if {x_key, y_key} <= keys:
-            return loaded[x_key].astype(np.float32), loaded[y_key]
+            try:  # an .npz's arrays are read (and their checksums checked) here
+                x, y = loaded[x_key], loaded[y_key]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+                raise _unreadable(path, e) from None
+            return x.astype(np.float32), y
     if not whole:
         return None  # the train file holds no such split
     raise UserError(
@@ -231,12 +251,21 @@ def _targets(task: str, y: np.ndarray) -> tuple[tuple[str, ...] | None, Any]:
             "or set data.task=regression",
         )
     values = [str(v) for v in y]
+    bad = next((v for v in values if _is_number(v) and not math.isfinite(float(v))), None)
+    if bad is not None:  # int() of it raised OverflowError
+        raise UserError(f"data: class label {bad!r} is not a finite number", "fix or drop those rows")
     numeric = all(_is_number(v) and float(v) == int(float(v)) for v in values)
     names = sorted(set(values), key=lambda v: (float(v) if numeric else 0, v))
     if numeric:
         n = int(max(float(v) for v in values)) + 1
         if min(float(v) for v in values) < 0:
             raise UserError("data: integer class labels must be >= 0", "number classes from 0")
+        if n > MAX_CLASSES:
+            raise UserError(
+                f"data: class label {n - 1} makes {n} classes (labels 0..{n - 1}), more than "
+                f"{MAX_CLASSES:,}",
+                "number the classes 0..N-1, or set data.task=regression for a numeric target",
+            )
         names = [str(i) for i in range(n)]
     index = {v: i for i, v in enumerate(names)}
 
