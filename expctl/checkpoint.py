@@ -375,8 +375,7 @@ def put_weights(
 def _fits(own: torch.Tensor, theirs: torch.Tensor) -> bool:
     """Same shape; a lazy layer's parameter not yet made (nn.LazyLinear) takes its shape from
     the weights loaded into it."""
-    lazy = isinstance(own, torch.nn.parameter.UninitializedTensorMixin)
-    return lazy or own.shape == theirs.shape
+    return torch.nn.parameter.is_lazy(own) or own.shape == theirs.shape
 
 
 # ---------------------------------------------------------------------------------------------

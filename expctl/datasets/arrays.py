@@ -253,7 +253,9 @@ def _targets(task: str, y: np.ndarray) -> tuple[tuple[str, ...] | None, Any]:
     values = [str(v) for v in y]
     bad = next((v for v in values if _is_number(v) and not math.isfinite(float(v))), None)
     if bad is not None:  # int() of it raised OverflowError
-        raise UserError(f"data: class label {bad!r} is not a finite number", "fix or drop those rows")
+        raise UserError(
+            f"data: class label {bad!r} is not a finite number", "fix or drop those rows"
+        )
     numeric = all(_is_number(v) and float(v) == int(float(v)) for v in values)
     names = sorted(set(values), key=lambda v: (float(v) if numeric else 0, v))
     if numeric:
