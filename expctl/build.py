@@ -268,7 +268,21 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
             raise TypeError(
                 f"model factory '{cfg.model.name}' returned {type(m).__name__} for '{name}', not nn.Module"
             )
+        _check_image_size(cfg.model.name, m, info.input_shape)
     return models, args
+
+
+def _check_image_size(name: str, model: nn.Module, shape: tuple[int, ...]) -> None:
+    """A model built for one image size (torchvision's ViT: `image_size`) and data of another:
+    said before training, not as an assertion deep in its first forward."""
+    size = getattr(model, "image_size", None)
+    if not isinstance(size, int) or len(shape) != 3 or tuple(shape[1:]) == (size, size):
+        return
+    raise UserError(
+        f"model={name} takes {size} x {size} images; the data gives {shape[1]} x {shape[2]}",
+        f"give it {size} x {size} images (data=image_folder data.image_size={size}), or pick a "
+        "model that takes any size (e.g. model=resnet18)",
+    )
 
 
 def check_sync_batchnorm(world_size: int, device_type: str) -> None:

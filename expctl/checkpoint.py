@@ -420,7 +420,7 @@ def put_weights(
     unfit, fitting = [], {}
     for name, model in models.items():
         own, theirs = model.state_dict(), weights.get(name, {})
-        fitting[name] = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
+        fitting[name] = {k: v for k, v in theirs.items() if k in own and _fits(own[k], v)}
         reshaped = [
             f"{k} {list(v.shape)} there, {list(own[k].shape)} here"
             for k, v in theirs.items()
@@ -440,6 +440,12 @@ def put_weights(
     for name, model in models.items():
         model.load_state_dict(fitting[name], strict=False)
     return unfit
+
+
+def _fits(own: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Same shape; a lazy layer's parameter not yet made (nn.LazyLinear) takes its shape from
+    the weights loaded into it."""
+    return torch.nn.parameter.is_lazy(own) or own.shape == theirs.shape
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import contextlib
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from expctl import config as schema
@@ -72,15 +72,36 @@ def read_user_file(path: str) -> dict[str, Any]:
             f"-C {path}: config files must end in .yml or .yaml",
             "rename the file or point -C at a YAML file",
         )
+    if p.exists() and not p.is_file():  # a folder, a FIFO, a device (/dev/zero)
+        kind = "a folder" if p.is_dir() else "not a regular file"
+        raise UserError(f"-C {path}: {kind}", "point -C at a .yml file")
     if not p.is_file():
         near = sorted(str(q) for q in p.parent.glob("*.y*ml")) if p.parent.is_dir() else []
+        near = [q for q in near if q != str(p)]  # a broken link names itself
         raise UserError(
-            f"-C {path}: no such file{did_you_mean(str(p), near)}",
+            f"-C {path}: no such file.{did_you_mean(str(p), near)}",
             "check the path (relative paths start from the current directory)",
         )
     return read_yaml(
         p, f"-C {path}", empty="write settings into it, or leave -C out for the defaults"
     )
+
+
+def _option_file(root: Path, group: str, option: str, suffix: str) -> Path:
+    """GROUP/OPTION.yaml under `root`: an option names a file there, never a path elsewhere
+    (`experiment=../../x`, `experiment=/etc/x`).
+
+    Raises:
+        UserError: the option holds '..' or starts at the root.
+    """
+    parts = PurePosixPath(option).parts
+    if option.startswith(("/", "~", "\\")) or ".." in parts or "\\" in option:
+        raise UserError(
+            f"{group}={option}: a name from conf/{group}/ (or {group}/ next to your -C file), "
+            "not a path",
+            f"put the file in {group}/ next to your -C file and name it: {group}=NAME",
+        )
+    return root / group / f"{option}{suffix}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +247,7 @@ def resolve_option(group: str, option: str, dirs: Sequence[Path]) -> tuple[str, 
     the registered name itself."""
     for root in (*dirs, builtin_conf_dir()):
         for suffix in (".yaml", ".yml"):
-            p = root / group / f"{option}{suffix}"
+            p = _option_file(root, group, option, suffix)
             if not p.is_file():
                 continue
             doc = read_yaml(p, str(p))
@@ -243,7 +264,7 @@ def resolve_option(group: str, option: str, dirs: Sequence[Path]) -> tuple[str, 
 def _preset_layers(name: str, dirs: Sequence[Path], source: str) -> list[Layer]:
     for root in (*dirs, builtin_conf_dir()):
         for suffix in (".yaml", ".yml"):
-            p = root / PRESETS / f"{name}{suffix}"
+            p = _option_file(root, PRESETS, name, suffix)
             if p.is_file():
                 doc = read_yaml(p, f"experiment={name}")
                 layers = read_layers(doc, f"experiment={name}", dirs)

@@ -27,15 +27,28 @@ from expctl.layout import RunDir
 from expctl.yamlfile import read_yaml
 
 
-def _f(default: Any, *, choices: tuple[Any, ...] = (), min: float | None = None) -> Any:
+def _f(
+    default: Any,
+    *,
+    choices: tuple[Any, ...] = (),
+    min: float | None = None,
+    max: float | None = None,
+) -> Any:
     meta: dict[str, Any] = {}
     if choices:
         meta["choices"] = choices
     if min is not None:
         meta["min"] = min
+    if max is not None:
+        meta["max"] = max
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+# the longest a rank waits for a peer: 30 days, a bound well inside what Python's and torch's
+# timers take (1e308 s overflowed them in a traceback); a peer silent for longer is gone
+MAX_WAIT_S = 30 * 86400
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,7 @@ class TrainConfig:
     precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))  # auto: bf16 on capable GPUs
     grad_accum: int = _f(1, min=1)  # micro-batches per optimizer step
     grad_clip: float | None = _f(None, min=0)  # max global gradient norm
-    seed: int = 0
+    seed: int = _f(0, min=0, max=2**63 - 1)  # torch's generators take 64 bits (+ rank, epoch)
     log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
     val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
     val_every_steps: int | None = _f(None, min=1)  # also validate every N optimizer steps
@@ -111,8 +124,8 @@ class InlineLauncher:
     """Train in this process (or in each task torchrun / srun started)."""
 
     name: str = "inline"
-    rdzv_timeout: float = _f(120.0, min=1)  # seconds a rank waits for rank 0
-    collective_timeout: float = _f(1800.0, min=1)
+    rdzv_timeout: float = _f(120.0, min=1, max=MAX_WAIT_S)  # seconds a rank waits for rank 0
+    collective_timeout: float = _f(1800.0, min=1, max=MAX_WAIT_S)
     # preemption and time limits: the signal that asks for checkpoint + requeue
     signal: str = _f("USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG"))
     max_requeues: int = _f(3, min=0)
@@ -193,7 +206,7 @@ class SweepConfig:
     grace: int = _f(1, min=1)  # ASHA: budget every trial gets; median: warm-up before pruning
     reduction: int = _f(3, min=2)  # ASHA: keep the top 1/reduction at each rung
     repeat: int = _f(1, min=1)  # seeds per configuration
-    seed: int = 0  # the sampler's seed
+    seed: int = _f(0, min=0, max=2**32 - 1)  # the sampler's seed (NumPy's range)
     stop_on_failure: bool = False
     params: dict[str, str] = _f({})  # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
     max_concurrent: int | None = _f(None, min=1)  # trials at once; null: what the machine holds
@@ -671,9 +684,35 @@ def check_name(where: str, name: str) -> None:
     if not _NAME_CHARS.fullmatch(name) or name.startswith(".") or ".." in name:
         raise UserError(
             f"{where}={name!r}: it becomes a file or folder name and may only hold "
-            "letters, digits and _ . + = - (no '/', '..', spaces, quotes or shell characters)",
+            "ASCII letters, digits and _ . + = - (no '/', '..', spaces, quotes, shell characters "
+            "or accents)",
             f"pick a plain name, e.g. {where}=resnet18-lr0.1"
             + ("; use run.root / run.dir for the place" if where == "run.name" else ""),
+        )
+
+
+def check_path_length(where: str, path: str | None, inside: int = 0) -> None:
+    """A folder whose files' paths fit the system's limits: each name at most NAME_MAX bytes,
+    the whole (absolute, with `inside` bytes of what goes in it) under PATH_MAX.
+
+    Raises:
+        UserError: too long, before anything is created.
+    """
+    if path is None:
+        return
+    limits = []
+    for name, default in (("PC_PATH_MAX", 4096), ("PC_NAME_MAX", 255)):
+        try:
+            limits.append(os.pathconf("/", name))
+        except (OSError, ValueError):
+            limits.append(default)
+    full = os.fsencode(os.path.abspath(os.path.expanduser(path)))
+    longest = max((len(part) for part in full.split(b"/")), default=0)
+    if len(full) + inside >= limits[0] or longest > limits[1]:
+        raise UserError(
+            f"{where} is too long here ({len(full)} bytes, a name of {longest}): a run's files "
+            f"need paths under {limits[0]} bytes and names of at most {limits[1]}",
+            f"pick a shorter {where}",
         )
 
 
@@ -681,6 +720,9 @@ def _cross_checks(cfg: Config) -> None:
     t, ln = cfg.train, cfg.launcher
     for key in ("dir", "root"):
         plain_text(f"run.{key}", getattr(cfg.run, key))
+    # room for root/NAME-YYYYmmdd-HHMMSS-xxxx/ and the deepest file a run writes inside (W&B's)
+    check_path_length("run.root", cfg.run.root, inside=len(cfg.run.name) + 300)
+    check_path_length("run.dir", cfg.run.dir, inside=300)
     plain_text("checkpoint.resume", cfg.checkpoint.resume)
     check_name("run.name", cfg.run.name)
     if ln.name == "slurm":
@@ -840,9 +882,13 @@ def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
             f"{where}: '{value}' is not one of: {shown}.{suggest}",
             f"set {where} to one of: {shown}",
         )
-    low = f.metadata.get("min")
+    low, high = f.metadata.get("min"), f.metadata.get("max")
     if low is not None and value is not None and value < low:
         raise UserError(f"{where}: {value} is below the minimum {low:g}", f"set {where} >= {low:g}")
+    if high is not None and value is not None and high < value < math.inf:  # inf: not finite
+        raise UserError(
+            f"{where}: {value} is above the maximum {high}", f"set {where} to at most {high}"
+        )
     return value
 
 
@@ -921,6 +967,9 @@ def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
     try:
         resolved = OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as e:
+        unset = re.search(r"Environment variable '([A-Za-z0-9_]+)' not found", str(e))
+        if unset:
+            raise _unset_variable(unset.group(1), found, where) from None
         msg = " ".join(str(e).split("\n")[0].split())
         for name in set(re.findall(r"oc\.env:([A-Za-z0-9_]+)", " ".join(found.values()))):
             value = os.environ.get(name)
@@ -968,6 +1017,15 @@ def _from_environment(raw: Any, found: dict[str, str], resolved: Any) -> dict[st
         for k, v in found.items()
         if "oc.env" in v or changed(_lookup(resolved, _path(k)), _lookup(probed, _path(k)))
     }
+
+
+def _unset_variable(name: str, interpolated: dict[str, str], where: str) -> UserError:
+    keys = [k for k, v in interpolated.items() if f"oc.env:{name}" in v.replace(" ", "")]
+    return UserError(
+        f"{keys[0] if keys else where}: ${{oc.env:{name}}} needs the environment variable "
+        f"{name}, which is not set",
+        f"set it first (export {name}=...), or give a default: ${{oc.env:{name},VALUE}}",
+    )
 
 
 @contextlib.contextmanager

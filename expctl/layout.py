@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expctl.errors import UserError
+
 log = logging.getLogger("expctl")
 
 
@@ -124,7 +126,7 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
     for line in lines:
         try:
             item = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, an integer of 5000 digits, nested deep
             item = None
         if isinstance(item, dict):
             out.append(item)
@@ -162,8 +164,8 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
-        log.warning("cannot read %s (%s): ignored", path, e)
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested 100k deep
+        log.warning("cannot read %s (%s): ignored", path, " ".join(str(e).split())[:160])
         return {}
     if not isinstance(data, dict):
         log.warning("%s does not hold a mapping: ignored", path)
@@ -272,8 +274,13 @@ class RunDir:
 
     def read_provenance(self) -> dict[str, Any]:
         """provenance.json: ``{"launches": [{..., "attempts": [...]}]}`` ({} without one; a
-        warning when it cannot be read)."""
-        return _read_mapping(self.provenance)
+        warning when it cannot be read, or holds something else)."""
+        data = _read_mapping(self.provenance)
+        launches = data.get("launches", [])
+        if not isinstance(launches, list) or not all(isinstance(e, dict) for e in launches):
+            log.warning("%s does not hold a list of launches: ignored", self.provenance)
+            return {}
+        return data
 
     def is_run(self) -> bool:
         """Whether this folder holds a frozen config."""
@@ -310,6 +317,31 @@ class RunDir:
         if not self.checkpoints.is_dir():
             return []
         return sorted(self.checkpoints.glob("step_*.pt"), reverse=True)
+
+
+def _damaged_spec(path: Path, why: str) -> UserError:
+    return UserError(
+        f"{path} is damaged ({why})",
+        "the trials' folders (trial_NNN/) still hold their results: `expctl runs` lists them",
+    )
+
+
+def _checked_spec(path: Path, spec: Any) -> dict[str, Any]:
+    """A sweep.json as `expctl run -m` writes it: points a list of mappings, counts integers,
+    the -C file a path or null, the plain overrides a list of strings."""
+    if not isinstance(spec, dict):
+        raise _damaged_spec(path, f"a {type(spec).__name__}, not a mapping")
+    checks = {
+        "points": lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v),
+        "repeat": lambda v: isinstance(v, int) and v >= 1,
+        "n_trials": lambda v: isinstance(v, int) and v >= 0,
+        "config_file": lambda v: isinstance(v, str),
+        "plain": lambda v: isinstance(v, list) and all(isinstance(o, str) for o in v),
+    }
+    for key, ok in checks.items():
+        if spec.get(key) is not None and not ok(spec[key]):
+            raise _damaged_spec(path, f"{key}: {str(spec[key])[:40]!r}")
+    return spec
 
 
 @dataclass(frozen=True)
@@ -377,4 +409,13 @@ class SweepDir:
         return [RunDir(p.parent) for p in sorted(self.path.glob(f"trial_*/{RunDir.CONFIG}"))]
 
     def read_spec(self) -> dict[str, Any]:
-        return dict(json.loads(self.spec.read_text()))
+        """sweep.json, checked for the keys and types every reader takes from it.
+
+        Raises:
+            UserError: it cannot be read, or is not what `expctl run -m` wrote.
+        """
+        try:
+            spec = json.loads(self.spec.read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            raise _damaged_spec(self.spec, " ".join(str(e).split())[:120]) from None
+        return _checked_spec(self.spec, spec)

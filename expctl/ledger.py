@@ -115,7 +115,11 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
     out = [_row(n, t, s, states, dirs[n]) for n, t in latest.items()]
-    spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
+    try:
+        spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
+    except UserError as e:  # the trials the journal holds still show
+        log.warning("%s: trials not started yet are not listed", e.message)
+        spec = {}
     for n, (params, seed_idx) in enumerate(planned(spec)):
         if n not in latest:
             out.append(_unstarted(path, n, params, seed_idx, sampled=not spec.get("points")))
@@ -125,13 +129,7 @@ def rows(sweep_dir: str | Path) -> list[Row]:
 def _journal_trials(path: Path, s: SweepConfig) -> list[Any]:
     """The journal's trials, with a warning for trial folders it holds no record of."""
     journal = SweepDir(path).journal
-    try:
-        trials = open_study(path, s).get_trials(deepcopy=False)
-    except (ValueError, KeyError) as e:
-        raise UserError(
-            f"{journal} is damaged ({' '.join(str(e).split())[:120]})",
-            "each trial's folder (trial_NNN/result.json, metrics.jsonl) still holds its results",
-        ) from None
+    trials = read_study(path, s).get_trials(deepcopy=False)
     if not journal.read_bytes().endswith(b"\n"):
         log.warning("%s: its last line is incomplete (being written, or truncated)", journal)
     # by name: the sweep may have been moved since the journal recorded its trials' paths
@@ -142,6 +140,41 @@ def _journal_trials(path: Path, s: SweepConfig) -> list[Any]:
             "%s holds no record of %s: the journal lost them", journal, ", ".join(missing[:5])
         )
     return list(trials)
+
+
+# what Optuna's replay of a damaged journal raises: a line not JSON, nested too deep, of another
+# shape, an unknown operation ("Should not reach."), no study at all (empty)
+_DAMAGE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError)
+
+
+def read_study(path: Path, s: SweepConfig, to_write: bool = False) -> Any:
+    """The sweep's Optuna study with its journal read (`sweep table`, `best`, `resume`).
+
+    Args:
+        to_write: records will be appended (`sweep resume`): every line must be JSON. Optuna
+            reads past a damaged last line (one being written) but not past one followed by more.
+
+    Raises:
+        UserError: the journal is missing or damaged beyond reading.
+    """
+    journal = SweepDir(path).journal
+    if not journal.is_file():  # Optuna would make an empty one
+        raise UserError(
+            f"{path}: not a sweep directory (no {SweepDir.JOURNAL})",
+            "pass the folder `expctl run -m` printed",
+        )
+    try:
+        if to_write:
+            for line in journal.read_bytes().splitlines():
+                json.loads(line)
+        study = open_study(path, s)
+        study.get_trials(deepcopy=False)
+    except (*_DAMAGE, RecursionError) as e:
+        raise UserError(
+            f"{journal} is damaged ({type(e).__name__}: {' '.join(str(e).split())[:120]})",
+            "each trial's folder (trial_NNN/result.json, metrics.jsonl) still holds its results",
+        ) from None
+    return study
 
 
 def _number(trial: Any) -> int:

@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -111,6 +112,7 @@ class TensorBoard(Logger):
         # a resumed run hides what an earlier attempt logged after its checkpoint
         purge = start_step + 1 if start_step else None
         self.writer = SummaryWriter(str(RunDir(run_dir).tb), purge_step=purge)
+        _quiet_writer_thread()
         self.params: dict[str, Any] = {}
         self.last: dict[str, float] = {}
 
@@ -131,6 +133,23 @@ class TensorBoard(Logger):
             for summary in hparams(self.params, final):
                 events.add_summary(summary)
         self.writer.close()
+
+
+def _quiet_writer_thread() -> None:
+    """TensorBoard writes events from a thread, which prints its traceback when the disk is full
+    (then dies): the training thread's next write raises the same OSError, which expctl reports
+    in one line. Other threads' exceptions are printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "_expctl", False):
+        return
+
+    def hook(args: Any) -> None:
+        writer = type(args.thread).__name__ == "_AsyncWriterThread"
+        if not (writer and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook._expctl = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 @register("loggers", "csv")

@@ -51,9 +51,9 @@ def plot(sweep_dir: str | Path) -> Plots:
     Raises:
         UserError: matplotlib (the `plot` extra) is missing, or SWEEP_DIR is no sweep.
     """
-    plt, vis, optuna = _imports()
     path = Path(sweep_dir)
-    s = ledger.settings(path)
+    s = ledger.settings(path)  # before matplotlib, which builds its font cache in ~ on import
+    plt, vis, optuna = _imports()
     rows = ledger.rows(path)
     study = _study(path, s, rows)
     done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]

@@ -154,12 +154,13 @@ def record(run_dir: Path, launch: Launch, env: DistEnv) -> None:
         RunError: the file could not be written.
     """
     run = RunDir(run_dir)
-    launches = list(run.read_provenance().get("launches", []))
-    entry = next((e for e in launches if isinstance(e, dict) and e.get("id") == launch.id), None)
+    launches = list(run.read_provenance().get("launches", []))  # a damaged file: [] (warned)
+    entry = next((e for e in launches if e.get("id") == launch.id), None)
     if entry is None:
         entry = _launch_entry(run, launch.pin())
         launches.append(entry)
-    entry.setdefault("attempts", []).append(attempt(env))
+    before = entry.get("attempts")
+    entry["attempts"] = [*(before if isinstance(before, list) else []), attempt(env)]
     write_json(run.provenance, {"launches": launches})
 
 

@@ -43,9 +43,10 @@ def make_pruner(s: SweepConfig) -> Any:
 def _sampler(s: SweepConfig, offset: int = 0) -> Any:
     import optuna
 
+    seed = (s.seed + offset) % 2**32  # NumPy's range, which Optuna's samplers seed
     if s.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=s.seed + offset, constant_liar=True)
-    return optuna.samplers.RandomSampler(seed=s.seed + offset)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=seed)
 
 
 def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:

@@ -384,7 +384,7 @@ def _outcome(sweep_dir: Path) -> Outcome:
 def _repair_journal(journal: Path) -> None:
     """A crash mid-write leaves the journal's last record torn (never committed): drop it before
     appending, or the next record would be glued to it and the journal unreadable."""
-    data = journal.read_bytes()
+    data = journal.read_bytes() if journal.is_file() else b""  # (none: refused when read)
     if data and not data.endswith(b"\n"):
         journal.write_bytes(data[: data.rfind(b"\n") + 1])
         log.warning("%s: dropped an incomplete last record (a crash while writing it)", journal)
@@ -410,7 +410,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
         if frozen
         else compose.compose(spec["config_file"], spec["plain"])
     )
-    study = open_study(path, base.sweep)
+    study = ledger.read_study(path, base.sweep, to_write=True)
     todo: list[Slot] = []
     for r in ledger.rows(path):
         if r.status in ledger.UNFINISHED:

@@ -33,8 +33,16 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
         with open(p, "rb") as f:
             data = f.read(YAML_MAX_BYTES + 1)
         text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{where}: cannot read it ({e.__class__.__name__}: {e})") from None
+    except OSError as e:
+        raise UserError(
+            f"{where}: cannot read it ({e.__class__.__name__}: {e})",
+            "check the file's permissions, or point at another file",
+        ) from None
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{where}: not a text file (byte {e.start} is not UTF-8: {e.reason})",
+            "a config is YAML text saved as UTF-8; point at the .yml file itself",
+        ) from None
     if len(data) > YAML_MAX_BYTES:
         raise UserError(
             f"{where}: the file is larger than {YAML_MAX_BYTES // 2**20} MiB, the limit for a "
@@ -60,6 +68,25 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
     return {str(k): v for k, v in out.items()}
 
 
+def _has_alias(text: str) -> bool:
+    import yaml
+
+    return any(isinstance(t, yaml.AliasToken) for t in yaml.scan(text, Loader=yaml.SafeLoader))
+
+
+def _too_many(where: str, aliased: bool) -> UserError:
+    if not aliased:
+        return UserError(
+            f"{where}: more than {YAML_MAX_VALUES} values, the limit for a config file",
+            "a config holds settings; lists of data belong in files a dataset reads",
+        )
+    return UserError(
+        f"{where}: more than {YAML_MAX_VALUES} values once its aliases (*name) are expanded, "
+        "the limit for a config file (an alias bomb?)",
+        "write the values out, or alias small blocks only",
+    )
+
+
 def _check_expansion(text: str, where: str) -> None:
     """Count the values of a YAML text with its aliases expanded, on PyYAML's node graph (an
     alias is one shared node there) before any object is built: each node once, no recursion."""
@@ -80,11 +107,7 @@ def _check_expansion(text: str, where: str) -> None:
             sizes[id(node)] = 1 + sum(sizes[id(c)] for c in kids)
             open_nodes.discard(id(node))
             if sizes[id(node)] > YAML_MAX_VALUES:
-                raise UserError(
-                    f"{where}: more than {YAML_MAX_VALUES} values once its aliases (*name) are "
-                    f"expanded, the limit for a config file (an alias bomb?)",
-                    "write the values out, or alias small blocks only",
-                )
+                raise _too_many(where, _has_alias(text))
         elif id(node) in open_nodes:
             raise UserError(
                 f"{where}: an alias refers to a block that contains it (a recursive alias)",

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 
 
 def _child(req: dict[str, object]) -> None:
@@ -35,6 +36,7 @@ def _child(req: dict[str, object]) -> None:
         env = dict(req["env"])  # type: ignore[call-overload]
         os.environ.clear()
         os.environ.update(env)
+        tempfile.tempdir = None  # found again from this environment's TMPDIR, as a new process
         extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [os.getcwd(), *extra, *SITE]
         sys.argv = ["expctl", *req["argv"]]  # type: ignore[misc]
@@ -85,4 +87,7 @@ if __name__ == "__main__":
     from expctl import registry
 
     registry.load_builtins()
+    # Hydra's first composition builds its grammar and config repository (~2 s here); every
+    # child composes again from its own files and arguments, as in-process tests do
+    expctl.compose.compose(None, [])
     serve()

@@ -19,6 +19,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ TASKS = ("classification", "regression")
 SUFFIXES = (".csv", ".npy", ".npz")
 MAX_BYTES = 8 * 2**30  # one file read whole into memory
 NOT_FINITE = ["nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"]
+MAX_CLASSES = 1_000_000  # integer labels 0..N-1 make N classes: the model's outputs
 
 
 def _path(key: str, value: str) -> Path:
@@ -88,8 +91,16 @@ def _column(target: str | int | None, header: list[str] | None, width: int, wher
 
 
 def _read_csv(path: Path, target: str | int | None, features: list[Any] | None) -> Table:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        rows = [r for r in csv.reader(f) if r]
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            rows = [r for r in reader if r]
+    except (csv.Error, UnicodeDecodeError) as e:  # a field over 128 KiB, bytes not UTF-8
+        where = f" line {reader.line_num}" if isinstance(e, csv.Error) else ""
+        raise UserError(
+            f"data: {path}{where} is not a CSV table ({' '.join(str(e).split())[:120]})",
+            "save it as UTF-8 CSV: one row per sample, numbers separated by commas",
+        ) from None
     if not rows:
         raise UserError(f"data: {path} is empty", "give a CSV with one row per sample")
     if all(len(r) == 1 for r in rows):  # no comma on any line: a table needs two columns
@@ -189,6 +200,13 @@ def _targets_of(path: Path, y: np.ndarray, name: str = "", first: int = 0) -> np
     return y
 
 
+def _unreadable(path: Path, e: BaseException) -> UserError:
+    return UserError(
+        f"data: {path} is not a readable NumPy file ({' '.join(str(e).split())[:160]})",
+        "save it with numpy.save / numpy.savez",
+    )
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -210,11 +228,8 @@ def _read(
         return _read_csv(path, target, features)
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"data: {path} is not a readable NumPy file ({e})",
-            "save it with numpy.save / numpy.savez",
-        ) from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated, not NumPy's
+        raise _unreadable(path, e) from None
     if isinstance(loaded, np.ndarray):
         if loaded.ndim != 2:
             raise UserError(
@@ -231,9 +246,13 @@ def _read(
         pairs += [("x", "y"), ("X", "y"), ("features", "targets")]
     for x_key, y_key in pairs:
         if {x_key, y_key} <= keys:
-            x = _features(path, loaded[x_key], x_key)
+            try:  # an .npz's arrays are read (and their checksums checked) here
+                x, y = loaded[x_key], loaded[y_key]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+                raise _unreadable(path, e) from None
+            x = _features(path, x, x_key)
             columns = [f"{x_key}[:, {c}]" for c in range(x.shape[1])] if x.ndim == 2 else []
-            return Table(path, x, _targets_of(path, loaded[y_key], y_key), columns)
+            return Table(path, x, _targets_of(path, y, y_key), columns)
     if not whole:
         return None  # the train file holds no such split
     raise UserError(
@@ -305,12 +324,23 @@ def _targets(task: str, y: np.ndarray) -> tuple[tuple[str, ...] | None, Any]:
             "or set data.task=regression",
         )
     values = [str(v) for v in y]
+    bad = next((v for v in values if _is_number(v) and not math.isfinite(float(v))), None)
+    if bad is not None:  # int() of it raised OverflowError
+        raise UserError(
+            f"data: class label {bad!r} is not a finite number", "fix or drop those rows"
+        )
     numeric = all(_is_number(v) and float(v) == int(float(v)) for v in values)
     names = sorted(set(values), key=lambda v: (float(v) if numeric else 0, v))
     if numeric:
         n = int(max(float(v) for v in values)) + 1
         if min(float(v) for v in values) < 0:
             raise UserError("data: integer class labels must be >= 0", "number classes from 0")
+        if n > MAX_CLASSES:
+            raise UserError(
+                f"data: class label {n - 1} makes {n} classes (labels 0..{n - 1}), more than "
+                f"{MAX_CLASSES:,}",
+                "number the classes 0..N-1, or set data.task=regression for a numeric target",
+            )
         names = [str(i) for i in range(n)]
     index = {v: i for i, v in enumerate(names)}
 

@@ -36,6 +36,7 @@ NORMALIZE = ("imagenet", "computed", "none")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DECODE = ("auto", "cpu", "gpu")
 STATS_SAMPLES = 256  # images read for normalize=computed
+MAX_IMAGE_SIZE = 8192  # a side of the samples: 3 x 8192^2 float32 is 805 MB an image
 
 
 class CorruptImage(UserError):
@@ -174,7 +175,10 @@ class ImageFiles(Dataset[Any]):
     def _pixels(self, data: bytes) -> tuple[Any, ...]:
         from PIL import Image
 
-        image = Image.open(io.BytesIO(data))
+        try:
+            image = Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError as e:  # not an OSError: a file treated as corrupt
+            raise ValueError(str(e)) from None
         if self.decode != "gpu":
             pixels = pil_sample(image, self.size, self.channels, self.train, self.preset)
             image.load()  # (done by now) a truncated file fails in the worker, named
@@ -406,8 +410,7 @@ def image_splits(
         on_corrupt=(o.on_corrupt, ("error", "skip")),
         channels=(o.channels, (1, 3)),
     )
-    if o.image_size < 8:
-        raise UserError(f"data.image_size={o.image_size} is too small (at least 8)", "e.g. 224")
+    check_image_size(o.image_size)
     if o.val_split:
         keep, held = carve(len(train_samples), o.val_split)
         train_samples, val_samples, test_samples = (
@@ -432,13 +435,25 @@ def image_splits(
     )
 
 
+def check_image_size(image_size: int = 224, **_: Any) -> None:
+    """data.image_size: what a model can take, and a batch of it fits in memory."""
+    if not 8 <= image_size <= MAX_IMAGE_SIZE:
+        raise UserError(
+            f"data.image_size={image_size}: images are resized to image_size x image_size "
+            f"pixels, from 8 to {MAX_IMAGE_SIZE}",
+            "e.g. data.image_size=224",
+        )
+
+
 def _folder_check(
     root: str | None = None,
     train: str = "train",
     val: str | None = "val",
     val_split: float = 0,
+    image_size: int = 224,
     **_: Any,
 ) -> None:
+    check_image_size(image_size)
     _folders(root, train, val, None, val_split)
 
 
@@ -529,7 +544,7 @@ def image_folder(
     return image_splits(train_samples, other[0], other[1], classes, opts)
 
 
-@register("datasets", runtime=("device",))
+@register("datasets", runtime=("device",), check=check_image_size)
 def imagenet(
     root: str | None = None,
     val_split: float = 0,

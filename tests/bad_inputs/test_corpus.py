@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -22,13 +24,14 @@ TINY_IMAGES = ["data=image_folder", "data.image_size=8", "data.batch_size=4", "m
 
 # a tiny real run: the mistakes found once it is built (a metric name, weights that do not fit)
 SMALL_RUN = ["run", *conftest.SMALL, "train.device=cpu", "sched=none"]
+ARRAYS = ["run", "data=arrays", "model=mlp", "train.device=cpu", "data.batch_size=4"]
 
 CORPUS: list[tuple[list[str], str]] = [
     (["run", "-C", "missing.yml"], "no such file"),
     (["run", "-C", "notes.txt"], "must end in .yml or .yaml"),
     (["run", "-C", "broken.yml"], "not valid YAML"),
     (["run", "-C", "list.yml"], "must hold a mapping"),
-    (["run", "-C", "unreadable.yml"], "cannot read it"),
+    (["run", "-C", "unreadable.yml"], "not a text file (byte 0 is not UTF-8"),
     (["run", "-C", "typo_section.yml"], "Did you mean 'train'"),
     (["run", "-C", "typo_key.yml"], "Did you mean 'max_epochs'"),
     (["run", "-C", "bad_default.yml"], "Did you mean 'resnet18'"),
@@ -336,11 +339,80 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "-m", "model=glob(zz*)"], "model: the sweep gives it no value"),
     (["run", "-m", "optim.lr=glob(*)"], "'optim.lr' is not one"),
     (["run", "-C", "self_twice.yml"], "defaults lists _self_ twice"),
+    # issue 28: values torch takes only to fail in the first step (they were tracebacks)
+    (["run", "optim.lr=1e308"], "optim.lr=1e+308: beyond float32's range"),
+    (["run", "optim=adam", "optim.betas=[0.9,1e300]"], "optim.betas[1]=1e+300: beyond float32"),
+    (["run", "data=synthetic", "data.shape=[]"], "data.shape=[]: one sample's shape needs"),
+    (["run", "data=synthetic", "data.shape=[0]"], "data.shape=[0]: one sample's shape needs"),
+    (["run", "data=synthetic", "data.shape=[100000,100000]"], "the limit of one synthetic split"),
+    (["run", "data=synthetic", "data.num_samples=-5"], "HINT: e.g. data.num_samples=4096"),
+    (["run", "train.seed=12345678901234567890123"], "above the maximum 9223372036854775807"),
+    (["run", "train.seed=-1"], "train.seed: -1 is below the minimum 0"),
+    (["run", "sweep.seed=4294967296"], "sweep.seed: 4294967296 is above the maximum 4294967295"),
+    (["run", "loss.label_smoothing=5"], "loss.label_smoothing=5.0: not between 0 and 1"),
+    (["run", "loss.ignore_index=12345678901234567890123"], "outside the 64-bit integers"),
+    (["run", "launcher.rdzv_timeout=1e308"], "launcher.rdzv_timeout: 1e+308 is above the maximum"),
+    (
+        ["run", "launcher=local", "launcher.collective_timeout=1e308"],
+        "launcher.collective_timeout: 1e+308 is above the maximum 2592000",
+    ),
+    (["run", *TINY_IMAGES, "data.root=images", "data.image_size=100000"], "from 8 to 8192"),
+    (["run", "data=imagenet", "data.image_size=4"], "data.image_size=4: images are resized"),
+    (["run", "run.root=" + "r" * 300], "run.root is too long here (3"),
+    (["run", "run.root=" + "/r" * 2100], "run.root is too long here (4"),
+    (["run", "run.dir=" + "d" * 300], "run.dir is too long here (3"),
+    # ... and files, met once the run directory exists: it is removed
+    ([*ARRAYS, "data.train=labels_big.csv"], "class label 1700000000 makes 1700000001 classes"),
+    ([*ARRAYS, "data.train=labels_big.npz"], "makes 2000000000001 classes"),
+    ([*ARRAYS, "data.train=labels_inf.npz"], "class label 'inf' is not a finite number"),
+    ([*ARRAYS, "data.train=truncated.npz"], "truncated.npz is not a readable NumPy file"),
+    ([*ARRAYS, "data.train=wide_field.csv"], "wide_field.csv line 3 is not a CSV table"),
+    ([*ARRAYS, "data.train=latin1.csv"], "latin1.csv is not a CSV table"),
+    (
+        ["run", "model=vit_b_16", "data=synthetic", "data.shape=[3,28,28]", "data.num_samples=8"],
+        "model=vit_b_16 takes 224 x 224 images; the data gives 28 x 28",
+    ),
+    (["run", *TINY_IMAGES, "data.root=bomb_images"], "exceeds limit of 178956970 pixels"),
+    # ... an environment variable that a config interpolates and this shell lacks
+    (["show", "-C", "env_unset.yml"], "${oc.env:EXPCTL_CORPUS_UNSET} needs the environment var"),
+    (["eval", "env_run"], "env.TOKEN: ${oc.env:EXPCTL_CORPUS_UNSET} needs the environment var"),
+    # ... -C at what is no file, or no text
+    (["run", "-C", "folder.yml"], "-C folder.yml: a folder"),
+    (["run", "-C", "fifo.yml"], "-C fifo.yml: not a regular file"),
+    (["run", "-C", "zero.yml"], "-C zero.yml: not a regular file"),
+    (["run", "-C", "unreadable.yml"], "HINT: a config is YAML text saved as UTF-8"),
+    (["show", "-C", "many_keys.yml"], "more than 10000 values, the limit for a config file"),
+    # ... a preset or group file named by a path: read only from conf/ and beside the -C file
+    (["show", "experiment=../../x"], "experiment=../../x: a name from conf/experiment/"),
+    (["show", "experiment=/etc/passwd"], "experiment=/etc/passwd: a name from conf/experiment/"),
+    (["show", "-C", "dir/up.yml", "model=../../mlp_up"], "model=../../mlp_up: a name from conf/"),
+    (["show", "-C", "unicode_name.yml"], "may only hold ASCII letters"),
+    # ... a sweep whose own files are damaged (its journal, its spec)
+    (["sweep", "resume", "swept_garbage"], "swept_garbage/journal.log is damaged"),
+    (["sweep", "resume", "swept_empty"], "swept_empty/journal.log is damaged"),
+    (["sweep", "table", "swept_deep"], "swept_deep/journal.log is damaged (RecursionError"),
+    (["sweep", "best", "swept_deep"], "swept_deep/journal.log is damaged (RecursionError"),
+    (["sweep", "resume", "swept_deep"], "swept_deep/journal.log is damaged (RecursionError"),
+    (["sweep", "resume", "swept_op"], "swept_op/journal.log is damaged (AssertionError"),
+    (["sweep", "resume", "swept_spec"], "swept_spec/sweep.json is damaged"),
+    (["sweep", "resume", "swept_nojournal"], "not a sweep directory (no journal.log)"),
 ]
+
+
+@pytest.fixture(scope="module")
+def corpus_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The corpus's input files, made once for the module: each case must leave them as they
+    are (checked), so cases can share them."""
+    return _corpus_inputs(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture
 def corpus_dir(tmp_path: Path) -> Path:
+    """The corpus's input files in the test's own folder (for the in-process cases)."""
+    return _corpus_inputs(tmp_path)
+
+
+def _corpus_inputs(tmp_path: Path) -> Path:
     (tmp_path / "notes.txt").write_text("model: cnn\n")
     (tmp_path / "broken.yml").write_text("model: {name: cnn\ntrain: [\n")
     (tmp_path / "list.yml").write_text("- a\n- b\n")
@@ -376,7 +448,9 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "corpus_exits.py").write_text("raise SystemExit(0)\n")
     _image_inputs(tmp_path)
     _hostile_cifar(tmp_path / "hostile_cifar" / "cifar-10-batches-py")
+    _issue_28_inputs(tmp_path)
     _sweep_not_started(tmp_path / "swept")
+    _damaged_sweeps(tmp_path, tmp_path / "swept")
     (tmp_path / "gone_run").mkdir()
     (tmp_path / "gone_run" / "config.yaml").write_text("imports: [gone_module_xyz]\n")
     where = {"file": "/moved/gone_module_xyz.py", "path": "/moved"}
@@ -431,6 +505,72 @@ def _hostile_cifar(folder: Path) -> None:
     (folder / "data_batch_1").write_bytes(pickle.dumps({**batch, "x": _RunsCode()}))
 
 
+def _issue_28_inputs(tmp_path: Path) -> None:
+    """Data files past what their readers took (labels, sizes, a truncated archive), a -C file
+    that is no file, a config naming a variable the shell lacks."""
+    import numpy as np
+
+    rows = "".join(f"{i},{i % 5},{[0, 1, 1_700_000_000][i % 3]}\n" for i in range(12))
+    (tmp_path / "labels_big.csv").write_text("a,b,y\n" + rows)
+    x = np.zeros((12, 2), dtype=np.float32)
+    np.savez(tmp_path / "labels_big.npz", x=x, y=np.array([0, 1, 2_000_000_000_000] * 4))
+    np.savez(tmp_path / "labels_inf.npz", x=x, y=np.array([0.0, 1.0, np.inf] * 4))
+    np.savez(tmp_path / "whole.npz", x=x, y=np.array([0, 1, 2] * 4))
+    whole = (tmp_path / "whole.npz").read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "wide_field.csv").write_text("a,b,y\n1,2,0\n3," + "4" * 140_000 + ",1\n")
+    (tmp_path / "latin1.csv").write_bytes("a,b,y\n1,2,caf\xe9\n".encode("latin-1"))
+    bombs = tmp_path / "bomb_images"
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            (bombs / split / label).mkdir(parents=True)
+            (bombs / split / label / "huge.png").write_bytes(png_header(20_000, 20_000))
+    (tmp_path / "folder.yml").mkdir()
+    os.mkfifo(tmp_path / "fifo.yml")
+    (tmp_path / "zero.yml").symlink_to("/dev/zero")
+    (tmp_path / "many_keys.yml").write_text("".join(f"k{i}: {i}\n" for i in range(9000)))
+    (tmp_path / "dir" / "model").mkdir(parents=True)
+    (tmp_path / "dir" / "up.yml").write_text("train: {max_epochs: 1}\n")
+    (tmp_path / "mlp_up.yaml").write_text("name: mlp\n")  # dir/model/../../mlp_up.yaml
+    (tmp_path / "unicode_name.yml").write_text("run: {name: h\u00e9llo}\n", encoding="utf-8")
+    (tmp_path / "env_unset.yml").write_text("env: {TOKEN: '${oc.env:EXPCTL_CORPUS_UNSET}'}\n")
+    (tmp_path / "env_run").mkdir()
+    (tmp_path / "env_run" / "config.yaml").write_text(
+        "env: {TOKEN: '${oc.env:EXPCTL_CORPUS_UNSET}'}\n"
+    )
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that declares width x height pixels (Pillow reads the size, then refuses it)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    head = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + head + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def _damaged_sweeps(tmp_path: Path, good: Path) -> None:
+    """Copies of a sweep with its journal or spec damaged."""
+    lines = (good / "journal.log").read_text().splitlines(keepends=True)
+    journals = {
+        "swept_garbage": "garbage\n",
+        "swept_empty": "",
+        "swept_deep": "".join(lines) + "[" * 100_000 + "]" * 100_000 + "\n",
+        "swept_op": "".join(lines) + '{"op_code": 99}\n',
+    }
+    for name, text in journals.items():
+        shutil.copytree(good, tmp_path / name)
+        (tmp_path / name / "journal.log").write_text(text)
+    shutil.copytree(good, tmp_path / "swept_spec")
+    (tmp_path / "swept_spec" / "sweep.json").write_text('{"points": "x"}')
+    shutil.copytree(good, tmp_path / "swept_nojournal")
+    (tmp_path / "swept_nojournal" / "journal.log").unlink()
+
+
 def _sweep_not_started(path: Path) -> None:
     """A grid sweep over optim.lr=0.1,0.2 whose driver stopped before its first trial."""
     from expctl.config import SweepConfig
@@ -461,15 +601,76 @@ def _fashion_files(folder: Path, images: tuple[int, int, int], image_bytes: int)
         (folder / f"{split}-labels-idx1-ubyte").write_bytes(labels)
 
 
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Where a CLI process of the corpus could write besides its working directory: its home,
+    its temporary folder and expctl's cache, each an empty folder of the module's own."""
+    base = tmp_path_factory.mktemp("corpus-env")
+    places = {name: base / name for name in ("HOME", "TMPDIR", "EXPCTL_CACHE_DIR")}
+    for folder in places.values():
+        folder.mkdir()
+    return places
+
+
 @pytest.mark.parametrize(("args", "expected"), CORPUS, ids=[" ".join(a)[:60] for a, _ in CORPUS])
 def test_bad_input_is_a_short_error_with_exit_2_and_nothing_on_disk(
-    args: list[str],
-    expected: str,
-    corpus_dir: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    args: list[str], expected: str, corpus_files: Path, sandbox: dict[str, Path]
 ) -> None:
-    _refused(args, expected, corpus_dir, capsys, monkeypatch)
+    """`expctl ARGS`, a real process (forked from the warm server, its own environment), exits
+    2 with one or two lines holding `expected` and leaves every file where it could write as it
+    was: the working directory (the default run.root) and its sub-folders, home, the temporary
+    folder; expctl's cache may only gain complete entries."""
+    places = [corpus_files, sandbox["HOME"], sandbox["TMPDIR"]]
+    before = snapshot(*places)
+    cached = snapshot(sandbox["EXPCTL_CACHE_DIR"])
+    env = conftest.cli_env(EXPCTL_TEST_SECRET=SECRET, **{k: str(v) for k, v in sandbox.items()})
+    try:
+        proc = conftest.expctl(*args, cwd=corpus_files, env=env, check=False, timeout=120)
+        _check_refusal(proc.returncode, proc.stdout, proc.stderr, expected)
+        assert snapshot(*places) == before, "nothing half-written on disk"
+    finally:
+        _remove_new(before, snapshot(*places))  # a failed case leaves the next ones theirs
+    new = set(snapshot(sandbox["EXPCTL_CACHE_DIR"])) - set(cached)
+    assert not [p for p in new if p.endswith(".tmp")], f"a half-written cache file: {new}"
+
+
+SECRET = "hunter2 is my password"
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, ...]]:
+    """Every path under `roots`, recursively (links not followed): a file's size, modification
+    time and mode, a folder's existence (its own times change when an entry comes and goes)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            for name in [*dirs, *files]:
+                st = os.lstat(os.path.join(folder, name))
+                is_dir = stat.S_ISDIR(st.st_mode)
+                out[os.path.join(folder, name)] = (
+                    () if is_dir else (st.st_size, st.st_mtime_ns, st.st_mode)
+                )
+    return out
+
+
+def _remove_new(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> None:
+    for path in sorted(set(after) - set(before), reverse=True):  # children before folders
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+def _check_refusal(code: int, out: str, err: str, expected: str) -> None:
+    """Exit 2; one or two lines on stderr (`expctl: error: ...`, then `  HINT: ...`) holding
+    `expected`; nothing on stdout; no traceback; no value of the environment."""
+    assert code == 2, f"exit {code}: {err[-2000:]}"
+    assert out == "", "nothing is printed before the error (`expctl show` included)"
+    assert expected in err, err
+    lines = err.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("expctl: error: "), err
+    assert len(lines) == 1 or lines[1].startswith("  HINT: "), err
+    assert "Traceback" not in err
+    assert "hunter2" not in err, "a value from the environment is never printed"
 
 
 @pytest.mark.parametrize("logger", ["mlflow", "wandb", "tensorboard"])
@@ -479,36 +680,16 @@ def test_a_logger_whose_package_is_missing_names_the_extra_before_any_run_dir(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """In-process: a missing package is simulated in this interpreter's sys.modules."""
     monkeypatch.setitem(sys.modules, logger, None)  # find_spec: not installed
-    expected = f"logger {logger} needs the '{logger}' package"
-    args = [*SMALL_RUN, f"logger=[csv,{logger}]"]
-    err = _refused(args, expected, corpus_dir, capsys, monkeypatch)
-    assert f"HINT: pip install 'expctl[{logger}]'" in err
-
-
-def _refused(
-    args: list[str],
-    expected: str,
-    corpus_dir: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> str:
-    """`expctl ARGS` exits 2 with one or two lines holding `expected`, and leaves nothing;
-    returns what it printed on stderr."""
     monkeypatch.chdir(corpus_dir)
-    monkeypatch.setenv("EXPCTL_TEST_SECRET", "hunter2 is my password")
-    before = sorted(p.name for p in corpus_dir.iterdir())
-    assert cli.main(args) == 2
+    monkeypatch.setenv("EXPCTL_TEST_SECRET", SECRET)
+    before = snapshot(corpus_dir)
+    code = cli.main([*SMALL_RUN, f"logger=[csv,{logger}]"])
     out, err = capsys.readouterr()
-    assert out == "", "nothing is printed before the error (`expctl show` included)"
-    assert expected in err, err
-    lines = err.strip().splitlines()
-    assert 1 <= len(lines) <= 2 and lines[0].startswith("expctl: error: "), err
-    assert len(lines) == 1 or lines[1].startswith("  HINT: "), err
-    assert "Traceback" not in err
-    assert "hunter2" not in err, "a value from the environment is never printed"
-    assert sorted(p.name for p in corpus_dir.iterdir()) == before, "nothing half-written on disk"
-    return err
+    _check_refusal(code, out, err, f"logger {logger} needs the '{logger}' package")
+    assert f"HINT: pip install 'expctl[{logger}]'" in err
+    assert snapshot(corpus_dir) == before, "nothing half-written on disk"
 
 
 def test_the_corpus_is_large_enough() -> None:

@@ -3,6 +3,8 @@ they can read and name the damaged file; a journal damaged beyond reading is one
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -114,3 +116,63 @@ def _compose_resnet() -> list[str]:
     except UserError as e:
         return [args, e.message]
     return [args, "no error"]
+
+
+# issue 28: what a damaged file can hold; each read-only command warns in one line, names the
+# file, and shows the rest (the other run, the run's other files)
+DEEP_LIST = "[" * 100_000 + "]" * 100_000
+DEEP_MAPPING = '{"a": ' * 100_000 + "1" + "}" * 100_000
+LONG_INT = '{"step": ' + "9" * 5000 + ', "epoch": 1}'  # over Python's 4300 digits
+DAMAGED_RUN_FILES = [
+    ("result.json", DEEP_LIST, "cannot read"),
+    ("result.json", DEEP_MAPPING, "cannot read"),
+    ("result.json", LONG_INT, "cannot read"),
+    ("metrics.jsonl", DEEP_MAPPING + "\n", "skipped 1 unreadable line(s)"),
+    ("metrics.jsonl", LONG_INT + "\n", "skipped 1 unreadable line(s)"),
+    ("jobs.jsonl", DEEP_LIST + "\n", "skipped 1 unreadable line(s)"),
+    ("provenance.json", DEEP_LIST, "cannot read"),
+    ("provenance.json", '{"launches": {"a": 1}}', "does not hold a list of launches"),
+    ("provenance.json", '{"launches": 5}', "does not hold a list of launches"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "warning"),
+    DAMAGED_RUN_FILES,
+    ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(DAMAGED_RUN_FILES)],
+)
+def test_a_damaged_file_is_a_warning_and_the_rest_still_shows(
+    name: str, text: str, warning: str, tmp_path: Path
+) -> None:
+    """`status`, `runs` and `diff` as real CLI processes on runs/bad (one file damaged) beside
+    runs/good: exit 0, one warning line naming the file, both runs listed."""
+    for run in ("good", "bad"):
+        _fake_run(tmp_path / "runs" / run)
+    damaged = tmp_path / "runs" / "bad" / name
+    with open(damaged, "a" if name.endswith(".jsonl") else "w") as f:  # a line among good ones
+        f.write(text)
+    commands = [["status", "runs/bad"], ["runs", "--csv"], ["diff", "runs/bad", "runs/good"]]
+    readers = commands if name in ("result.json", "metrics.jsonl") else commands[:1]
+    for args in readers:
+        proc = conftest.expctl(*args, cwd=tmp_path, check=False)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert any(warning in line and str(damaged.name) in line for line in lines), proc.stderr
+        assert all(line.startswith("expctl: warning: ") for line in lines), proc.stderr
+        if args[0] == "runs":
+            assert {"bad", "good"} <= {r["run"] for r in csv.DictReader(io.StringIO(proc.stdout))}
+        if args[0] == "status":
+            assert "run       " in proc.stdout and "progress  step 4" in proc.stdout, proc.stdout
+
+
+def _fake_run(path: Path) -> None:
+    """A run directory as a completed run leaves it (no training): config, metrics, result, a
+    launch record, a Slurm job event."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text("optim: {name: sgd, lr: 0.1}\nsweep: {metric: val/acc}\n")
+    events = [{"step": 2, "epoch": 0, "val/acc": 0.75}, {"step": 4, "epoch": 1, "val/acc": 0.5}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    result = {"val/acc": 0.5, "step": 4, "status": "completed", "time/train_s": 3.5}
+    (path / "result.json").write_text(json.dumps(result))
+    (path / "provenance.json").write_text(json.dumps({"launches": [{"attempts": [{}]}]}))
+    (path / "jobs.jsonl").write_text('{"job_id": "7", "event": "started"}\n')
