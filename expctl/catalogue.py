@@ -29,7 +29,7 @@ from expctl.layout import cache_dir, cache_key, cache_write
 
 _PREFIX = "registry-"
 _KEEP = 8  # snapshots kept in a shared cache folder: one per environment using it
-_STARTING_S = 15.0  # how long a builder may take to start and take its lock (a loaded machine)
+_STARTING_S = 15.0  # a lock without its pid yet: how long it may stay so (a loaded machine)
 _WAIT_S = 600.0  # the longest wait for a builder that holds its lock
 
 
@@ -94,53 +94,69 @@ def render(kind: str) -> str:
 # shadows torch), niced (it runs while the user works)
 _BUILDER = (
     "import os, sys; sys.path.append(sys.path.pop(0)); os.nice(10)\n"
-    "from expctl import catalogue; catalogue.make()"
+    "from expctl import catalogue; catalogue.make(locked=True)"
 )
+
+
+_child: subprocess.Popen[bytes] | None = None  # the builder this process started
 
 
 def start(path: Path) -> bool:
     """Start the background process that makes the snapshot at `path`, unless one runs;
-    False when none can run (no cache folder)."""
-    if _builder_alive(path):
-        return True
+    False when none can run (no cache folder). The lock file, taken here, names its pid."""
+    global _child
+    fd = _lock(path)
+    if fd is None:
+        return _builder_alive(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.Popen(
+        _child = proc = subprocess.Popen(
             [sys.executable, "-c", _BUILDER],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # not killed with the terminal's process group (Ctrl-C)
         )
+        os.write(fd, str(proc.pid).encode())
+        return True
     except OSError:
-        return False  # no cache folder, no process: the caller imports the components itself
-    return True
+        path.with_suffix(".lock").unlink(missing_ok=True)
+        return False  # no process: the caller imports the components itself
+    finally:
+        os.close(fd)
 
 
-def make() -> None:
-    """Make the snapshot of this environment (once: the lock file keeps a second builder out)."""
+def make(locked: bool = False) -> None:
+    """Make the snapshot of this environment, unless another process makes it (`locked`: the
+    process that started this one took the lock for it)."""
     path = snapshot_file()
+    if not locked:
+        fd = _lock(path)
+        if fd is None:
+            return
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+    try:
+        if _read(path) is None:
+            write(path, [encode(*described) for described in registry.builtin_entries()])
+    finally:
+        path.with_suffix(".lock").unlink(missing_ok=True)
+
+
+def _lock(path: Path) -> int | None:
+    """The lock file of `path`, created (a stale one replaced); None when a live builder holds
+    it or no cache folder can be made."""
     lock = path.with_suffix(".lock")
     for _ in range(2):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
+            return os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             if _builder_alive(path):
-                return
+                return None
             lock.unlink(missing_ok=True)  # its builder died: take over
         except OSError:
-            return
-    else:
-        return
-    try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        if _read(path) is None:
-            write(path, [encode(*described) for described in registry.builtin_entries()])
-    finally:
-        lock.unlink(missing_ok=True)
+            return None
+    return None
 
 
 def write(path: Path, entries: list[dict[str, Any]]) -> None:
@@ -178,9 +194,9 @@ def _wait(path: Path) -> bool:
         )
     began = time.monotonic()
     while not path.is_file():
-        waited = time.monotonic() - began
-        if waited > _WAIT_S or (waited > _STARTING_S and not _builder_alive(path)):
-            return False
+        ended = _child.poll() is not None if _child is not None else not _builder_alive(path)
+        if ended or time.monotonic() - began > _WAIT_S:
+            return path.is_file()
         time.sleep(0.05)
     return True
 
