@@ -100,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     rs.add_argument("roots", nargs="*", default=["runs"], metavar="ROOT", help="default: ./runs")
     _table_options(rs, "", "runs", "by start time")
+    rs.add_argument(
+        "--columns",
+        metavar="COL,...",
+        help="these columns, in this order (names or globs: 'val/*,optim.*,wall_s'; any config "
+        "key); default: the metrics, then the settings that differ",
+    )
     df = sub.add_parser("diff", help="two runs side by side: config keys that differ, metrics")
     df.add_argument("run_a")
     df.add_argument("run_b")
@@ -344,14 +350,16 @@ def _sweep(args: argparse.Namespace) -> int:
 def _runs(args: argparse.Namespace) -> int:
     from expctl import compare, tables
 
+    wanted = [c.strip() for c in (args.columns or "").split(",") if c.strip()]
     if args.json or args.csv:
         res = compare.load(args.roots).select(args.sort, args.filter)
+        picked = res.pick(wanted) if wanted else None
         if args.json:
-            print(tables.to_json(res.to_dict()))
+            print(tables.to_json(res.to_dict(picked)))
         else:
-            print(tables.to_csv(res.records(), res.columns()), end="")
+            print(tables.to_csv(res.records(picked), picked or res.columns()), end="")
     else:
-        print(compare.table(args.roots, args.sort, args.filter))
+        print(compare.table(args.roots, args.sort, args.filter, wanted))
     return 0
 
 

@@ -89,23 +89,54 @@ class Runs:
         differ = set(self.differing())
         return {k: v for k, v in (read[0] if read else {}).items() if k not in differ}
 
-    def records(self) -> list[dict[str, Any]]:
-        """One flat dict per run (`Run.record`) with the config keys that differ."""
+    def ranked(self) -> tuple[list[str], list[str]]:
+        """The differing config keys in two groups: those whose value differs between the runs
+        that set them (a component's choice, `optim.name`, first), and those that differ only in
+        being set (the arguments of a component that some runs chose: Adam's betas)."""
+        read = [r.config for r in self.rows if r.config]
+        vary: list[str] = []
+        only_set: list[str] = []
+        for k in self.differing():
+            values = {repr(c[k]) for c in read if k in c}
+            (vary if len(values) > 1 else only_set).append(k)
+        vary.sort(key=lambda k: not k.endswith(".name"))
+        return vary, only_set
+
+    def records(self, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """One flat dict per run (`Run.record`) with the config keys that differ, or with
+        `columns` only (any config key among them: see `pick`)."""
+        if columns is not None:
+            return [{k: rec.get(k) for k in columns} for rec in (r.record() for r in self.rows)]
         differ = self.differing()
         return [r.record(differ) for r in self.rows]
 
     def columns(self) -> list[str]:
-        """The keys of `records`, in their order."""
+        """The keys of `records`, in the table's order: the metrics, then the config keys that
+        matter (`ranked`), wall time and start, the other differing keys."""
         metrics = dict.fromkeys(k for r in self.rows for k in r.metrics)
         best = dict.fromkeys(BEST + k for r in self.rows for k in r.best)
-        return ["run", "status", *self.differing(), *metrics, *best, "wall_s", "started", "path"]
+        vary, only_set = self.ranked()
+        return ["run", "status", *metrics, *best, *vary, "wall_s", "started", *only_set, "path"]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: the roots, the config every run shares, one object per run."""
+    def pick(self, patterns: Sequence[str]) -> list[str]:
+        """The columns `patterns` name (`--columns`: names or globs such as `optim.*`, `val/*`;
+        any config key, differing or not), in the order given, `run` first.
+
+        Raises:
+            UserError: a pattern that names no column (with a did-you-mean).
+        """
+        shown = self.columns()
+        every = [*shown, *(k for r in self.rows for k in r.config if k not in shown)]
+        picked = tables.pick(list(dict.fromkeys(every)), patterns, "--columns", LISTING)
+        return ["run", *(c for c in picked if c != "run")]
+
+    def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
+        """The JSON form: the roots, the config every run shares, one object per run (with
+        `columns` only, when given)."""
         return {
             "roots": [str(p) for p in self.roots],
             "same": self.same(),
-            "runs": self.records(),
+            "runs": self.records(columns),
         }
 
     def to_pandas(self) -> Any:
@@ -249,17 +280,26 @@ def _short_time(iso: str | None) -> str | None:
     return None if iso is None else iso[:16].replace("T", " ")
 
 
-def table(roots: Sequence[str | Path], sort: str | None = None, filters: Sequence[str] = ()) -> str:
-    """`expctl runs`: a line per run with the config keys that differ between the runs shown,
-    their final and best metrics, wall time and start, fitted to the terminal's width."""
+def table(
+    roots: Sequence[str | Path],
+    sort: str | None = None,
+    filters: Sequence[str] = (),
+    columns: Sequence[str] = (),
+) -> str:
+    """`expctl runs`: a line per run with its final and best metrics, the config keys that
+    differ between the runs shown (those that matter first: `Runs.columns`), wall time and
+    start, fitted to the terminal's width; `columns`: the columns to show instead (`Runs.pick`)."""
     every = load(roots)
     res = every.select(sort, filters)
     counts = ", ".join(f"{n} {s}" for s in STATES if (n := sum(r.status == s for r in res)))
     shown = f"{len(res)} of {len(every)}" if filters else str(len(res))
     lines = [f"runs under {', '.join(map(str, roots))}  ({shown} run(s): {counts or 'none'})"]
-    columns = [c for c in res.columns() if c != "path"]
+    picked = res.pick(columns) if columns else None
+    columns = picked or [c for c in res.columns() if c != "path"]
     if res.rows:
-        records = [{**rec, "started": _short_time(rec["started"])} for rec in res.records()]
+        records = [
+            {**rec, "started": _short_time(rec.get("started"))} for rec in res.records(picked)
+        ]
         cells = [[tables.shown(rec.get(c)) for c in columns] for rec in records]
         lines += tables.text(columns, cells)
     if len(res) > 1:
