@@ -254,19 +254,6 @@ def real(kind: str, name: str) -> Entry:
     return get(reg.kind, name)
 
 
-def pristine() -> bool:
-    """Whether nothing but expctl's own modules registered names (or a provider of names) in
-    this process yet and no installed plugin will: loading now would register the built-in
-    names only (expctl.loggers registers its loggers when it is imported)."""
-    entries = [e for r in _REGISTRIES.values() for e in r.entries.values()]
-    foreign = [e for e in entries if not getattr(e.factory, "__module__", "").startswith("expctl.")]
-    if _loaded or foreign or any(_PROVIDERS.values()):
-        return False
-    from importlib.metadata import entry_points
-
-    return not entry_points(group="expctl.plugins")
-
-
 IMPORT_PATH = "EXPCTL_IMPORT_PATH"  # folders of -C files, for the processes a launch starts
 
 
