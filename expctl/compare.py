@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ from typing import Any
 from expctl import tables
 from expctl.config import flatten
 from expctl.errors import UserError
-from expctl.layout import RunDir, metric_values
+from expctl.layout import RunDir, cache_dir, cache_write, metric_values
 from expctl.status import STATES, state
 from expctl.yamlfile import read_yaml
 
@@ -206,7 +207,7 @@ def read(path: Path, name: str | None = None) -> Run:
     """One run directory from its files (a damaged one: what could be read, with a warning)."""
     run = RunDir(path)
     try:
-        config = flatten(read_yaml(run.config, str(run.config)))
+        config = _config(run.config)
     except UserError as e:
         log.warning("%s", e.message)
         config = {}
@@ -225,6 +226,32 @@ def read(path: Path, name: str | None = None) -> Run:
         wall_s=_wall(result, rows, started),
         started=None if started is None else _iso(started),
     )
+
+
+def _config(path: Path) -> dict[str, Any]:
+    """A run's config.yaml as dotted keys, kept in the cache folder per version of the file:
+    reading YAML safely (its size and aliases bounded, then OmegaConf's parser) takes 10-40 ms
+    a file, and a run's frozen config rarely changes (a resume with another setting rewrites
+    it), so `expctl runs` over a project's runs would spend seconds on it every time."""
+    import hashlib
+
+    try:
+        where, st = path.resolve(), path.stat()
+    except OSError:
+        return flatten(read_yaml(path, str(path)))  # its error names the file
+    name = hashlib.sha256(str(where).encode()).hexdigest()[:16]
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"  # ctime: not settable
+    kept = cache_dir() / "configs" / f"{name}-{hashlib.sha256(stamp.encode()).hexdigest()[:8]}"
+    with contextlib.suppress(OSError, ValueError):
+        config = json.loads(kept.read_text())
+        if isinstance(config, dict):
+            return config
+    config = flatten(read_yaml(path, str(path)))
+    text = json.dumps(config)
+    if json.loads(text) == config:  # JSON holds it as read (no int keys inside a list item)
+        stale = list(kept.parent.glob(f"{name}-*")) if kept.parent.is_dir() else []
+        cache_write(kept, [text.encode()], stale)
+    return config
 
 
 def _final(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -203,6 +203,23 @@ def test_runs_shows_the_metrics_and_the_settings_that_matter_first_and_picks_col
         expctl.runs(runs).pick(["val/acx"])
 
 
+def test_runs_keeps_each_config_read_and_reads_a_changed_one_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsing 77 frozen configs safely took seconds at every `expctl runs`: each is read once
+    per version of the file."""
+    runs, kept = tmp_path / "runs", tmp_path / "cache" / "configs"
+    _fake_run(runs / "a", lr=0.1)
+    monkeypatch.setenv("EXPCTL_CACHE_DIR", str(tmp_path / "cache"))
+    assert expctl.runs(runs).rows[0].config["optim.lr"] == 0.1
+    (copy,) = kept.iterdir()
+    copy.write_text(json.dumps({"optim.lr": 0.7}))  # what is read next time: the kept copy
+    assert expctl.runs(runs).rows[0].config["optim.lr"] == 0.7
+    (runs / "a" / "config.yaml").write_text("optim:\n  name: sgd\n  lr: 0.3\n")
+    assert expctl.runs(runs).rows[0].config == {"optim.name": "sgd", "optim.lr": 0.3}
+    assert len(list(kept.iterdir())) == 1, "the copy of the old version is gone"
+
+
 def _fake_run(path: Path, lr: float, optim: str = "sgd", more: str = "") -> None:
     """A run directory as a completed run leaves it: config, two validations, a result."""
     path.mkdir(parents=True)
