@@ -369,7 +369,10 @@ def _show(args: argparse.Namespace) -> int:
     from expctl.startup import paused_gc
 
     notes: list[str] = []
-    catalogue.describe()  # the components' signatures without torch
+    # the components' signatures without torch; until they are described (once per install,
+    # in the background), composing imports them itself: sooner than the description, which
+    # loads torchvision too
+    catalogue.describe(wait=False)
     with paused_gc():  # a component's pre-flight check may load torch (datasets but MNIST's)
         cfg = compose.compose(args.config, args.overrides, notes=notes)
     env = detect(os.environ)
