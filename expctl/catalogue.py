@@ -233,32 +233,40 @@ def encode(kind: str, entry: registry.Entry, module: str) -> dict[str, Any]:
 def decode(d: dict[str, Any]) -> tuple[str, registry.Entry, str]:
     """(kind, described entry, module): its factory and check import `module` when called."""
     kind, name, module = str(d["kind"]), str(d["name"]), str(d["module"])
-
-    def forward(what: str) -> Callable[..., Any]:
-        def stand_in(*args: Any, **kwargs: Any) -> Any:
-            return getattr(registry.real(kind, name), what)(*args, **kwargs)
-
-        stand_in.__module__, stand_in.__name__ = module, name
-        return stand_in
-
-    factory = forward("factory")
-    factory.__signature__ = _signature(d["factory"])  # type: ignore[attr-defined]
-    params_of = None
-    if d["params_of"] is not None:
-        params_of = forward("params_of")
-        params_of.__signature__ = _signature(d["params_of"])  # type: ignore[attr-defined]
+    params_of = d["params_of"]
     entry = registry.Entry(
         name=name,
-        factory=factory,
+        factory=_StandIn(kind, name, "factory", module, d["factory"]),
         runtime=frozenset(d["runtime"]),
         inferred=frozenset(d["inferred"]),
-        params_of=params_of,
-        check=forward("check") if d["check"] else None,
+        params_of=None
+        if params_of is None
+        else _StandIn(kind, name, "params_of", module, params_of),
+        check=_StandIn(kind, name, "check", module, []) if d["check"] else None,
         description=str(d["description"]),
         settings={str(k): _decode(v) for k, v in d["settings"].items()},
         deferred=None if d["deferred"] is None else frozenset(d["deferred"]),
     )
     return kind, entry, module
+
+
+class _StandIn:
+    """A described entry's factory, `params_of` or check: the signature its spec describes
+    (built when first read: a command reads a few of them), the real one when called."""
+
+    def __init__(self, kind: str, name: str, what: str, module: str, spec: Any) -> None:
+        self.kind, self.name, self.what, self.spec = kind, name, what, spec
+        self.__module__, self.__name__ = module, name
+        self._signature: inspect.Signature | None = None
+
+    @property
+    def __signature__(self) -> inspect.Signature:  # what inspect.signature reads
+        if self._signature is None:
+            self._signature = _signature(self.spec)
+        return self._signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(registry.real(self.kind, self.name), self.what)(*args, **kwargs)
 
 
 def _read(path: Path) -> list[tuple[str, registry.Entry, str]] | None:
