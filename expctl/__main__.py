@@ -1,4 +1,4 @@
-"""`python -m expctl` (also what torchrun's `-m expctl run ...` starts, and local workers)."""
+"""`python -m expctl` (also what torchrun's `-m expctl run ...` starts)."""
 
 import sys
 

@@ -11,7 +11,7 @@ import random
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,31 @@ def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = T
     Raises:
         UserError: a bad config, name, value or environment.
     """
+    overrides = override_list(overrides)
     with caller_state_kept():
         notes: list[str] = []
         cfg = compose.compose(config, overrides, notes=notes)
         for note in notes:
             print(f"expctl: note: {note}", file=sys.stderr, flush=True)
         return launch.launch(cfg, wait=wait, origin=Launch.here(config, overrides))
+
+
+def override_list(overrides: Sequence[str]) -> list[str]:
+    """`overrides` as a list; one string is refused, not split (where its spaces separate
+    overrides and where they are quoted values would be a guess)."""
+    if isinstance(overrides, str):
+        raise UserError(
+            f"overrides={overrides!r} is one string, not a list of overrides",
+            f"pass a list, one override per item: overrides={overrides.split()!r}",
+        )
+    items = list(overrides) if isinstance(overrides, Iterable) else [overrides]
+    bad = [o for o in items if not isinstance(o, str)]
+    if bad:
+        raise UserError(
+            f"overrides: {bad[0]!r} is not a string",
+            "pass a list of strings such as ['optim.lr=0.1']",
+        )
+    return items
 
 
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
@@ -150,6 +169,7 @@ def evaluate(
     from expctl import checkpoint as ckpt  # lazy: torch loads only when a model does
     from expctl.rank import Evaluation
 
+    overrides = override_list(overrides)
     run = RunDir(Path(run_dir).expanduser().absolute())
     if not run.is_run():
         raise UserError(

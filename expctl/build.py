@@ -14,7 +14,7 @@ from torch import nn
 from expctl import registry
 from expctl.config import Config
 from expctl.data import Loading, Splits, TrainBatches, auto_workers, check_splits
-from expctl.dist import DistEnv
+from expctl.dist import DistEnv, usable_cores
 from expctl.errors import UserError
 from expctl.startup import freeze_for_this_run, paused_gc
 from expctl.steps import StepContext
@@ -73,14 +73,17 @@ def _cuda_defaults() -> None:
 
 
 def _cpu_threads(env: DistEnv) -> None:
-    """Split the cores between the ranks of this node, unless OMP_NUM_THREADS says otherwise
-    (torchrun sets it to 1; torch's agent, which `launcher=local` uses, sets nothing). On GPUs
-    too: each rank's intra-op pool would otherwise start a thread per core, N ranks x all cores
-    (the raw loop under torchrun ran one per rank beside expctl's 64 on 4 x H200)."""
+    """Split the cores this process may use (its affinity: a sweep trial's share) between the
+    ranks of this node, unless OMP_NUM_THREADS says otherwise (torchrun sets it to 1; torch's
+    agent, which `launcher=local` uses, sets nothing). On GPUs too: each rank's intra-op pool
+    would otherwise start a thread per core, N ranks x all cores (the raw loop under torchrun ran
+    one per rank beside expctl's 64 on 4 x H200); a trial pinned to 2 of 64 cores, 64 threads."""
     import os
 
-    if env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    cores = usable_cores()
+    narrowed = cores < (os.cpu_count() or cores)
+    if (env.local_world_size > 1 or narrowed) and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, cores // env.local_world_size))
 
 
 def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:

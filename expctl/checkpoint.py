@@ -24,7 +24,10 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
+import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -277,7 +280,17 @@ def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
         if _sha256(path) != expected:
             raise ValueError(f"checksum mismatch for {path}")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch's note on another pickle protocol: see the error
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # not its advice to load with weights_only=False
+        if not zipfile.is_zipfile(path):
+            raise ValueError(f"cannot read {path}: not a torch.save file of tensors") from None
+        text = " ".join(str(e).split()).split("WeightsUnpickler error:", 1)[-1]
+        why = text.split(". ")[0].split(" Check the documentation")[0].strip()[:200]
+        raise ValueError(
+            f"cannot read {path}: it holds objects other than tensors and plain containers ({why})"
+        ) from None
     except Exception as e:
         text = " ".join(str(e).split())[:200]  # one line: torch's messages span several
         raise ValueError(f"cannot read {path}: {type(e).__name__}: {text}") from None

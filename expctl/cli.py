@@ -132,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     wk.add_argument("--eval", dest="evaluation")  # an Evaluation, as JSON
     wk.add_argument("--config")  # the evaluation's frozen config
     wk.add_argument("--launch")  # the launch it belongs to, as JSON (provenance.json)
+    sub.add_parser("_zygote")  # hidden: forks a local sweep's trials (a driver that cannot fork)
     return p
 
 
@@ -245,6 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             launch.worker(args.run_dir, args.evaluation, args.config, args.launch)
             return 0
+        if args.command == "_zygote":
+            from expctl import pool, trials
+
+            return pool.zygote_main(trials.trial_main)
         _parser().print_help()
         return 0
     except UserError as e:

@@ -2,7 +2,8 @@
 
 Precedence, lowest first: the schema's and each factory's signature defaults < the built-in
 ``conf/config.yaml`` < an ``experiment`` the -C file picks < the -C file < an ``experiment`` the
-command line picks < the command line. Hydra composes the result: its ConfigStore holds the schema
+command line picks < the command line. Within the -C file, defaults entries after ``_self_`` beat
+its body, as in Hydra. Hydra composes the result: its ConfigStore holds the schema
 and one node per registered component (`confstore.py`), OmegaConf checks the types, and overrides
 use Hydra's grammar.
 
@@ -19,7 +20,6 @@ import contextlib
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,8 @@ BUILTIN = "conf/config.yaml"
 
 
 def builtin_conf_dir() -> Path:
-    """The folder of built-in configs (``conf/`` in the repo, ``expctl/conf`` when installed)."""
-    try:
-        return Path(str(resources.files("expctl.conf")))
-    except ModuleNotFoundError:  # a source checkout on PYTHONPATH, not installed
-        return Path(__file__).resolve().parent.parent / "conf"
+    """The folder of built-in configs (``expctl/conf``)."""
+    return Path(__file__).resolve().parent / "conf"
 
 
 def yaml_options(group: str, dirs: Sequence[Path] = ()) -> list[str]:
@@ -159,6 +156,25 @@ def read_layer(doc: dict[str, Any], source: str, dirs: Sequence[Path]) -> Layer:
     return layer
 
 
+def read_layers(doc: dict[str, Any], source: str, dirs: Sequence[Path]) -> list[Layer]:
+    """A config file as layers, lowest first: its defaults list up to ``_self_`` with its body,
+    then the entries after ``_self_``, which beat the body (Hydra's rule; without ``_self_``
+    the body comes last)."""
+    raw = doc.get("defaults")
+    if not isinstance(raw, list) or "_self_" not in raw:
+        return [read_layer(doc, source, dirs)]
+    if raw.count("_self_") > 1:
+        raise UserError(
+            f"{source}: defaults lists _self_ twice",
+            "list it once, where the file's own settings go: last (they win) or first",
+        )
+    at = raw.index("_self_")
+    layers = [read_layer({**doc, "defaults": raw[:at]}, source, dirs)]
+    if raw[at + 1 :]:
+        layers.append(read_layer({"defaults": raw[at + 1 :]}, source, dirs))
+    return layers
+
+
 def _pick(
     layer: Layer, group: str, choice: Any, dirs: Sequence[Path], keys: dict[str, Any]
 ) -> None:
@@ -222,18 +238,20 @@ def resolve_option(group: str, option: str, dirs: Sequence[Path]) -> tuple[str, 
     return option, {}
 
 
-def _preset_layer(name: str, dirs: Sequence[Path], source: str) -> Layer:
+def _preset_layers(name: str, dirs: Sequence[Path], source: str) -> list[Layer]:
     for root in (*dirs, builtin_conf_dir()):
         for suffix in (".yaml", ".yml"):
             p = root / PRESETS / f"{name}{suffix}"
             if p.is_file():
-                layer = read_layer(read_yaml(p, f"experiment={name}"), f"experiment={name}", dirs)
-                if layer.preset:
-                    raise UserError(
-                        f"experiment={name} picks another experiment ({layer.preset})",
-                        "presets do not nest: copy what you need into one file",
-                    )
-                return layer
+                doc = read_yaml(p, f"experiment={name}")
+                layers = read_layers(doc, f"experiment={name}", dirs)
+                for layer in layers:
+                    if layer.preset:
+                        raise UserError(
+                            f"experiment={name} picks another experiment ({layer.preset})",
+                            "presets do not nest: copy what you need into one file",
+                        )
+                return layers
     options = yaml_options(PRESETS, dirs)
     raise UserError(
         f"{source} no '{name}' in config group 'experiment'.{did_you_mean(name, options)} "
@@ -407,14 +425,15 @@ def compose(
         dist.apply_env({registry.IMPORT_PATH: registry.add_import_path(folder)})
     stack = Stack()
     stack.add(read_layer(read_yaml(builtin_conf_dir() / "config.yaml", BUILTIN), BUILTIN, dirs))
-    if user is not None:
-        layer = read_layer(user, f"-C {config_file}", dirs)
-        if layer.preset:
-            stack.add(_preset_layer(layer.preset, dirs, f"-C {config_file}:"))
+    for layer in read_layers(user, f"-C {config_file}", dirs) if user is not None else []:
+        if layer.preset:  # beneath the part of the file that picks it
+            for part in _preset_layers(layer.preset, dirs, f"-C {config_file}:"):
+                stack.add(part)
         stack.add(layer)
     before = dict(stack.choices)
     for name in cli.presets:
-        stack.add(_preset_layer(name, dirs, f"experiment={name}:"))
+        for part in _preset_layers(name, dirs, f"experiment={name}:"):
+            stack.add(part)
     imports = cli.imports or stack.body.get("imports") or []
     registry.import_user_modules(imports if isinstance(imports, list) else [], found)
     for group, option in cli.choices.items():

@@ -74,6 +74,9 @@ class TrainConfig:
     gc_every: int = _f(50, min=0)  # steps between the ranks' joint Python GC runs (0: Python's)
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
     early_stop: EarlyStopConfig = _f(EarlyStopConfig())
+    # optimizer and loss settings from a step on: [{step: 400, optim: {lr: 0.02}}]; Population
+    # Based Training's trials continue with one, and `sweep best` writes the best trial's
+    hparam_schedule: list[dict[str, Any]] = _f([])
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,20 @@ LAUNCHERS: dict[str, type] = {
 
 
 @dataclass(frozen=True)
+class PBTConfig:
+    """Population Based Training: every `interval` validations, a trial in the bottom
+    `quantile` continues from a top trial's checkpoint with perturbed hyperparameters."""
+
+    interval: int = _f(1, min=1)  # validations between exploit/explore rounds of a trial
+    quantile: float = _f(0.25, min=0)  # bottom (and top) fraction of the population: (0, 0.5]
+    resample_probability: float = _f(0.25, min=0)  # explore: draw anew instead of perturbing
+    factors: list[float] = _f([0.8, 1.2])  # explore: a float/int value times one of these
+
+
+@dataclass(frozen=True)
 class SweepConfig:
-    """How `-m` explores: sampler, objective, early stopping of bad trials."""
+    """How `-m` explores: sampler, objective, early stopping of bad trials, and how many trials
+    run side by side on which share of the machine."""
 
     sampler: str = _f("grid", choices=("grid", "random", "tpe"))
     n_trials: int | None = _f(None, min=1)  # null: every grid point; random/tpe: 10
@@ -176,6 +191,13 @@ class SweepConfig:
     seed: int = 0  # the sampler's seed
     stop_on_failure: bool = False
     params: dict[str, str] = _f({})  # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
+    max_concurrent: int | None = _f(None, min=1)  # trials at once; null: what the machine holds
+    # a fraction (0.25: four trials per GPU) or N whole GPUs (an N-rank DDP trial); null: 1 GPU
+    # where there are GPUs, none on a CPU-only machine
+    gpus_per_trial: float | None = _f(None, min=0)
+    cpus_per_trial: int | None = _f(None, min=1)  # null: the cores divided evenly
+    scheduler: str = _f("none", choices=("none", "pbt"))  # pbt: Population Based Training
+    pbt: PBTConfig = _f(PBTConfig())
 
 
 @dataclass(frozen=True)
@@ -379,6 +401,13 @@ def check_registered(cfg: Config) -> None:
             continue
         registry.check_args(kind, comp.name, comp.args, section)
     registry.get("steps", cfg.train.step)
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        for section in set(entry) & set(HPARAM_SECTIONS):
+            comp = getattr(cfg, section)
+            where = f"train.hparam_schedule[{i}].{section}"
+            registry.check_args(
+                COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
+            )
     for name, args in cfg.logger.items():
         registry.check_args("loggers", name, args, f"logger.{name}")
     if cfg.sched.name is not None:
@@ -390,6 +419,44 @@ def check_registered(cfg: Config) -> None:
                 "set sched.monitor=val/loss (or another validation metric)"
                 if steps_on_metric
                 else "remove sched.monitor, or use sched=reducelronplateau",
+            )
+
+
+HPARAM_SECTIONS = ("optim", "loss")  # what can change mid-run: param groups, loss settings
+
+
+def check_hparam_schedule(cfg: Config) -> None:
+    """train.hparam_schedule: entries of `step` (increasing) and optim / loss arguments, none of
+    them a learning rate that a scheduler also sets.
+
+    Raises:
+        UserError: anything else, naming the entry.
+    """
+    last = -1
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        where = f"train.hparam_schedule[{i}]"
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step <= last:
+            raise UserError(
+                f"{where}: each entry needs a `step` (an integer, increasing): got {step!r}",
+                "e.g. train.hparam_schedule=[{step: 0, optim: {lr: 0.1}}, {step: 400, optim: "
+                "{lr: 0.01}}]",
+            )
+        last = step
+        for key, values in entry.items():
+            if key == "step":
+                continue
+            if key not in HPARAM_SECTIONS or not isinstance(values, dict) or "name" in values:
+                raise UserError(
+                    f"{where}.{key}: only optimizer and loss arguments can change mid-run "
+                    f"(optim: {{...}}, loss: {{...}})",
+                    "keep the component and the model as they are; change optim.* / loss.* "
+                    "arguments only",
+                )
+        if "lr" in entry.get("optim", {}) and cfg.sched.name is not None:
+            raise UserError(
+                f"{where}.optim.lr: sched={cfg.sched.name} sets the learning rate too",
+                "use sched=null with a learning-rate schedule of your own",
             )
 
 
@@ -632,6 +699,7 @@ def _cross_checks(cfg: Config) -> None:
             f"train.compile_mode={t.compile_mode} does nothing without train.compile=true",
             "add train.compile=true, or drop train.compile_mode",
         )
+    check_hparam_schedule(cfg)
     if t.grad_accum > 1 and t.step != "supervised":
         raise UserError(
             f"train.grad_accum={t.grad_accum} is handled by the supervised step only "

@@ -233,6 +233,14 @@ def derive_port(key: str) -> int:
     return PORT_LOW + int.from_bytes(digest[:4], "big") % PORT_SPAN
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a sweep trial's share, a Slurm
+    allocation's cores), not the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def apply_env(values: Mapping[str, Any], hidden: frozenset[str] = frozenset()) -> None:
     """Set the config's ``env:`` variables in this process, logging each change (the values of
     `hidden` keys, which came from the environment, are not written to the log)."""

@@ -190,4 +190,9 @@ def parse_override(text: str) -> Any:
             f"bad override {text!r}: {' '.join(str(e).split())[:160]}",
             "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",
         ) from None
+    if not o.key_or_group:  # Hydra's parser takes `=1`; its composition then fails (a bug)
+        raise UserError(
+            f"override {text!r} has no key",
+            "overrides are KEY=VALUE, e.g. optim.lr=0.05 or model=resnet18",
+        )
     return o

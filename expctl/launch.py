@@ -31,6 +31,7 @@ from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
 from expctl.provenance import Launch
 from expctl.rank import Evaluation
+from expctl.startup import WORKER_MAIN
 
 log = logging.getLogger("expctl")
 
@@ -173,8 +174,8 @@ def _local(
 
 
 def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
-    """`launcher.nproc` workers of `python -m expctl _worker RUN_DIR ARGS` through torch's elastic
-    agent, restarted up to `launcher.max_restarts` times."""
+    """`launcher.nproc` workers of `python -c WORKER_MAIN _worker RUN_DIR ARGS` through torch's
+    elastic agent, restarted up to `launcher.max_restarts` times."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -195,7 +196,7 @@ def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
     quiet = _WorkerPrintedItsError()
     agent_log.addFilter(quiet)
     try:
-        elastic_launch(lc, sys.executable)("-m", "expctl", "_worker", str(run_dir), *args)
+        elastic_launch(lc, sys.executable)("-c", WORKER_MAIN, "_worker", str(run_dir), *args)
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
         if e.sigval == signal.SIGINT:
             raise Interrupted(f"run the same command with run.dir={run_dir}") from None
@@ -282,7 +283,9 @@ def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
         hooks.append(JobHooks(env, run_dir, cfg.launcher.max_requeues))
     ref = study.TrialRef.read(cfg.run.dir) if env.is_main else None  # rank 0 speaks for a trial
     if ref is not None and study.is_open(ref, cfg.sweep):
-        hooks.append(study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent))
+        hooks.append(
+            study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent, cfg.train.max_epochs)
+        )
     elif ref is not None:  # re-run or continued after its sweep recorded it: a run of its own
         log.info(
             "%s was trial %d of the sweep in %s, which recorded its end: this run is not recorded "
@@ -343,6 +346,7 @@ class SlurmTask:
         self.run_dir, self.origin = run_dir, origin
 
     def __call__(self) -> dict[str, Any]:
+        registry.search_working_dir_last()  # submitit's `python -m` put the submission folder first
         if self.origin is not None and self.origin.snapshot is not None:
             registry.search_first(self.origin.snapshot["paths"])
         cfg = config_mod.load(self.run_dir)

@@ -15,6 +15,7 @@
       git-ID.diff   a launch's uncommitted diff
       code/         launcher=slurm: the code the job imports (one copy per submission)
       train.log     rank 0's log
+      output.log    a local sweep trial's console output
       jobs.jsonl    Slurm job events
       checkpoints/  step_*.pt (+ .sha256, .json: the validation metrics of those weights)
       eval/         NAME.json: `expctl eval` results
@@ -81,6 +82,22 @@ def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ())
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, then renamed over it (a
+    full disk or a kill leaves the old content, never a part of the new one).
+
+    Raises:
+        OSError: the write failed (the temporary file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
@@ -161,6 +178,7 @@ class RunDir:
     CSV = "metrics.csv"
     RESULT = "result.json"
     LOG = "train.log"
+    OUTPUT = "output.log"  # a sweep trial's console output (its process's stdout and stderr)
     JOBS = "jobs.jsonl"
     CHECKPOINTS = "checkpoints"
     TB = "tb"
@@ -216,6 +234,10 @@ class RunDir:
     @property
     def log(self) -> Path:
         return self.path / self.LOG
+
+    @property
+    def output(self) -> Path:
+        return self.path / self.OUTPUT
 
     @property
     def jobs(self) -> Path:
@@ -290,6 +312,7 @@ class SweepDir:
     path: Path
 
     SPEC = "sweep.json"
+    LAUNCH = ".launch.json"  # the command running the trials (provenance.json of each)
     JOURNAL = "journal.log"
     BEST = "best.yml"
     IMPORTS = RunDir.IMPORTS  # best.yml's, as a run directory holds one beside config.yaml
@@ -306,6 +329,10 @@ class SweepDir:
     @property
     def journal(self) -> Path:
         return self.path / self.JOURNAL
+
+    @property
+    def launch(self) -> Path:
+        return self.path / self.LAUNCH
 
     @property
     def best(self) -> Path:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as config_mod
+from expctl import pbt
 from expctl.config import SweepConfig
 from expctl.errors import UserError
 from expctl.explain import parse_override
@@ -38,7 +39,10 @@ STATES = {
 }
 
 
-STATUSES = ("pending", "running", "completed", "stopped", "failed", "lost")
+# interrupted: stopped by the user (Ctrl-C) at a checkpoint; lost: its process or job died
+# without a word (a killed driver, a crashed node); `sweep resume` continues both, and failed ones
+STATUSES = ("pending", "running", "completed", "stopped", "interrupted", "failed", "lost")
+UNFINISHED = ("interrupted", "failed", "lost")
 
 
 @dataclass
@@ -61,6 +65,8 @@ class Row:
     seed_idx: int = 0  # which repeat of its configuration (train.seed = the base seed + seed_idx)
     metrics: dict[str, float] = field(default_factory=dict)  # result.json's, e.g. test/acc
     optuna_trial: int | None = None  # its latest attempt in the Optuna study; None: not started
+    # PBT: each copy of another trial, oldest first: {"step", "from_trial", "params", "time"}
+    lineage: list[dict[str, Any]] = field(default_factory=list)
 
 
 def settings(sweep_dir: Path) -> Any:
@@ -106,8 +112,9 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     latest: dict[int, Any] = {}
     for t in _journal_trials(path, s):  # in attempt order: a retry comes after what it retries
         latest[_number(t)] = t
-    states = _job_states([t.user_attrs for t in latest.values()])
-    out = [_row(n, t, s, states) for n, t in latest.items()]
+    dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
+    states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
+    out = [_row(n, t, s, states, dirs[n]) for n, t in latest.items()]
     spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
     for n, (params, seed_idx) in enumerate(planned(spec)):
         if n not in latest:
@@ -127,10 +134,9 @@ def _journal_trials(path: Path, s: SweepConfig) -> list[Any]:
         ) from None
     if not journal.read_bytes().endswith(b"\n"):
         log.warning("%s: its last line is incomplete (being written, or truncated)", journal)
-    recorded = {
-        Path(t.user_attrs["run_dir"]).resolve() for t in trials if "run_dir" in t.user_attrs
-    }
-    missing = [r.path.name for r in SweepDir(path).trials() if r.path.resolve() not in recorded]
+    # by name: the sweep may have been moved since the journal recorded its trials' paths
+    recorded = {Path(t.user_attrs["run_dir"]).name for t in trials if "run_dir" in t.user_attrs}
+    missing = [r.path.name for r in SweepDir(path).trials() if r.path.name not in recorded]
     if missing:
         log.warning(
             "%s holds no record of %s: the journal lost them", journal, ", ".join(missing[:5])
@@ -151,12 +157,16 @@ def _job_states(attrs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     return job_states(jobs) if jobs and shutil.which("squeue") else {}
 
 
-def _row(number: int, t: Any, s: SweepConfig, states: dict[str, dict[str, str]]) -> Row:
-    a = t.user_attrs
+def _row(
+    number: int, t: Any, s: SweepConfig, states: dict[str, dict[str, str]], run_dir: str
+) -> Row:
+    """Trial `number` from its latest attempt `t`, its directory `run_dir` as the sweep lies now."""
+    a = {**t.user_attrs, "run_dir": run_dir}
     status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
+    status = "running" if status == "copying" else status  # PBT: between two of its runs
     if status in ("running", "pending") and not _alive(a, states):
         status = "lost"
-    run = RunDir(a["run_dir"]) if a.get("run_dir") else None
+    run = RunDir(run_dir)
     history = run.metric_series(s.metric)[1] if run else []
     result = run.read_result() if run else {}
     return Row(
@@ -169,12 +179,13 @@ def _row(number: int, t: Any, s: SweepConfig, states: dict[str, dict[str, str]])
         epoch=a.get("epoch"),
         wall_s=a["ended"] - a["started"] if "ended" in a and "started" in a else None,
         error=a.get("error", ""),
-        run_dir=a.get("run_dir", ""),
+        run_dir=run_dir,
         params=typed(dict(t.params)),
         step=a.get("step"),
         seed_idx=int(a.get("seed_idx", 0)),
         metrics=metric_values(result),
         optuna_trial=t.number,
+        lineage=list(a.get("lineage") or []),
     )
 
 
@@ -206,16 +217,19 @@ def _alive(attrs: dict[str, Any], states: dict[str, dict[str, str]]) -> bool:
     job = _job_of(attrs)
     if job is not None:
         return states.get(job, {}).get("state", "UNKNOWN") not in FINAL_STATES
-    pid, host = attrs.get("pid"), attrs.get("host")
-    if pid is None:
+    pid, host = attrs.get("pid"), attrs.get("host")  # the trial's process, else its driver's
+    if pid is None:  # a record older than pids for pending trials: trust it
         return attrs.get("status") == "pending"
     if host != socket.gethostname():
         return True  # cannot tell from here
     try:
         os.kill(int(pid), 0)
-        return True
     except OSError:
         return False
+    try:  # a zombie is dead: its parent (a killed sweep's zygote) is gone, its reaper slow
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def groups(rs: list[Row]) -> list[list[Row]]:
@@ -324,6 +338,15 @@ def _best(rs: list[Row], mode: str) -> tuple[list[Row], float, float | None, int
     return done(g), value, std(g) if seeds else None, len(g)
 
 
+def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> None:
+    """Set a frozen config's values to a PBT timeline's first ones, the rest as its schedule."""
+    (_, first), *later = timeline
+    for key, value in first.items():
+        section, _, arg = key.partition(".")
+        cfg[section][arg] = value
+    cfg["train"]["hparam_schedule"] = [pbt.entry(step, values) for step, values in later]
+
+
 def best(sweep_dir: str | Path) -> Best:
     """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
     seed, not one repeat's), usable with -C."""
@@ -331,7 +354,8 @@ def best(sweep_dir: str | Path) -> Best:
 
     path = Path(sweep_dir)
     s = settings(path)
-    found = _best(rows(path), s.mode)
+    every = rows(path)
+    found = _best(every, s.mode)
     if found is None:
         raise UserError(f"{path}: no completed trial yet", f"see `expctl sweep table {path}`")
     top = Best(*found, s.metric, SweepDir(path).best)
@@ -340,6 +364,15 @@ def best(sweep_dir: str | Path) -> Best:
     cfg["run"]["dir"] = None
     cfg["train"]["seed"] -= first.seed_idx
     cfg.pop("sweep", None)
+    if s.scheduler == "pbt":  # the schedule that made its weights, from step 0
+        _replay(
+            cfg,
+            pbt.timeline(
+                first.number,
+                {r.number: r.params for r in every},
+                {r.number: r.lineage for r in every},
+            ),
+        )
     if top.std is None:
         header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {first.overrides}\n"
     else:

@@ -8,6 +8,7 @@ replaces the attempt it repeats), so the plots, `expctl sweep table` and the fol
     plot_slice.png                 the metric against each parameter, on its own scale (log for log ones)
     plot_param_importances.png     which parameter mattered (PED-ANOVA)
     plot_parallel_coordinate.png   every completed trial across all parameters
+    plot_pbt.png                   PBT: each trial's metric and hyperparameters over its steps
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ def plot(sweep_dir: str | Path) -> Plots:
             lambda: vis.plot_parallel_coordinate(study, params=varying, target_name=s.metric),
         ),
     }
+    if s.scheduler == "pbt":
+        figures["pbt"] = (
+            None if any(r.run_dir for r in rows) else "no trial has started yet",
+            lambda: pbt_figure(plt, s, rows),
+        )
     out = Plots()
     for name, (why, draw) in figures.items():
         if why is not None:
@@ -185,6 +191,52 @@ def progress_figure(ax: Any, s: SweepConfig, n: int) -> Any:
         ax.get_legend().remove()
         ax.set_title(f"{s.metric} per {s.budget}, {n} trials (numbers: expctl sweep table)")
     return ax
+
+
+def pbt_figure(plt: Any, s: SweepConfig, rows: list[Row]) -> Any:
+    """Population Based Training: each trial's metric over its steps (above) and the value of
+    each mutated hyperparameter it trained with (below), a segment per copy: a trial that
+    copied another continues from that trial's step."""
+    keys = sorted({k for r in rows for k in r.params})
+    fig, axes = plt.subplots(1 + len(keys), 1, figsize=(8, 3 + 2 * len(keys)), sharex=True)
+    axes = list(axes) if len(keys) else [axes]
+    colours = plt.get_cmap("tab10")
+    for i, r in enumerate(rows):
+        for segment, (values, points) in enumerate(_segments(r, s.metric)):
+            if not points:
+                continue
+            steps, metric = zip(*points, strict=True)
+            label = f"trial {r.number}" if segment == 0 and len(rows) <= LEGEND_MAX else None
+            colour = colours(i % 10)
+            axes[0].plot(steps, metric, marker=".", color=colour, label=label)
+            for ax, key in zip(axes[1:], keys, strict=True):
+                if isinstance(values.get(key), (int, float)):
+                    ax.plot([steps[0], steps[-1]], [values[key]] * 2, color=colour, marker="|")
+    axes[0].set_ylabel(s.metric)
+    axes[0].set_title(f"{s.metric} and each trial's hyperparameters (PBT; a segment per copy)")
+    if len(rows) <= LEGEND_MAX:
+        axes[0].legend(fontsize="small")
+    for ax, key in zip(axes[1:], keys, strict=True):
+        ax.set_ylabel(key)
+        if key.endswith("lr"):
+            ax.set_yscale("log")
+    axes[-1].set_xlabel("step")
+    return fig
+
+
+def _segments(r: Row, metric: str) -> list[tuple[dict[str, Any], list[tuple[int, float]]]]:
+    """A trial's validation points cut where it copied another trial, each with its values."""
+    from expctl.layout import RunDir, json_lines
+
+    history = json_lines(RunDir(r.run_dir).metrics) if r.run_dir else []
+    cuts = [int(e.get("row", len(history))) for e in r.lineage] + [len(history)]
+    values = [dict(r.params), *(dict(e["params"]) for e in r.lineage)]
+    out, start = [], 0
+    for end, v in zip(cuts, values, strict=True):
+        points = [(int(x["step"]), float(x[metric])) for x in history[start:end] if metric in x]
+        out.append((v, points))
+        start = end
+    return out
 
 
 def _figure(drawn: Any) -> Any:

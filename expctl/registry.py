@@ -258,16 +258,13 @@ IMPORT_PATH = "EXPCTL_IMPORT_PATH"  # folders of -C files, for the processes a l
 
 
 def add_import_path(folder: Path) -> str:
-    """Search `folder` (the -C file's) for ``imports:`` modules, after the standard library and
-    site-packages, in this process; return the value of EXPCTL_IMPORT_PATH that hands it to the
-    workers this process starts (`import_user_modules` reads it there). Not PYTHONPATH: its
-    entries come before site-packages, where a torchvision.py beside the file would win."""
+    """The value of EXPCTL_IMPORT_PATH with `folder` (the -C file's) added: where
+    `import_user_modules` looks for ``imports:`` modules, in this process and the workers it
+    starts, after the standard library and site-packages. Not PYTHONPATH: its entries come
+    before site-packages, where a torchvision.py beside the file would win."""
     import os
-    import sys
 
     path = str(folder)
-    if path not in sys.path:
-        sys.path.append(path)
     parts = [p for p in os.environ.get(IMPORT_PATH, "").split(os.pathsep) if p]
     return os.pathsep.join(parts if path in parts else [*parts, path])
 
@@ -285,12 +282,13 @@ def search_working_dir_last() -> None:
 
 def search_first(folders: Iterable[str]) -> None:
     """Search `folders` (a Slurm job's code snapshot) for ``imports:`` modules before the current
-    directory and the -C file's folder, still after the standard library and site-packages."""
+    directory and the -C file's folder, still after the standard library and site-packages.
+    A current directory first on the path stays there: the caller's (a script, `load_model`
+    in a notebook) is not ours to move."""
     import os
     import sys
 
-    search_working_dir_last()
-    here = [i for i, p in enumerate(sys.path) if p in ("", os.getcwd())]
+    here = [i for i, p in enumerate(sys.path) if i > 0 and p in ("", os.getcwd())]
     at = here[0] if here else len(sys.path)
     for folder in reversed(list(folders)):
         if folder not in sys.path:
@@ -314,31 +312,49 @@ def import_user_modules(
     after the standard library and site-packages: first from the folders a run recorded for
     them (`found`, from its imports.json: see `origins`) while the recorded file is still there,
     so that a same-named module elsewhere never stands in for it; then from the current
-    directory and the -C file's folder (EXPCTL_IMPORT_PATH)."""
+    directory and the -C file's folder (EXPCTL_IMPORT_PATH). Without modules the module search
+    path is left as it is: a colorama.py or dill.py there would stand in for an optional package
+    that is not installed."""
     import os
     import sys
 
     modules, found = list(modules), found or {}
+    if not modules:
+        return
     for mod in modules:
         check_module_name(mod)
-    recorded = [found[m] for m in modules if m in found]
-    search_first(w["path"] for w in recorded if Path(w.get("file") or w["path"]).exists())
-    extra = [str(Path.cwd()), *os.environ.get(IMPORT_PATH, "").split(os.pathsep)]
-    extra += [w["path"] for w in recorded]
-    for folder in extra:
-        if folder and folder not in sys.path:
-            sys.path.append(folder)
-    for mod in modules:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name and (mod == e.name or mod.startswith(e.name + ".")):
-                raise _not_found(mod, e.name, found.get(mod)) from None
-            raise _import_failed(mod, e) from None
-        except UserError:
-            raise
-        except (Exception, SystemExit) as e:  # the user's module is broken: where, in one line
-            raise _import_failed(mod, e) from None
+    # A caller's working directory first on the path (`python -c`, a notebook calling
+    # load_model) is searched after the recorded folders while they import, then put back.
+    first = sys.path.pop(0) if sys.path[:1] and sys.path[0] in ("", os.getcwd()) else None
+    if first is not None:
+        sys.path.append(first)
+    try:
+        recorded = [found[m] for m in modules if m in found]
+        search_first(w["path"] for w in recorded if Path(w.get("file") or w["path"]).exists())
+        extra = [str(Path.cwd()), *os.environ.get(IMPORT_PATH, "").split(os.pathsep)]
+        extra += [w["path"] for w in recorded]
+        for folder in extra:
+            if folder and folder not in sys.path:
+                sys.path.append(folder)
+        for mod in modules:
+            _import(mod, found.get(mod))
+    finally:
+        if first is not None and first in sys.path:
+            del sys.path[len(sys.path) - 1 - sys.path[::-1].index(first)]
+            sys.path.insert(0, first)
+
+
+def _import(mod: str, was: Mapping[str, str] | None) -> None:
+    try:
+        importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name and (mod == e.name or mod.startswith(e.name + ".")):
+            raise _not_found(mod, e.name, was) from None
+        raise _import_failed(mod, e) from None
+    except UserError:
+        raise
+    except (Exception, SystemExit) as e:  # the user's module is broken: where, in one line
+        raise _import_failed(mod, e) from None
 
 
 def _not_found(mod: str, name: str, was: Mapping[str, str] | None) -> UserError:

@@ -130,6 +130,7 @@ def _nested(r: Row) -> dict[str, Any]:
         "error": r.error,
         "run_dir": r.run_dir,
         "overrides": r.overrides,
+        "lineage": r.lineage,
     }
 
 
@@ -162,7 +163,7 @@ def table(sweep_dir: str | Path, sort: str | None = None, filters: Sequence[str]
         lines += _group_lines(res, by_mean=sort is None)
     else:
         lines += _trial_lines(res)
-    left = [r for r in every.rows if r.status in ("pending", "failed", "lost")]
+    left = [r for r in every.rows if r.status in ("pending", *ledger.UNFINISHED)]
     # a running trial, or a queued one (a Slurm job asked for it): the sweep is still going
     busy = any(
         r.status == "running" or (r.status == "pending" and r.optuna_trial is not None)

@@ -316,7 +316,7 @@ def discard_if_unstarted(path: Path) -> None:
         return
     for file in (run.config, run.imports, run.trial, run.log, run.metrics, run.csv, run.lock):
         file.unlink(missing_ok=True)
-    for file in (run.provenance, *run.diffs()):
+    for file in (run.output, run.provenance, *run.diffs()):
         file.unlink(missing_ok=True)
     for folder in (run.tb, run.path / RunDir.WANDB, run.checkpoints, run.code):
         shutil.rmtree(folder, ignore_errors=True)

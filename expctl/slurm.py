@@ -125,6 +125,8 @@ def submit_array(
             folder=SweepDir(sweep_dir).slurm, max_num_timeout=first.launcher.max_requeues
         )
         executor.update_parameters(**parameters(first))
+        if first.sweep.max_concurrent:  # the array's %N throttle: at most N trials at once
+            executor.update_parameters(array_parallelism=first.sweep.max_concurrent)
         try:
             with executor.batch():
                 jobs = [executor.submit(tasks[i]) for i in members]

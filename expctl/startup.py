@@ -54,3 +54,18 @@ def freeze_for_this_run(distributed: bool) -> bool:
     in a rank of a process group (frozen, its groups' objects are torn down in the wrong order
     at exit: 1 of 15 two-worker runs aborted)."""
     return _ONE_RUN and not distributed
+
+
+# The program of a process expctl starts itself (`python -c WORKER_MAIN _worker ...`: a local
+# worker; `_zygote`: a sweep's trial forker). `python -m expctl` would search
+# the working directory first, before expctl itself is imported: a json.py or expctl.py there
+# would run in every worker. `-c` puts it first too, as '', which goes before anything is
+# imported (-P, which does the same, needs Python 3.11); the worker searches what the user named:
+# PYTHONPATH, then `imports:` in the working directory and beside the -C file.
+WORKER_MAIN = (
+    "import sys\n"
+    "if sys.path[:1] == [''] and not getattr(sys.flags, 'safe_path', False):\n"
+    "    del sys.path[0]\n"
+    "from expctl.cli import main\n"
+    "sys.exit(main())\n"
+)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expctl import pbt
 from expctl.config import SweepConfig
 from expctl.hooks import Hooks
 from expctl.layout import RunDir, SweepDir
@@ -94,7 +96,10 @@ class TrialRef:
             return None
         try:
             data = json.loads(RunDir(run_dir).trial.read_text())
-            return TrialRef(str(data["sweep_dir"]), int(data["number"]))
+            here = Path(run_dir).absolute().parent
+            # a trial lies in its sweep's directory: where that is now, if the sweep was moved
+            sweep_dir = here if SweepDir(here).journal.is_file() else Path(data["sweep_dir"])
+            return TrialRef(str(sweep_dir), int(data["number"]))
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("%s is damaged: this run is not recorded in a sweep", RunDir(run_dir).trial)
             return None
@@ -110,6 +115,34 @@ def mark(ref: TrialRef, status: str, **attrs: Any) -> None:
     trial_id = ref.trial_id(storage)
     for k, v in {"status": status, **attrs}.items():
         storage.set_trial_user_attr(trial_id, k, v)
+
+
+def population(sweep_dir: Path, s: SweepConfig, budget: str) -> dict[int, float]:
+    """PBT's population at a budget point: the score there of each running trial that reached it
+    (by its directory's number): trials are compared at equal training, not as far as each got."""
+    latest: dict[int, Any] = {}
+    for t in open_study(sweep_dir, s).get_trials(deepcopy=False):
+        number = SweepDir.number_of(t.user_attrs.get("run_dir", ""))
+        if number is not None:
+            latest[number] = t
+    return {
+        n: float(t.user_attrs["pbt_scores"][budget])
+        for n, t in latest.items()
+        if t.user_attrs.get("status") == "running"
+        and budget in (t.user_attrs.get("pbt_scores") or {})
+    }
+
+
+def attrs_of(ref: TrialRef) -> dict[str, Any]:
+    """The attributes the ledger holds for a trial's attempt (status, overrides, ...)."""
+    storage = _storage(Path(ref.sweep_dir))
+    return dict(storage.get_trial(ref.trial_id(storage)).user_attrs)
+
+
+def trial_params(ref: TrialRef) -> dict[str, Any]:
+    """The values the study drew for a trial's attempt (as the ledger keeps them: override text)."""
+    storage = _storage(Path(ref.sweep_dir))
+    return dict(storage.get_trial(ref.trial_id(storage)).params)
 
 
 def is_open(ref: TrialRef, s: SweepConfig) -> bool:
@@ -169,15 +202,27 @@ class TrialHooks(Hooks):
     whose agent may restart them (the sweep driver records the failure once it is final)."""
 
     def __init__(
-        self, ref: TrialRef, s: SweepConfig, is_main: bool, record_failures: bool = True
+        self,
+        ref: TrialRef,
+        s: SweepConfig,
+        is_main: bool,
+        record_failures: bool = True,
+        last_epoch: int | None = None,
     ) -> None:
         self.ref, self.s, self.is_main, self.record_failures = ref, s, is_main, record_failures
+        self.last_epoch = last_epoch  # PBT: no copy at the run's last validation (it is done)
         self._study: Any = None
         self._trial_id = -1
+        self._run_dir = Path()
+        self._scores: dict[str, float] = {}  # PBT: this trial's score at each budget point
+        self._copies = False  # PBT: the run stops to continue from another trial's checkpoint
 
     def on_start(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
         if self.is_main:
             mark(self.ref, "running", started=time.time())
+            if self.s.scheduler == "pbt":  # a copy goes on: its scores so far stay its own
+                self._scores = dict(attrs_of(self.ref).get("pbt_scores") or {})
 
     def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
         """Report the metric to the study (every trial: `sweep plot` draws it), then ask the
@@ -194,14 +239,51 @@ class TrialHooks(Hooks):
             )
             self._trial_id = self.ref.trial_id(storage)
         trial = optuna.trial.Trial(self._study, self._trial_id)
-        trial.report(float(value), epoch if self.s.budget == "epoch" else step)
+        with warnings.catch_warnings():  # a PBT copy may report a step again: Optuna keeps one
+            warnings.simplefilter("ignore")
+            trial.report(float(value), epoch if self.s.budget == "epoch" else step)
+        if self.s.scheduler == "pbt":
+            return self._pbt(float(value), epoch, epoch if self.s.budget == "epoch" else step)
         stop = self.s.pruner != "none" and bool(trial.should_prune())
         if stop:
             log.info("sweep: this trial stopped early at epoch %d (%s)", epoch, self.s.pruner)
         return stop
 
+    def _pbt(self, value: float, epoch: int, budget: int) -> bool:
+        """Population Based Training: record the score at this budget point; every
+        `pbt.interval` epochs (not at the last), stop to continue from a better trial's
+        checkpoint when this one is in the bottom quantile of the running trials scored there."""
+        self._scores[str(budget)] = value
+        mark(self.ref, "running", pbt_scores=self._scores)
+        me = SweepDir.number_of(self._run_dir)
+        last = self.last_epoch is not None and epoch >= self.last_epoch
+        if epoch % self.s.pbt.interval or last or me is None:
+            return False
+        scores = population(Path(self.ref.sweep_dir), self.s, str(budget))
+        rng = pbt.rng_for(self.s.seed, me, budget)
+        donor = pbt.decide(me, scores, self.s.pbt.quantile, self.s.mode, rng)
+        if donor is None:
+            return False
+        frozen = pbt.freeze(SweepDir(self.ref.sweep_dir).trial(donor).path, self._run_dir)
+        if frozen is None:  # the donor has no checkpoint yet
+            return False
+        decision = {"from_trial": donor, "checkpoint": str(frozen), "time": time.time()}
+        mark(self.ref, "copying", pbt_next=decision)
+        log.info(
+            "pbt: %s=%.4g is in the bottom %g of %d trials at %s %d: continuing from trial %d",
+            self.s.metric,
+            value,
+            self.s.pbt.quantile,
+            len(scores),
+            self.s.budget,
+            budget,
+            donor,
+        )
+        self._copies = True
+        return True
+
     def on_end(self, metrics: dict[str, Any]) -> None:
-        if self.is_main:
+        if self.is_main and not self._copies:  # a PBT copy goes on: its trial has not ended
             finish(self.ref, self.s, metrics)
 
     def on_failure(self, error: BaseException, returning: bool) -> bool:

@@ -1,8 +1,8 @@
 """Sweeps: `expctl run -m`, on Optuna's ask/tell API with a journal file as the ledger.
 
 The command line keeps Hydra's multirun grammar (``a=1,2``, ``range()``, ``choice()``,
-``interval()``, ``tag(log, ...)``), parsed by Hydra's own override parser; each trial is then
-composed once, frozen into ``SWEEP_DIR/trial_NNN`` and launched like any run. The study lives in
+``interval()``, ``tag(log, ...)``), parsed by Hydra's own override parser (`space.py`); each
+trial is then composed once, frozen into ``SWEEP_DIR/trial_NNN`` and launched like any run. The study lives in
 ``SWEEP_DIR/journal.log`` (Optuna's JournalStorage: safe for many writers on a shared
 filesystem), so ranks of a trial report to it, other processes read it while trials run, and an
 interrupted sweep resumes from it.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -25,127 +26,81 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl import compose, ledger, results, rundir, slurm, snapshot
+from expctl import compose, ledger, pbt, results, rundir, slurm, snapshot
 from expctl import config as config_mod
-from expctl.config import Config
-from expctl.errors import Interrupted, UserError
-from expctl.explain import parse_override
+from expctl.config import Config, SweepConfig
+from expctl.errors import UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
 from expctl.provenance import Launch
-from expctl.study import TrialRef, finish, is_open, mark, open_study
+from expctl.space import Dimension, check_values, grid, parse_space
+from expctl.study import TrialRef, open_study
 
 log = logging.getLogger("expctl")
 
 DEFAULT_TRIALS = 10  # random / TPE sweeps without sweep.n_trials
 
 
-@dataclass
-class Dimension:
-    """One swept key: the values of a grid, or an Optuna distribution."""
-
-    key: str
-    values: list[Any] | None = None  # grid / categorical
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    integer: bool = False
-    step: float | None = None
-
-    def distribution(self) -> Any:
-        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-        if self.values is not None:
-            return CategoricalDistribution(self.values)
-        assert self.low is not None and self.high is not None
-        if self.integer:
-            return IntDistribution(
-                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
-            )
-        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
-
-
-def parse_space(overrides: Sequence[str]) -> tuple[list[str], list[Dimension]]:
-    """Split overrides into plain ones and swept dimensions (Hydra's override grammar)."""
-    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-
-    plain: list[str] = []
-    dims: list[Dimension] = []
-    for text in overrides:
-        o = parse_override(text)
-        if not o.is_sweep_override():
-            plain.append(text)
-            continue
-        key, value = o.get_key_element(), o.value()
-        if isinstance(value, ChoiceSweep):
-            dims.append(Dimension(key, values=[_text(v) for v in value.list]))
-        elif isinstance(value, RangeSweep):
-            start, stop, step = (
-                float(value.start or 0),
-                float(value.stop or 0),
-                float(value.step or 1),
-            )
-            values: list[Any] = []
-            x = start
-            while (step > 0 and x < stop) or (step < 0 and x > stop):
-                values.append(x)
-                x += step
-            if all(isinstance(v, int) for v in (value.start, value.stop, value.step)):
-                values = [int(v) for v in values]
-            dims.append(Dimension(key, values=[_text(v) for v in values]))
-        elif isinstance(value, IntervalSweep):
-            dims.append(_interval(text, key, value))
-        else:
-            raise UserError(
-                f"{text}: {type(value).__name__} is not supported in sweeps",
-                "use a,b / range() / choice() / interval()",
-            )
-    return plain, dims
-
-
-def _interval(text: str, key: str, value: Any) -> Dimension:
-    """The Dimension of an interval(low, high) sweep, its bounds checked before anything exists."""
-    low, high = float(value.start or 0), float(value.end or 0)
-    log = "log" in value.tags
-    if not low < high:
-        raise UserError(
-            f"{text}: interval({low:g}, {high:g}) needs low < high",
-            f"e.g. {key}=interval({min(low, high):g},{max(low, high):g})",
-        )
-    if log and low <= 0:
-        raise UserError(
-            f"{text}: a log interval needs low > 0 (got {low:g})",
-            f"e.g. {key}='tag(log, interval(1e-5, {high:g}))'",
-        )
-    return Dimension(key, low=low, high=high, log=log, integer="int" in value.tags)
-
-
-def _grid(dims: list[Dimension]) -> list[dict[str, Any]]:
-    import itertools
-
-    for d in dims:
-        if d.values is None:
-            raise UserError(
-                f"{d.key}: interval() needs a sampler, the grid cannot enumerate it",
-                "add sweep=random or sweep=tpe with sweep.n_trials=N, or list values: a,b,c",
-            )
-    names = [d.key for d in dims]
-    return [
-        dict(zip(names, combo, strict=True))
-        for combo in itertools.product(*[d.values or [] for d in dims])
-    ]
-
-
-def _text(value: Any) -> str:
-    """A swept value as Hydra override text: grid points and categorical choices are kept in
-    this form (Optuna stores only primitive choices; `[16, 16]` or `'a b'` stay intact)."""
-    from hydra.core.override_parser.types import Transformer  # what Hydra's sweepers use
-
-    return Transformer.str(value)
-
-
 def _override(key: str, value: Any) -> str:
     return f"{key}={value}"
+
+
+@dataclass
+class Plan:
+    """What `expctl run -m` runs: the config of its first point (the sweep's settings), the
+    overrides every trial gets, the dimensions, and the grid's points in order ([] when a
+    sampler picks them)."""
+
+    base: Config
+    plain: list[str]
+    dims: list[Dimension]
+    points: list[dict[str, Any]]
+
+
+def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) -> Plan:
+    """The sweep of `expctl run -C config_file -m overrides`, every grid point composed (so
+    valid) before anything is created.
+
+    The search space is Hydra's: the config's ``sweep.params``, then the command line, the last
+    value of a key winning (defaults < config file < command line); ``shuffle()`` draws from
+    ``sweep.seed``. `notes` receives compose's notes (settings an override set aside).
+    """
+    options = functools.partial(_group_options, config_file)
+    plain, dims = parse_space(overrides, options=options)
+    first = _overrides(plain, {d.key: d.values[0] for d in dims if d.values})
+    # the sweep's own settings (sweep.params, seed, sampler) come from a composed config
+    base = compose.compose(config_file, first, notes=notes)
+    s = base.sweep
+    plain, dims = parse_space(overrides, s.params, s.seed, options)
+    check_values(dims)
+    points = grid(dims) if gridded(s) else []
+    if s.n_trials:
+        points = points[: s.n_trials]
+    heads = points or [{d.key: d.values[0] for d in dims if d.values}]
+    for i, point in enumerate(heads):
+        over = _overrides(plain, point)
+        if i > 0:
+            compose.compose(config_file, over, notes=notes)
+        elif over != first:  # sweep.params or a shuffle moved the first point
+            base = compose.compose(config_file, over, notes=notes)
+    return Plan(base, plain, dims, points)
+
+
+def gridded(s: SweepConfig) -> bool:
+    """Whether the sweep's trials are the grid's points (PBT draws its population at random)."""
+    return s.sampler == "grid" and s.scheduler != "pbt"
+
+
+def _overrides(plain: list[str], point: dict[str, Any]) -> list[str]:
+    return [*plain, *(_override(k, v) for k, v in point.items())]
+
+
+def _group_options(config_file: str | None, group: str) -> list[str] | None:
+    """The options of a config group, what ``glob()`` picks from (None: not a group)."""
+    if group not in (*compose.GROUPS, compose.PRESETS):
+        return None
+    dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
+    return compose.group_options(group, dirs)
 
 
 @dataclass
@@ -183,24 +138,13 @@ def multirun(
     config_file: str | None, overrides: Sequence[str], repeat: int | None = None
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
-    plain, dims = parse_space(overrides)
     notes: list[str] = []
-    first = [*plain, *(_override(d.key, d.values[0]) for d in dims if d.values)]
-    base = compose.compose(config_file, first, notes=notes)
+    space = plan(config_file, overrides, notes)  # every point is valid before anything exists
+    base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
-    yaml_plain, yaml_dims = parse_space([f"{k}={v}" for k, v in s.params.items()])
-    dims += [d for d in yaml_dims if d.key not in {x.key for x in dims}]
-    plain += yaml_plain
     repeat = repeat or s.repeat
-    if s.sampler == "grid":
-        points = _grid(dims)
-        if s.n_trials:
-            points = points[: s.n_trials]
-        for p in points[1:]:  # every point is valid before anything is created
-            over = [*plain, *(_override(k, v) for k, v in p.items())]
-            compose.compose(config_file, over, notes=notes)
-    else:
-        points = []
+    if s.scheduler == "pbt":
+        pbt.check(base, [d.key for d in dims], repeat)
     for note in dict.fromkeys(notes):
         print(f"expctl: note: {note}", file=sys.stderr)
     origin = Launch.here(config_file, overrides).pin()  # the code of every trial: as it is now
@@ -217,7 +161,7 @@ def multirun(
         "dims": [vars(d) for d in dims],
         "points": points,
         "repeat": repeat,
-        "n_trials": len(points) if s.sampler == "grid" else s.n_trials or DEFAULT_TRIALS,
+        "n_trials": len(points) if gridded(s) else s.n_trials or DEFAULT_TRIALS,
         "created": time.time(),
     }
     try:
@@ -294,6 +238,9 @@ def _trial_configs(sweep_dir: Path, base: Config, todo: list[Slot]) -> list[Conf
             "status": "pending",
             "run_dir": str(trial_dir),
             "seed_idx": slot.seed_idx,
+            # the driver's: a pending trial whose driver died before starting it is lost
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
         }
         if slot.retry:
             attrs["retry_of"] = slot.number
@@ -345,18 +292,15 @@ def run_trials(
         )
         print(f"expctl: follow them with `expctl sweep table {sweep_dir}`", flush=True)
         return Outcome(sweep_dir, len(cfgs), 0)
-    try:
-        for item in todo:
-            (cfg,) = _trial_configs(sweep_dir, base, [item])
-            ok = run_one(cfg, origin)
-            if not ok and base.sweep.stop_on_failure:
-                print(
-                    "expctl: a trial failed and sweep.stop_on_failure is set: stopping the sweep",
-                    flush=True,
-                )
-                break
-    except KeyboardInterrupt:  # the interrupted trial resumes from its checkpoints
-        raise Interrupted(f"expctl sweep resume {sweep_dir}") from None
+    from expctl import trials  # lazy: it counts GPUs with torch, which `sweep table` never needs
+
+    use = trials.plan_for(base, len(todo))
+
+    def make_config(slot: Slot) -> Config:
+        (cfg,) = _trial_configs(sweep_dir, base, [slot])
+        return trials.with_share(cfg, use.share)
+
+    trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)
@@ -403,29 +347,6 @@ def _outcome(sweep_dir: Path) -> Outcome:
     return Outcome(sweep_dir, len(live), failed)
 
 
-def run_one(cfg: Config, origin: Launch | None = None) -> bool:
-    """Launch one frozen trial config (of the sweep command `origin`); False if it failed. Its
-    rank 0 records how it ended (`study.TrialHooks`); a failure no rank could record (a worker
-    that never started, a crash) is recorded here."""
-    from expctl import launch  # lazy: it loads torch, which `sweep table` never needs
-
-    ref = TrialRef.read(cfg.run.dir)
-    assert ref is not None, "a trial's run directory holds trial.json"
-    mark(ref, "running", started=time.time(), pid=os.getpid(), host=socket.gethostname())
-    try:
-        launch.launch(cfg, origin=origin)
-    except Exception as e:  # a failing trial does not end the sweep
-        if is_open(ref, cfg.sweep):
-            finish(ref, cfg.sweep, {}, error=e)
-        log.error(
-            "trial %s failed: %s",
-            SweepDir.number_of(cfg.run.dir or ""),
-            str(e).splitlines()[0] if str(e) else type(e).__name__,
-        )
-        return False
-    return True
-
-
 def _repair_journal(journal: Path) -> None:
     """A crash mid-write leaves the journal's last record torn (never committed): drop it before
     appending, or the next record would be glued to it and the journal unreadable."""
@@ -458,7 +379,7 @@ def resume(sweep_dir: str | Path) -> Outcome:
     study = open_study(path, base.sweep)
     todo: list[Slot] = []
     for r in ledger.rows(path):
-        if r.status in ("failed", "lost"):
+        if r.status in ledger.UNFINISHED:
             assert r.optuna_trial is not None, "a trial that ended was started"
             study.tell(r.optuna_trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             todo.append(Slot(r.number, json.loads(r.config), r.seed_idx, retry=True))

@@ -94,6 +94,59 @@ class Loop:
     saved_at: int = -1  # the step of the newest checkpoint this launch wrote
     validated_at: int = -1  # the step of this launch's newest validation
     base_s: float = 0.0  # training time of earlier attempts
+    hparams: HParams = field(default_factory=lambda: HParams([], None))
+
+
+class HParams:
+    """train.hparam_schedule: each entry's optimizer and loss values, set before the optimizer
+    step that follows its `step` (a run restored at step S gets those of every entry up to S).
+
+    Optimizer values go into every param group (what `checkpoint.resume` restored included),
+    loss values onto the loss module's attribute of that name.
+
+    Raises:
+        UserError: a loss value its module has no attribute for (it could not change mid-run).
+    """
+
+    def __init__(self, schedule: list[dict[str, Any]], parts: Parts | None) -> None:
+        self.entries = sorted(schedule, key=lambda e: int(e["step"]))
+        self.parts, self._next = parts, 0
+        loss = parts.ctx.loss_fn if parts is not None else None
+        for e in self.entries:
+            for key in e.get("loss", {}):
+                if not hasattr(loss, key):
+                    raise UserError(
+                        f"train.hparam_schedule: loss.{key} cannot change mid-run (the loss "
+                        f"module has no attribute '{key}')",
+                        "schedule optimizer values, or loss arguments its module keeps as such",
+                    )
+
+    @property
+    def next_step(self) -> float:
+        """The step of the next entry to apply (infinity: none left)."""
+        return int(self.entries[self._next]["step"]) if self._next < len(self.entries) else math.inf
+
+    def at(self, step: int) -> None:
+        """Apply every entry not yet applied whose step is at most `step`."""
+        while self._next < len(self.entries) and int(self.entries[self._next]["step"]) <= step:
+            entry = self.entries[self._next]
+            self._next += 1
+            assert self.parts is not None
+            for key, value in entry.get("optim", {}).items():
+                for opt in self.parts.ctx.optimizers.values():
+                    for group in opt.param_groups:
+                        group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+            for key, value in entry.get("loss", {}).items():
+                setattr(self.parts.ctx.loss_fn, key, value)
+            log.info("train.hparam_schedule: from step %d, %s", step, _values(entry))
+
+
+def _values(entry: dict[str, Any]) -> str:
+    return " ".join(
+        f"{section}.{k}={v}"
+        for section in ("optim", "loss")
+        for k, v in entry.get(section, {}).items()
+    )
 
 
 def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
@@ -117,6 +170,8 @@ def fit(
     per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum  # micro-batches
     meter = Meter()
     loop.mark_step, loop.base_s = state.step, state.train_s
+    loop.hparams = HParams(t.hparam_schedule, parts)
+    loop.hparams.at(state.step)  # a run restored inside a segment: that segment's values
     for m in parts.ctx.models.values():
         m.train()
     with _collector(t.gc_every) as gc_every:
@@ -146,6 +201,8 @@ def _loop(
     ):
         done = state.batch >= per_epoch  # micro-batches past the last full accumulation: none
         for batch in () if done else parts.batches.epoch(state.epoch, start=state.batch):
+            if state.step >= loop.hparams.next_step:  # an int compare: no cost when unused
+                loop.hparams.at(state.step)
             ctx.boundary = (state.batch + 1) % t.grad_accum == 0
             with no_sync(ctx.models, skip=not ctx.boundary):
                 meter.add(parts.step.train_step(ctx, batch))

@@ -95,12 +95,17 @@ def test_a_local_launch_gives_back_the_callers_signal_handlers(host: None) -> No
 @pytest.mark.slow
 def test_load_model_finds_the_module_that_sat_beside_the_config_file(neighbour: Path) -> None:
     """The run found `imports: [neighbour_models]` beside its -C file (and was started from
-    another directory); Python started in a third one loads its model, and once the module is
-    gone the error names it and where it was."""
+    another directory); Python started in a third one loads its model, leaving its module
+    search path in its order, and once the module is gone the error names it and where it was."""
     root = neighbour.parent.parent
     proc = conftest.expctl("run", "-C", str(neighbour), "train.max_steps=2", cwd=root / "elsewhere")
     run_dir = re.search(r"results in (\S+)", proc.stdout).group(1)  # type: ignore[union-attr]
-    code = f"import expctl; m = expctl.load_model({run_dir!r}); print(m[1].out_features)"
+    code = (
+        "import sys, expctl\npath = list(sys.path)\n"
+        f"m = expctl.load_model({run_dir!r})\n"
+        "assert sys.path[: len(path)] == path, ('the caller sys.path changed', sys.path)\n"
+        "print(m[1].out_features)\n"
+    )
 
     def load() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -131,3 +136,19 @@ def test_load_model_finds_the_module_that_sat_beside_the_config_file(neighbour: 
         f"cannot import module 'neighbour_models': the run imported it from {module}, "
         "which is gone" in gone.stderr
     ), gone.stderr
+
+
+@pytest.mark.parametrize("call", ["run", "evaluate"])
+def test_overrides_as_one_string_are_refused_naming_the_list_to_pass(call: str) -> None:
+    """A string is a sequence of one-character overrides ("bad override 'o'"): refused."""
+    calls = {
+        "run": lambda o: expctl.run(None, o),
+        "evaluate": lambda o: expctl.evaluate("no_run", overrides=o),
+    }
+    with pytest.raises(expctl.UserError, match="'optim.lr=0.1' is one string") as e:
+        calls[call]("optim.lr=0.1")
+    assert e.value.hint == "pass a list, one override per item: overrides=['optim.lr=0.1']"
+    with pytest.raises(expctl.UserError, match="overrides: 0.1 is not a string"):
+        calls[call](["optim.lr=0.1", 0.1])
+    with pytest.raises(expctl.UserError, match="overrides: None is not a string"):
+        calls[call](None)

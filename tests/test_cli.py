@@ -1,4 +1,4 @@
-"""The command line: help without torch, list/show, packaging, and the bad-input corpus."""
+"""The command line: help without torch, list/show, start-up, and the bad-input corpus."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, cli_env
+from conftest import TINY, cli_env
 from conftest import expctl as run_cli
 
 from expctl import catalogue, cli
@@ -47,49 +47,6 @@ def test_show_prints_resolved_config_and_environment(
     assert "name: resnet18" in out and "max_epochs: 7" in out and "lr: 0.5" in out
     assert "# environment: rank=0" in out and "source=single" in out
     assert not (tmp_path / "runs").exists()
-
-
-@pytest.mark.slow
-def test_non_editable_install_finds_builtin_configs(tmp_path: Path) -> None:
-    """conf/ ships inside the wheel: `expctl show` works from any directory."""
-    target = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    assert (target / "expctl" / "conf" / "config.yaml").is_file()
-    env = cli_env(PYTHONPATH=str(target))
-    out = subprocess.run(
-        [sys.executable, "-m", "expctl", "show", "experiment=dcgan"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "name: dcgan" in out.stdout
-    import_path = subprocess.run(
-        [sys.executable, "-c", "import expctl; print(expctl.__file__)"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert import_path.startswith(str(target))
 
 
 @pytest.mark.parametrize("args", [["run", "train.precision=fp8"], ["run", "-C", "missing.yml"]])
@@ -172,18 +129,48 @@ def test_a_torchvision_py_in_the_working_directory_shadows_nothing(tmp_path: Pat
     assert "name: mine" in out
 
 
+# what a working directory may hold: stdlib names, expctl itself, torchvision, and optional
+# packages that are not installed, which torch imports when it finds them (colorama: inductor)
+POISONED = ("json", "copy", "dataclasses", "difflib", "expctl", "torchvision", "dill", "pynvml",
+            "colorama")  # fmt: skip
+
+
 @pytest.mark.slow
-def test_a_torchvision_py_in_the_working_directory_shadows_nothing_in_workers(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("launcher", "config"),
+    [("inline", "r.yml"), ("local", "r.yml"), ("local", "expctl/r.yml")],
+    ids=["inline", "local", "local-config-folder-named-expctl"],
+)
+def test_modules_in_the_working_directory_are_not_imported(
+    tmp_path: Path, launcher: str, config: str
 ) -> None:
-    (tmp_path / "torchvision.py").write_text(SHADOW)
-    (tmp_path / "r.yml").write_text(
+    """DESIGN.md trap 14: `expctl run` and its local workers search only what the user named
+    (PYTHONPATH; `imports:` in the working directory and beside the -C file), never the working
+    directory by itself: none of its json.py, expctl.py or dill.py runs, and a config folder
+    named expctl/ does not stand in for expctl."""
+    for name in POISONED:
+        if name == "expctl" and config.startswith("expctl/"):
+            continue  # expctl.py would win over the folder
+        marker = tmp_path / f"imported_{name}"
+        (tmp_path / f"{name}.py").write_text(
+            f"open({str(marker)!r}, 'w').close()\n"
+            f"raise ImportError('the {name}.py of the working directory')\n"
+        )
+    (tmp_path / config).parent.mkdir(exist_ok=True)
+    (tmp_path / config).write_text(
         "model: {name: resnet18}\ntrain: {max_steps: 1}\n"
         "data: {name: synthetic, shape: [3, 16, 16], num_classes: 2, num_samples: 32, "
         "val_samples: 8, batch_size: 8}\n"
     )
-    args = ["run", "-C", "r.yml", "launcher=local", "launcher.nproc=2", "run.dir=r"]
-    run_cli(*args, cwd=tmp_path, fresh=True)
+    script = Path(sys.executable).with_name("expctl")  # the console script, as users start it
+    args = ["run", "-C", config, f"launcher={launcher}", "run.dir=r"]
+    args += ["launcher.nproc=2"] if launcher == "local" else []
+    proc = subprocess.run(
+        [str(script), *args], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in tmp_path.glob("imported_*")) == []
     assert (tmp_path / "r" / "result.json").is_file()
 
 

@@ -14,8 +14,6 @@ from omegaconf import MISSING, OmegaConf
 from expctl import compose, config, confstore, registry, yamlfile
 from expctl.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def cfg_of(file: Path | None = None, *overrides: str, check: bool = True) -> config.Config:
     return compose.compose(str(file) if file else None, list(overrides), check_components=check)
@@ -179,7 +177,9 @@ def test_every_registered_name_is_a_group_option(group: str, name: str) -> None:
         return
     entry = registry.get(config.COMPONENT_KINDS[group], name)
     node = confstore.node_defaults(group, entry)
-    builtin = compose.read_layer(yamlfile.read_yaml(REPO / "conf" / "config.yaml", ""), "", [])
+    builtin = compose.read_layer(
+        yamlfile.read_yaml(compose.builtin_conf_dir() / "config.yaml", ""), "", []
+    )
     tuned = builtin.sections.get(group, {}) if builtin.choices[group] == name else {}
     for p in entry.parameters().values():
         if p.name in tuned:
@@ -225,7 +225,7 @@ def _default_of(group: str, choice: str, key: str) -> Any:
 
 
 def _conf_files() -> list[Path]:
-    conf = REPO / "conf"
+    conf = compose.builtin_conf_dir()
     return [conf / "config.yaml", *sorted((conf / "experiment").glob("*.yaml"))]
 
 

@@ -3,6 +3,7 @@ the dataset contract, and the streamed data path (DataLoader workers, DDP shards
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 from pathlib import Path
@@ -165,27 +166,50 @@ def test_fashion_mnist_from_debians_files() -> None:
     assert abs(float(x.mean())) < 0.02 and abs(float(x.std()) - 1) < 0.02  # standardised
 
 
-def _cifar_batch(path: Path, images: np.ndarray, labels: list[int]) -> None:
-    with open(path, "wb") as f:
-        pickle.dump({"data": images.reshape(len(labels), -1), "labels": labels}, f)
+class _Python2Pickler(pickle._Pickler):
+    """Pickles as Python 2 did, and as the published CIFAR files are: bytes as Python 2's str
+    (Python 3 calls _codecs.encode at protocol 2), numpy 1's module names."""
+
+    def save_bytes(self, obj: bytes) -> None:
+        self.write(pickle.BINSTRING + len(obj).to_bytes(4, "little") + obj)
+        self.memoize(obj)
+
+    dispatch = {**pickle._Pickler.dispatch, bytes: save_bytes}
+
+
+def _pickled(obj: object, protocol: int | str) -> bytes:
+    if protocol != "python2":
+        return pickle.dumps(obj, protocol=int(protocol))
+    out = io.BytesIO()
+    _Python2Pickler(out, protocol=2).dump(obj)
+    return out.getvalue().replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n")
+
+
+def _cifar_batch(
+    path: Path, images: np.ndarray, labels: list[int], protocol: int | str = 4
+) -> None:
+    path.write_bytes(
+        _pickled({"data": images.reshape(len(labels), -1), "labels": labels}, protocol)
+    )
 
 
 def test_cifar10_from_its_python_batches(tmp_path: Path) -> None:
+    """Batches as the published files pickle them (Python 2), and as Python 3 does (protocols 4
+    and 5: numpy 2's reconstruction functions)."""
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     rng = np.random.default_rng(0)
     train_labels = []
-    for i in range(1, 6):
+    for i, protocol in zip(range(1, 6), ["python2", 4, 5, "python2", 4], strict=True):
         labels = [(i + j) % 10 for j in range(4)]
         train_labels += labels
-        _cifar_batch(
-            folder / f"data_batch_{i}", rng.integers(0, 256, (4, 3, 32, 32), np.uint8), labels
-        )
+        images = rng.integers(0, 256, (4, 3, 32, 32), np.uint8)
+        _cifar_batch(folder / f"data_batch_{i}", images, labels, protocol)
     pixel = np.zeros((3, 3, 32, 32), np.uint8)
     pixel[1, 2, 5, 7] = 255  # image 1, blue channel, row 5, column 7
-    _cifar_batch(folder / "test_batch", pixel, [3, 1, 4])
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    _cifar_batch(folder / "test_batch", pixel, [3, 1, 4], "python2")
+    meta = {"label_names": [f"c{i}" for i in range(10)], "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(_pickled(meta, "python2"))
     s = cifar10(root=str(tmp_path), normalize="none")
     assert (len(s.train), len(s.val), s.test) == (20, 3, None)  # type: ignore[arg-type]
     assert s.train.tensors[1].tolist() == train_labels  # type: ignore[union-attr]
@@ -194,6 +218,36 @@ def test_cifar10_from_its_python_batches(tmp_path: Path) -> None:
     assert s.info.input_shape == (3, 32, 32) and s.info.num_classes == 10
     carved = cifar10(root=str(tmp_path), val_split=5)
     assert (len(carved.train), len(carved.val), len(carved.test)) == (15, 5, 3)  # type: ignore[arg-type]
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("file", ["data_batch_1", "batches.meta"])
+def test_a_cifar_file_that_calls_code_is_refused_without_running_it(
+    tmp_path: Path, file: str
+) -> None:
+    """Only numpy's array reconstruction is admitted: a batch or meta file whose pickle calls
+    os.system is refused before the call."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        _cifar_batch(folder / name, np.zeros((2, 3, 32, 32), np.uint8), [0, 1])
+    marker = tmp_path / "code_ran"
+    hostile = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1], "x": _RunsCode(marker)}
+    if file == "batches.meta":
+        hostile = {"label_names": [_RunsCode(marker)]}
+    (folder / file).write_bytes(pickle.dumps(hostile))
+    with pytest.raises(UserError, match=r"it calls (posix|os)\.system, which a CIFAR file never"):
+        cifar10(root=str(tmp_path))
+    assert not marker.exists()
 
 
 def test_cifar10_missing_names_the_files_expected(tmp_path: Path) -> None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
+import json
+import shutil
+import subprocess
 import sys
+import sysconfig
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, SMALL, cli_env
 from packaging.requirements import Requirement
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
@@ -30,9 +34,15 @@ def _canonical(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
+def _sources() -> list[Path]:
+    """Every module of the package, subpackages included (expctl/datasets/images.py imports
+    PIL)."""
+    return sorted((REPO / "expctl").rglob("*.py"))
+
+
 def _imported_top_level_modules() -> set[str]:
     found: set[str] = set()
-    for path in (REPO / "expctl").glob("*.py"):
+    for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found |= {a.name.split(".")[0] for a in node.names}
@@ -130,7 +140,7 @@ def test_no_other_private_name_of_another_package_is_used() -> None:
     allowed = {("submitit.slurm.slurm", "_make_sbatch_string")}
     found = set()
     third_party = _imported_top_level_modules()
-    for path in (REPO / "expctl").glob("*.py"):
+    for path in _sources():
         tree = ast.parse(path.read_text())
         imported: set[str] = set()  # names this file binds to other packages' modules/classes
         for node in ast.walk(tree):
@@ -148,3 +158,63 @@ def test_no_other_private_name_of_another_package_is_used() -> None:
             if node.value.id in imported and node.attr[:1] == "_" and node.attr[:2] != "__":
                 found.add((node.value.id, node.attr))
     assert found <= allowed, f"private names of other packages in use: {sorted(found - allowed)}"
+
+
+# In the installed expctl: train two steps and show a built-in preset, then say where every
+# expctl module loaded came from.
+INSTALLED_RUN = f"""
+import json, sys
+from expctl import cli
+assert cli.main(["show", "experiment=dcgan"]) == 0
+assert cli.main(["run", *{SMALL!r}, "train.max_steps=2", "run.dir=r"]) == 0
+mods = {{n: getattr(m, "__file__", None) for n, m in sys.modules.items() if n.split(".")[0] == "expctl"}}
+print("MODULES", json.dumps(mods))
+"""
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_and_trains_without_the_source_tree(tmp_path: Path) -> None:
+    """`pip install .` (what the README says): the wheel holds every subpackage and the built-in
+    configs. Built from a copy of the package (a stale build/ folder in the checkout would hide
+    a missing package), installed by pip into a new virtual environment that reaches the
+    dependencies through a .pth line (so this venv's editable-install finder, which would
+    serve a missing subpackage from the source tree, is not loaded), it trains two steps from
+    a folder outside the source tree, and every expctl module comes from the install."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "expctl", src / "expctl", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, src / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    build = [*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path), str(src)]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("expctl-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    (Path(site) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
+    helped = subprocess.run(
+        [venv / "bin" / "expctl", "--help"], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert helped.returncode == 0 and "expctl run -C my.yml" in helped.stdout, helped.stderr
+    proc = subprocess.run(
+        [python, "-c", INSTALLED_RUN], cwd=work, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "name: dcgan" in proc.stdout
+    assert json.loads((work / "r" / "result.json").read_text())["step"] == 2
+    modules = json.loads(proc.stdout.split("MODULES ", 1)[1])
+    assert "expctl.datasets.synthetic" in modules
+    outside = {n: f for n, f in modules.items() if f and not f.startswith(site)}
+    assert not outside, f"expctl modules loaded from outside the install: {outside}"

@@ -74,18 +74,25 @@ def test_imports_are_dotted_module_names_only(module: str) -> None:
         registry.import_user_modules([module])
 
 
-def test_the_working_directory_is_searched_after_site_packages(
+def test_imports_are_searched_after_site_packages_and_nothing_without_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`python -m` (workers, torchrun, submitit jobs) puts the working directory first, where a
-    torchvision.py would shadow torchvision: it moves behind site-packages, still searched."""
+    """`imports:` modules are found in the working directory and the -C file's folders, which
+    go after site-packages (a torchvision.py there never shadows torchvision). Without
+    `imports:` the module search path is not touched: a dill.py there would stand in for an
+    optional package that is not installed. A caller's first entry stays first (load_model)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [str(tmp_path), *[p for p in sys.path if p != str(tmp_path)]])
+    monkeypatch.setattr(sys, "path", ["", *sys.path])  # `python -c`, a notebook
     monkeypatch.setenv(registry.IMPORT_PATH, os.pathsep.join(["/cfg/a", "/cfg/b"]))
+    before = list(sys.path)
     registry.import_user_modules([])
+    assert sys.path == before
+    (tmp_path / "here_mod.py").write_text("")
+    registry.import_user_modules(["here_mod"])
     site = max(i for i, p in enumerate(sys.path) if p.endswith("site-packages"))
-    assert sys.path.index(str(tmp_path)) > site and sys.path[0] != str(tmp_path)
-    assert sys.path.index("/cfg/a") > site and sys.path.index("/cfg/b") > site
+    assert sys.path[: len(before)] == before, "entries are added at the end only"
+    assert min(sys.path.index(p) for p in (str(tmp_path), "/cfg/a", "/cfg/b")) > site
+    del sys.modules["here_mod"]
 
 
 def test_the_config_files_folder_reaches_workers_outside_pythonpath(
@@ -97,10 +104,11 @@ def test_the_config_files_folder_reaches_workers_outside_pythonpath(
     monkeypatch.setenv(registry.IMPORT_PATH, "")
     monkeypatch.setenv("PYTHONPATH", "/unchanged")
     (tmp_path / "my.yml").write_text("train: {max_epochs: 1}\n")
+    before = list(sys.path)
     compose.compose(str(tmp_path / "my.yml"), check_components=False)
     assert os.environ[registry.IMPORT_PATH] == str(tmp_path)
     assert os.environ["PYTHONPATH"] == "/unchanged", "PYTHONPATH comes before site-packages"
-    assert sys.path.index(str(tmp_path)) == len(sys.path) - 1
+    assert sys.path == before, "searched only for `imports:` modules"
 
 
 def test_builtin_factories_build() -> None:

@@ -426,11 +426,14 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
         "launcher.nodes=2",
         "launcher.timeout_min=5",
         "sweep.pruner=asha",
+        "sweep.max_concurrent=2",
         cwd=work,
         env=env(SLOW_STEP_S="0.05"),
     )
     job = re.search(r"submitted 3 trial\(s\) as job\(s\) (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
     sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    scripts = [p.read_text() for p in (sweep / "slurm").glob("*.sh")]
+    assert any("#SBATCH --array=0-2%2\n" in text for text in scripts), "max_concurrent: %N"
     early = run_cli("sweep", "table", str(sweep), cwd=work).stdout
     assert re.search(r"(pending|running)", early), early
     wait_until(

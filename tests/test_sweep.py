@@ -7,17 +7,21 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SMALL, TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import cli, ledger
+from expctl import cli, config, ledger
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -28,6 +32,7 @@ def sweep_dir_of(stdout: str) -> Path:
 
 
 def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
+    tiny.write_text(TINY + "sweep: {params: {optim.lr: '0.9'}}\n")  # the command line wins
     proc = run_cli(
         "run",
         "-C",
@@ -48,6 +53,7 @@ def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
     for r in rows:
         result = json.loads((Path(r.run_dir) / "result.json").read_text())
         assert r.value == result["val/acc"]
+        assert f"optim.lr={config.load(r.run_dir).optim.args['lr']} " in r.overrides
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
     values = [float(x) for x in re.findall(r"completed\s+([0-9.]+)", table)]
     assert len(values) == 4 and values == sorted(values, reverse=True), "sorted best first"
@@ -173,6 +179,7 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
         "-m",
         "data.batch_size=100000,16",
         "sweep.stop_on_failure=true",
+        "sweep.max_concurrent=1",
         cwd=tiny.parent,
         check=False,
     )
@@ -198,8 +205,6 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     sweep = sweep_dir_of(proc.stdout)
     rows = ledger.rows(sweep)
     assert len(rows) == 4
-    from expctl import config
-
     seeds = sorted(config.load(r.run_dir).train.seed for r in rows)
     assert seeds == [7, 7, 8, 8], "each configuration once with the base seed, once with +1"
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
@@ -352,45 +357,257 @@ def _is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
 
 
-def test_resume_reruns_a_lost_trial_and_the_rest(tiny: Path) -> None:
-    """A 4-point grid killed during trial 1 lists all 4 (2 never started); resumed, each trial's
-    number is its directory's and no number is skipped."""
-    args = [
+def _driver(tiny: Path, *args: str, slow: str = "0.05") -> subprocess.Popen[str]:
+    """`expctl run -C tiny.yml -m ARGS` as a real process of its own (slow steps: time to act)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "expctl", "run", "-C", str(tiny), "-m", *args],
+        cwd=tiny.parent,
+        env=cli_env(SLOW_STEP_S=slow),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # Ctrl-C as a terminal's foreground program gets it, even when these tests run from a
+        # background job (its SIGINT is ignored, and an ignored signal is inherited)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _wait_for(what: str, ready: Any, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _trial_pid(trial_dir: Path) -> int:
+    from expctl.study import TrialRef, attrs_of
+
+    ref = TrialRef.read(trial_dir)
+    assert ref is not None
+    return int(attrs_of(ref)["pid"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_trials_run_side_by_side_each_on_its_own_cores(tiny: Path) -> None:
+    """Two trials at once on this 2-core machine (the default: as many as the cores allow), each
+    pinned to its own core (each waits at its first step until the other trains too); the
+    console shows a line per trial start and end, not their logs, which are in each trial's
+    train.log and output.log."""
+    proc = run_cli(
         "run",
         "-C",
         str(tiny),
         "-m",
-        "optim.lr=0.1,0.2,0.3,0.01",
+        "optim.lr=0.1,0.2",
         "imports=[faulty]",
-        "train.step=kill_at_step",
+        "train.step=meet",
+        "train.max_epochs=1",
+        cwd=tiny.parent,
+        env=cli_env(MEET_DIR=str(tiny.parent / "met"), MEET_N="2"),
+    )
+    sweep = sweep_dir_of(proc.stdout)
+    assert "2 trial(s) at a time on 2 core(s): no GPU, 1 core(s) each" in proc.stdout
+    assert "train epoch" not in proc.stdout, "the trials' logs are not interleaved here"
+    cores = set()
+    for n in (0, 1):
+        assert re.search(rf"trial {n} started \(cores \d\): optim\.lr=0\.[12]\n", proc.stdout)
+        assert re.search(
+            rf"trial {n} completed in [0-9.]+ s: val/acc=[0-9.]+ at step 16", proc.stdout
+        )
+        output = (sweep / f"trial_{n:03d}" / "output.log").read_text()
+        assert "train epoch 1 step 16/16" in output
+        cores.add(re.search(r"sweep trial \(cores (\d)\)", output).group(1))  # type: ignore[union-attr]
+        launch = json.loads((sweep / f"trial_{n:03d}" / "provenance.json").read_text())["launches"][
+            -1
+        ]
+        assert launch["attempts"][-1]["cpus_usable"] == 1
+    assert cores == {"0", "1"} and len(list((tiny.parent / "met").iterdir())) == 2
+
+
+def test_a_driver_with_threads_starts_its_trials_from_a_fresh_zygote(tiny: Path) -> None:
+    """A driver that runs another thread (a notebook's kernel; here a module of `imports:`)
+    does not fork: its trials come from a zygote started as a fresh interpreter, which does not
+    search the working directory first (a json.py there would run in every trial)."""
+    (tiny.parent / "json.py").write_text("raise SystemExit('the working directory was searched')\n")
+    parents = tiny.parent / "parents.txt"
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "-m",
+        "optim.lr=0.1,0.2",
+        "imports=[threaded]",
+        "train.step=parent_cmdline",
+        "train.max_steps=2",
+        cwd=tiny.parent,
+        env=cli_env(PARENT_FILE=str(parents)),
+    )
+    rows = ledger.rows(sweep_dir_of(proc.stdout))
+    assert [r.status for r in rows] == ["completed", "completed"]
+    written = parents.read_text()  # one line per step, of 2 trials x 2 steps
+    assert written.count(" _zygote") == 4 and "expctl run" not in written, written
+
+
+def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_them(
+    tiny: Path,
+) -> None:
+    """Ctrl-C while two trials run: both save a checkpoint where they stopped (inside their
+    first epoch: not a periodic one), the third never starts, exit 130 naming `sweep resume`,
+    which continues the two from their checkpoints and runs the third."""
+    driver = _driver(
+        tiny,
+        "optim.lr=0.1,0.2,0.3",
+        "sweep.max_concurrent=2",
+        "imports=[faulty]",
+        "train.step=slow",
+        "train.max_epochs=2",
+        "launcher.signal=TERM",
+    )
+    sweep = tiny.parent / "runs"
+    metrics = [lambda n=n: list(sweep.glob(f"sweep-*/trial_{n:03d}/metrics.jsonl")) for n in (0, 1)]
+    _wait_for("both trials training", lambda: all(m() for m in metrics))
+    os.kill(driver.pid, signal.SIGINT)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "Traceback" not in out, out
+    how = re.search(r"to resume from the last checkpoint: expctl sweep resume (\S+)", out)
+    assert how, out
+    path = Path(how.group(1))
+    assert [r.status for r in ledger.rows(path)] == ["interrupted", "interrupted", "pending"]
+    for n in (0, 1):
+        newest = max(
+            int(p.stem.split("_")[1])
+            for p in (path / f"trial_{n:03d}").glob("checkpoints/step_*.pt")
+        )
+        assert newest % 16 != 0, "saved where it stopped, not at an epoch end"
+    table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
+    assert "3 trial(s) not run to the end" in table and "interrupted" in table
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    assert [r.status for r in ledger.rows(path)] == ["completed"] * 3
+    for n in (0, 1):
+        assert "resumed from" in (path / f"trial_{n:03d}" / "train.log").read_text()
+
+
+def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) -> None:
+    """SIGKILL of the sweep's driver during trial 1 of a 4-point grid (one at a time): no trial
+    trains on; the table lists all 4 (1 lost, 2 never started); resumed, trial 1 continues from
+    its checkpoint, each trial's number is its directory's and no number is skipped."""
+    driver = _driver(
+        tiny,
+        "optim.lr=0.1,0.2,0.3,0.01",
+        "sweep.max_concurrent=1",
+        "imports=[faulty]",
+        "train.step=slow",
         "checkpoint.every=5",
-    ]
-    killed = run_cli(*args, cwd=tiny.parent, env=cli_env(KILL_AT_STEP="40"), check=False)
-    assert killed.returncode == -9
-    sweep = sweep_dir_of(killed.stdout)
-    statuses = [r.status for r in ledger.rows(sweep)]
-    assert statuses == ["completed", "lost", "pending", "pending"], statuses  # died at step 8
-    table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
+    )
+    sweep = tiny.parent / "runs"
+    _wait_for(
+        "a checkpoint of trial 1", lambda: list(sweep.glob("sweep-*/trial_001/checkpoints/*.pt"))
+    )
+    (path,) = sweep.glob("sweep-*")
+    pid = _trial_pid(path / "trial_001")
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.communicate(timeout=60)
+    _wait_for("the trial to die with its driver", lambda: not _alive(pid), timeout=30)
+    statuses = [r.status for r in ledger.rows(path)]
+    assert statuses == ["completed", "lost", "pending", "pending"], statuses
+    table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
     assert "(4 trial(s): 2 pending, 1 completed, 1 lost;" in table, table
     assert re.search(r"\n +3  pending .* optim\.lr=0\.01\n", table), table
-    assert f"3 trial(s) not run to the end: `expctl sweep resume {sweep}`" in table
+    assert f"3 trial(s) not run to the end: `expctl sweep resume {path}`" in table
     original = tiny.read_text()
     tiny.write_text(original.replace("momentum: 0.9", "momentum: 0.5"))
-    edited = run_cli("sweep", "resume", str(sweep), cwd=tiny.parent, check=False)
+    edited = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
     assert edited.returncode == 2 and "changed since the sweep started" in edited.stderr
     tiny.write_text(original)
-    run_cli("sweep", "resume", str(sweep), cwd=tiny.parent)
-    rows = ledger.rows(sweep)
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    rows = ledger.rows(path)
     assert [r.status for r in rows] == ["completed"] * 4
     assert [Path(r.run_dir).name for r in rows] == [f"trial_{n:03d}" for n in range(4)]
     assert [r.number for r in rows] == [0, 1, 2, 3] and rows[1].optuna_trial != 1, "a retry"
-    assert sorted(p.name for p in sweep.glob("trial_*")) == [f"trial_{n:03d}" for n in range(4)]
+    assert sorted(p.name for p in path.glob("trial_*")) == [f"trial_{n:03d}" for n in range(4)]
     assert [r.overrides for r in rows] == [f"optim.lr={x}" for x in ("0.1", "0.2", "0.3", "0.01")]
-    assert "resumed from" in (sweep / "trial_001" / "train.log").read_text()
-    listed = json.loads(run_cli("sweep", "table", "--json", str(sweep), cwd=tiny.parent).stdout)
+    assert "resumed from" in (path / "trial_001" / "train.log").read_text()
+    listed = json.loads(run_cli("sweep", "table", "--json", str(path), cwd=tiny.parent).stdout)
     assert {(t["trial"], Path(t["run_dir"]).name) for t in listed["trials"]} == {
         (n, f"trial_{n:03d}") for n in range(4)
     }
+
+
+def test_a_disk_that_fills_during_a_sweep_stops_it_in_one_line_and_resume_finishes_it(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """The sweep's filesystem fills while trial 1 trains: one line (exit 1) naming the sweep and
+    `sweep resume`; nothing is left pending for ever: once space is freed, resume runs every
+    trial that did not complete, and a second resume has nothing left to do."""
+    import conftest
+
+    with conftest.tmpfs(tmp_path / "disk", 4096) as disk:
+        proc = run_cli(
+            "run",
+            "-C",
+            str(tiny),
+            "-m",
+            "optim.lr=0.1,0.2,0.3",
+            "sweep.max_concurrent=1",
+            "imports=[faulty]",
+            "train.step=fill_disk_at_step",
+            "train.max_epochs=1",
+            f"run.root={disk}",
+            cwd=tiny.parent,
+            env=cli_env(FILL_DIR=str(disk), FILL_AT_STEP="5"),
+            check=False,
+        )
+        err = [line for line in proc.stderr.splitlines() if line.startswith(("expctl", " "))]
+        assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+        path = sweep_dir_of(proc.stdout)
+        assert "No space left on device" in err[-2] + err[-1], proc.stderr
+        assert f"expctl sweep resume {path}" in err[-1], proc.stderr
+        rows = ledger.rows(path)
+        assert all(r.status in ("failed", "lost") for r in rows if r.optuna_trial is not None)
+        assert all(r.status == "pending" for r in rows if r.optuna_trial is None), rows
+        (disk / "filler").unlink()
+        run_cli("sweep", "resume", str(path), cwd=tiny.parent)
+        assert [r.status for r in ledger.rows(path)] == ["completed"] * 3
+        again = run_cli("sweep", "resume", str(path), cwd=tiny.parent)
+        assert "nothing to resume" in again.stdout
+
+
+def test_a_trial_asked_by_a_driver_that_died_is_lost_and_resumed(tiny: Path) -> None:
+    """A trial the journal holds as pending (asked, its folder not made yet) whose driver is gone
+    is `lost`, not pending for ever: `sweep resume` runs it."""
+    from expctl import config
+    from expctl.study import open_study
+
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.lr=0.1", "train.max_steps=2", cwd=tiny.parent
+    )
+    path = sweep_dir_of(proc.stdout)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    study = open_study(path, config.load(path / "trial_000").sweep)
+    trial = study.ask()
+    for k, v in {
+        "status": "pending",
+        "pid": int(dead.stdout),
+        "host": os.uname().nodename,
+        "overrides": "optim.lr=0.1",
+        "config": "{}",
+        "run_dir": str(path / "trial_001"),
+    }.items():
+        trial.set_user_attr(k, v)
+    rows = ledger.rows(path)
+    assert [r.status for r in rows] == ["completed", "lost"]
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent)
+    assert [r.status for r in ledger.rows(path)] == ["completed", "completed"]
 
 
 def test_two_sweeps_started_together_never_collide(tiny: Path) -> None:

@@ -416,9 +416,12 @@ def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) ->
     assert proc.returncode == 130 and "Traceback" not in out, out
     how = re.search(r"to resume from the last checkpoint: (.+)", out)
     assert how, out
-    if sweep:
+    if sweep:  # each trial's log is in its own folder
         assert how.group(1).startswith("expctl sweep resume ")
-        again = run_cli("sweep", "resume", how.group(1).split()[-1], cwd=tiny.parent)
+        run_cli("sweep", "resume", how.group(1).split()[-1], cwd=tiny.parent)
+        logs = [p.read_text() for p in Path(how.group(1).split()[-1]).glob("trial_*/output.log")]
+        assert any("resumed from" in text for text in logs), logs
+        return
     else:
         assert how.group(1).startswith("run the same command with run.dir=")
         again = run_cli(

@@ -54,6 +54,16 @@ CIFAR = {  # name: (folder, train files, test files, label key, meta file, names
     ),
 }
 CIFAR_MAX = 60000  # images a CIFAR folder may hold in all
+_NOT_CIFAR = (
+    OSError,
+    pickle.UnpicklingError,
+    EOFError,
+    KeyError,
+    TypeError,
+    ValueError,
+    RuntimeError,
+    MemoryError,  # an array shape that no file of 60000 images has
+)
 
 
 def _cifar_paths(name: str, root: str | None) -> list[Path]:
@@ -78,22 +88,43 @@ def _require(name: str, root: str | None, paths: list[Path]) -> None:
         raise not_found(name, base, f"{shown}{more}; missing: {missing[0].relative_to(base)}")
 
 
+# All that a CIFAR file under data.root may call as it is unpickled: numpy's reconstruction of
+# an ndarray (numpy 1's names, in the published files, and numpy 2's). The rest of a batch
+# (dicts, lists, str, bytes, numbers) needs no callable at all.
+CIFAR_PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),  # protocol 5
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR file without running its code: any other callable is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in CIFAR_PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(f"it calls {module}.{name}, which a CIFAR file never does")
+        return super().find_class(module, name)
+
+
+def _unpickle_cifar(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        entry = _CifarUnpickler(f, encoding="latin1").load()
+    if not isinstance(entry, dict):
+        raise TypeError(f"it holds a {type(entry).__name__}, not a dict")
+    return entry
+
+
 def _read_cifar_batch(path: Path, label_key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One CIFAR pickle: uint8 images (N, 3, 32, 32) and labels."""
     try:
-        with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")
+        entry = _unpickle_cifar(path)
         data = torch.as_tensor(entry["data"], dtype=torch.uint8).reshape(-1, 3, 32, 32)
         labels = torch.as_tensor(entry[label_key], dtype=torch.long)
-    except (
-        OSError,
-        pickle.UnpicklingError,
-        EOFError,
-        KeyError,
-        TypeError,
-        ValueError,
-        RuntimeError,
-    ) as e:
+    except _NOT_CIFAR as e:
         raise UserError(
             f"data file {path} is not a CIFAR batch ({type(e).__name__}: {str(e)[:80]})",
             "re-extract the dataset's archive, or set data.download=true",
@@ -127,8 +158,14 @@ def _cifar(
 
     classes = None
     if (base / meta).exists():
-        with open(base / meta, "rb") as f:
-            classes = pickle.load(f, encoding="latin1").get(names_key)
+        try:
+            classes = _unpickle_cifar(base / meta).get(names_key)
+        except _NOT_CIFAR as e:
+            raise UserError(
+                f"data file {base / meta} is not CIFAR's class names ({type(e).__name__}: "
+                f"{str(e)[:80]})",
+                "re-extract the dataset's archive, or set data.download=true",
+            ) from None
     num = 10 if name == "cifar10" else 100
     return in_memory(
         read(train_files), read(test_files), normalize, val_split, subset, classes, num

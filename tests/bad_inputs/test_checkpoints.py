@@ -67,3 +67,26 @@ def test_an_unusable_checkpoint_is_a_short_error_and_leaves_no_run(
     assert lines[1].startswith("  HINT: ") and "Traceback" not in err
     assert "pickled code ran" not in out.out + err
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "no run directory left"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("plain.pkl", "not a torch.save file of tensors"),
+        ("code.pt", "holds objects other than tensors and plain containers (Unsupported global"),
+    ],
+)
+def test_checkpoint_init_at_a_plain_pickle_or_pickled_code_is_one_line_and_a_hint(
+    name: str, expected: str, tmp_path: Path
+) -> None:
+    """In a real process: nothing of torch's warning about the pickle protocol, nor its advice
+    to load the file with weights_only=False (which runs the code a file holds)."""
+    (tmp_path / "plain.pkl").write_bytes(pickle.dumps({"net.1.weight": [[0.0] * 6]}))
+    torch.save({"net.1.weight": Evil()}, tmp_path / "code.pt")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = conftest.expctl("run", *TINY, f"checkpoint.init={name}", cwd=tmp_path, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 2 and expected in lines[0], proc.stderr
+    assert lines[1].startswith("  HINT: ") and "weights_only" not in proc.stderr
+    assert "pickled code ran" not in proc.stdout + proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "no run directory left"

@@ -5,11 +5,14 @@ directory, no job)."""
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import conftest
+import numpy as np
 import pytest
 import torch
 from conftest import image_tree
@@ -189,6 +192,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", *TINY_IMAGES, "data.root=images", "data.preset=rotate"], "not one of: imagenet"),
     (["run", *TINY_IMAGES, "data.root=images", "data.decode=gpu"], "needs a CUDA device"),
     (["run", "data=cifar10", "data.root=nowhere"], "cifar-10-batches-py/data_batch_1"),
+    (["run", "data=cifar10", "data.root=hostile_cifar"], "which a CIFAR file never does"),
     (["run", "data=mnist", "data.root=nowhere"], "data=mnist: not found under /"),
     (["run", "data=emnist", "data.root=nowhere"], "data=emnist: not found under /"),
     (["run", "data=flowers102", "data.root=nowhere"], "flowers-102/ with jpg/"),
@@ -260,6 +264,19 @@ CORPUS: list[tuple[list[str], str]] = [
         "over launcher.snapshot_max_mb=0.001",
     ),
     ([*SMALL_RUN, "launcher=slurm", "launcher.snapshot=git"], "is in no git repository"),
+    # issue 24: Hydra's grammar (tests/test_space.py compares with Hydra's own sweeper)
+    (["show", "=1"], "override '=1' has no key"),
+    (["show", "=1.5"], "has no key"),
+    (["show", "=true"], "has no key"),
+    (["show", "=null"], "has no key"),
+    (["run", "-m", "=1,2"], "has no key"),
+    (["run", "-m", "optim.lr=range(1,5,0)"], "range() needs a step other than 0"),
+    (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
+    (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),
+    (["run", "-m", "optim.lr=range(0,inf,0.1)"], "range() needs finite numbers"),
+    (["run", "-m", "model=glob(zz*)"], "model: the sweep gives it no value"),
+    (["run", "-m", "optim.lr=glob(*)"], "'optim.lr' is not one"),
+    (["run", "-C", "self_twice.yml"], "defaults lists _self_ twice"),
 ]
 
 
@@ -278,6 +295,7 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "sgd_body.yml").write_text("optim: {name: sgd, lr: 0.1, momentum: 0.9}\n")
     (tmp_path / "two_names.yml").write_text("defaults: [{optim: adam}]\noptim: {name: sgd}\n")
     (tmp_path / "logger_number.yml").write_text("logger: 5\n")
+    (tmp_path / "self_twice.yml").write_text("defaults: [_self_, {optim: adam}, _self_]\n")
     (tmp_path / "secret_name.yml").write_text("run: {name: '${oc.env:EXPCTL_TEST_SECRET}'}\n")
     _fashion_files(tmp_path / "corrupt_data", (5, 28, 28), 10)  # 10 bytes of 5 images
     _fashion_files(tmp_path / "small_images", (5, 5, 5), 125)  # 5 x 5 pixels: not Fashion-MNIST
@@ -298,6 +316,7 @@ def corpus_dir(tmp_path: Path) -> Path:
     (tmp_path / "corpus_raises.py").write_text("raise RuntimeError('no GPU license found')\n")
     (tmp_path / "corpus_exits.py").write_text("raise SystemExit(0)\n")
     _image_inputs(tmp_path)
+    _hostile_cifar(tmp_path / "hostile_cifar" / "cifar-10-batches-py")
     _sweep_not_started(tmp_path / "swept")
     (tmp_path / "gone_run").mkdir()
     (tmp_path / "gone_run" / "config.yaml").write_text("imports: [gone_module_xyz]\n")
@@ -330,6 +349,20 @@ def _image_inputs(tmp_path: Path) -> None:
         "    ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4).long())\n"
         "    return ds, ds\n"
     )
+
+
+class _RunsCode:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch code_ran",))  # in the corpus directory: "nothing on disk"
+
+
+def _hostile_cifar(folder: Path) -> None:
+    """CIFAR-10's six batches, the first one calling os.system as it unpickles."""
+    folder.mkdir(parents=True)
+    batch = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "data_batch_1").write_bytes(pickle.dumps({**batch, "x": _RunsCode()}))
 
 
 def _sweep_not_started(path: Path) -> None:

@@ -65,3 +65,51 @@ class NanAtStep(Supervised):
             x, y = batch
             batch = (x * float("nan"), y)
         return super().train_step(ctx, batch)
+
+
+@register("steps", "fill_disk_at_step")
+class FillDiskAtStep(Supervised):
+    """Supervised, but at micro-batch $FILL_AT_STEP of this process it fills the filesystem of
+    $FILL_DIR (a file `filler` there, written until the disk is full), once: a full disk that
+    arrives while a sweep runs."""
+
+    calls = 0
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        FillDiskAtStep.calls += 1
+        folder = os.environ.get("FILL_DIR")
+        if folder and FillDiskAtStep.calls == int(os.environ.get("FILL_AT_STEP", "-1")):
+            filler = os.path.join(folder, "filler")
+            if not os.path.exists(filler):
+                try:
+                    with open(filler, "wb") as f:
+                        while True:
+                            f.write(b"x" * 4096)
+                            f.flush()
+                except OSError:
+                    pass
+        return super().train_step(ctx, batch)
+
+
+@register("steps", "meet")
+class Meet(Supervised):
+    """Supervised, but at its first micro-batch each process leaves a file in $MEET_DIR and waits
+    (up to 120 s) until $MEET_N processes have: it passes only if that many train at once."""
+
+    met = False
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        import time
+        from pathlib import Path
+
+        if not Meet.met:
+            folder, n = Path(os.environ["MEET_DIR"]), int(os.environ["MEET_N"])
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / str(os.getpid())).touch()
+            deadline = time.monotonic() + 120
+            while len(list(folder.iterdir())) < n:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {len(list(folder.iterdir()))} of {n} met")
+                time.sleep(0.05)
+            Meet.met = True
+        return super().train_step(ctx, batch)
