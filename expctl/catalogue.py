@@ -146,9 +146,12 @@ def _lock(path: Path) -> int | None:
     """The lock file of `path`, created (a stale one replaced); None when a live builder holds
     it or no cache folder can be made."""
     lock = path.with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # EXPCTL_CACHE_DIR names a file, or cannot be made
+        return None
     for _ in range(2):
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             return os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             if _builder_alive(path):

@@ -68,7 +68,7 @@ def _expctl(cache: Path, *args: str) -> tuple[str, int, list[str]]:
         text=True,
         timeout=600,
     )
-    *out, code, imported = proc.stdout.splitlines()
+    *out, code, imported = ["", "", *proc.stdout.splitlines()]
     assert code.startswith("exit ") and imported.startswith("imported: "), proc.stderr[-3000:]
     return "\n".join(out), int(code[5:]), json.loads(imported[10:].replace("'", '"'))
 
