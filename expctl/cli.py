@@ -100,13 +100,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     rs.add_argument("roots", nargs="*", default=["runs"], metavar="ROOT", help="default: ./runs")
     _table_options(rs, "", "runs", "by start time")
+    rs.add_argument(
+        "--columns",
+        metavar="COL,...",
+        help="these columns, in this order (names or globs: 'val/*,optim.*,wall_s'; any config "
+        "key); default: the metrics, then the settings that differ",
+    )
     df = sub.add_parser("diff", help="two runs side by side: config keys that differ, metrics")
     df.add_argument("run_a")
     df.add_argument("run_b")
     lst = sub.add_parser(
         "list", help="registered models, datasets, optimizers, schedulers, losses, steps"
     )
-    lst.add_argument("kind", nargs="?", help="one kind (default: all)")
+    kind = lst.add_argument("kind", nargs="?", help="one kind (default: all)")
+    kind.complete = {"bash": "_expctl_kinds", "zsh": "_expctl_kinds"}  # type: ignore[attr-defined]
     lst.add_argument(
         "--import",
         dest="imports",
@@ -119,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
         "completion", help='print a shell completion script: eval "$(expctl completion bash)"'
     )
     comp.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    sub.add_parser("_words")  # hidden: the words completion offers, one a line
     wk = sub.add_parser("_worker")  # hidden: one rank started by the local launcher
     wk.add_argument("run_dir")
     wk.add_argument("--eval", dest="evaluation")  # an Evaluation, as JSON
@@ -168,10 +176,11 @@ class _GroupsHelp(argparse.Action):
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: object
     ) -> None:
         parser.print_help()
-        from expctl import completion
+        from expctl import catalogue, completion
 
+        described = catalogue.describe(wait=False)  # never torch: what is described, else less
         try:
-            print("\n" + completion.groups_text(getattr(namespace, "config", None)))
+            print("\n" + completion.groups_text(getattr(namespace, "config", None), described))
         except UserError as e:
             print(f"\n(config groups unavailable: {e})")
         parser.exit()
@@ -223,6 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(completion.completion_script(_parser(), args.shell))
             return 0
+        if args.command == "_words":  # what completion offers for KEY=VALUE (hidden)
+            from expctl import catalogue, completion
+
+            described = catalogue.describe(wait=False)
+            print("\n".join(completion.completion_words(described)))
+            return 0 if described else EXIT_FAILED  # the shell keeps complete lists only
         if args.command == "_worker":
             from expctl.startup import paused_gc
 
@@ -352,24 +367,30 @@ def _sweep(args: argparse.Namespace) -> int:
 def _runs(args: argparse.Namespace) -> int:
     from expctl import compare, tables
 
+    wanted = [c.strip() for c in (args.columns or "").split(",") if c.strip()]
     if args.json or args.csv:
         res = compare.load(args.roots).select(args.sort, args.filter)
+        picked = res.pick(wanted) if wanted else None
         if args.json:
-            print(tables.to_json(res.to_dict()))
+            print(tables.to_json(res.to_dict(picked)))
         else:
-            print(tables.to_csv(res.records(), res.columns()), end="")
+            print(tables.to_csv(res.records(picked), picked or res.columns()), end="")
     else:
-        print(compare.table(args.roots, args.sort, args.filter))
+        print(compare.table(args.roots, args.sort, args.filter, wanted))
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from expctl import compose, config
+    from expctl import catalogue, compose, config
     from expctl.dist import detect
     from expctl.startup import paused_gc
 
     notes: list[str] = []
-    with paused_gc():  # composing reads the chosen components' signatures: torch loads
+    # the components' signatures without torch; until they are described (once per install,
+    # in the background), composing imports them itself: sooner than the description, which
+    # loads torchvision too
+    catalogue.describe(wait=False)
+    with paused_gc():  # a component's pre-flight check may load torch (datasets but MNIST's)
         cfg = compose.compose(args.config, args.overrides, notes=notes)
     env = detect(os.environ)
     out = [
@@ -394,6 +415,7 @@ def _show(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from expctl import catalogue, registry
 
+    catalogue.describe()  # expctl's own without torch; --import modules and plugins on top
     registry.import_user_modules(args.imports)
     kinds = [registry.canonical_kind(args.kind)] if args.kind else list(registry.KINDS)
     print(catalogue.listing(kinds), end="")

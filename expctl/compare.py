@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ from typing import Any
 from expctl import tables
 from expctl.config import flatten
 from expctl.errors import UserError
-from expctl.layout import RunDir, metric_values
+from expctl.layout import RunDir, cache_dir, cache_write, metric_values
 from expctl.status import STATES, state
 from expctl.yamlfile import read_yaml
 
@@ -89,23 +90,54 @@ class Runs:
         differ = set(self.differing())
         return {k: v for k, v in (read[0] if read else {}).items() if k not in differ}
 
-    def records(self) -> list[dict[str, Any]]:
-        """One flat dict per run (`Run.record`) with the config keys that differ."""
+    def ranked(self) -> tuple[list[str], list[str]]:
+        """The differing config keys in two groups: those whose value differs between the runs
+        that set them (a component's choice, `optim.name`, first), and those that differ only in
+        being set (the arguments of a component that some runs chose: Adam's betas)."""
+        read = [r.config for r in self.rows if r.config]
+        vary: list[str] = []
+        only_set: list[str] = []
+        for k in self.differing():
+            values = {repr(c[k]) for c in read if k in c}
+            (vary if len(values) > 1 else only_set).append(k)
+        vary.sort(key=lambda k: not k.endswith(".name"))
+        return vary, only_set
+
+    def records(self, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """One flat dict per run (`Run.record`) with the config keys that differ, or with
+        `columns` only (any config key among them: see `pick`)."""
+        if columns is not None:
+            return [{k: rec.get(k) for k in columns} for rec in (r.record() for r in self.rows)]
         differ = self.differing()
         return [r.record(differ) for r in self.rows]
 
     def columns(self) -> list[str]:
-        """The keys of `records`, in their order."""
+        """The keys of `records`, in the table's order: the metrics, then the config keys that
+        matter (`ranked`), wall time and start, the other differing keys."""
         metrics = dict.fromkeys(k for r in self.rows for k in r.metrics)
         best = dict.fromkeys(BEST + k for r in self.rows for k in r.best)
-        return ["run", "status", *self.differing(), *metrics, *best, "wall_s", "started", "path"]
+        vary, only_set = self.ranked()
+        return ["run", "status", *metrics, *best, *vary, "wall_s", "started", *only_set, "path"]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: the roots, the config every run shares, one object per run."""
+    def pick(self, patterns: Sequence[str]) -> list[str]:
+        """The columns `patterns` name (`--columns`: names or globs such as `optim.*`, `val/*`;
+        any config key, differing or not), in the order given, `run` first.
+
+        Raises:
+            UserError: a pattern that names no column (with a did-you-mean).
+        """
+        shown = self.columns()
+        every = [*shown, *(k for r in self.rows for k in r.config if k not in shown)]
+        picked = tables.pick(list(dict.fromkeys(every)), patterns, "--columns", LISTING)
+        return ["run", *(c for c in picked if c != "run")]
+
+    def to_dict(self, columns: Sequence[str] | None = None) -> dict[str, Any]:
+        """The JSON form: the roots, the config every run shares, one object per run (with
+        `columns` only, when given)."""
         return {
             "roots": [str(p) for p in self.roots],
             "same": self.same(),
-            "runs": self.records(),
+            "runs": self.records(columns),
         }
 
     def to_pandas(self) -> Any:
@@ -175,7 +207,7 @@ def read(path: Path, name: str | None = None) -> Run:
     """One run directory from its files (a damaged one: what could be read, with a warning)."""
     run = RunDir(path)
     try:
-        config = flatten(read_yaml(run.config, str(run.config)))
+        config = _config(run.config)
     except UserError as e:
         log.warning("%s", e.message)
         config = {}
@@ -194,6 +226,32 @@ def read(path: Path, name: str | None = None) -> Run:
         wall_s=_wall(result, rows, started),
         started=None if started is None else _iso(started),
     )
+
+
+def _config(path: Path) -> dict[str, Any]:
+    """A run's config.yaml as dotted keys, kept in the cache folder per version of the file:
+    reading YAML safely (its size and aliases bounded, then OmegaConf's parser) takes 10-40 ms
+    a file, and a run's frozen config rarely changes (a resume with another setting rewrites
+    it), so `expctl runs` over a project's runs would spend seconds on it every time."""
+    import hashlib
+
+    try:
+        where, st = path.resolve(), path.stat()
+    except OSError:
+        return flatten(read_yaml(path, str(path)))  # its error names the file
+    name = hashlib.sha256(str(where).encode()).hexdigest()[:16]
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"  # ctime: not settable
+    kept = cache_dir() / "configs" / f"{name}-{hashlib.sha256(stamp.encode()).hexdigest()[:8]}"
+    with contextlib.suppress(OSError, ValueError):
+        config = json.loads(kept.read_text())
+        if isinstance(config, dict):
+            return config
+    config = flatten(read_yaml(path, str(path)))
+    text = json.dumps(config)
+    if json.loads(text) == config:  # JSON holds it as read (no int keys inside a list item)
+        stale = list(kept.parent.glob(f"{name}-*")) if kept.parent.is_dir() else []
+        cache_write(kept, [text.encode()], stale)
+    return config
 
 
 def _final(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -249,17 +307,26 @@ def _short_time(iso: str | None) -> str | None:
     return None if iso is None else iso[:16].replace("T", " ")
 
 
-def table(roots: Sequence[str | Path], sort: str | None = None, filters: Sequence[str] = ()) -> str:
-    """`expctl runs`: a line per run with the config keys that differ between the runs shown,
-    their final and best metrics, wall time and start, fitted to the terminal's width."""
+def table(
+    roots: Sequence[str | Path],
+    sort: str | None = None,
+    filters: Sequence[str] = (),
+    columns: Sequence[str] = (),
+) -> str:
+    """`expctl runs`: a line per run with its final and best metrics, the config keys that
+    differ between the runs shown (those that matter first: `Runs.columns`), wall time and
+    start, fitted to the terminal's width; `columns`: the columns to show instead (`Runs.pick`)."""
     every = load(roots)
     res = every.select(sort, filters)
     counts = ", ".join(f"{n} {s}" for s in STATES if (n := sum(r.status == s for r in res)))
     shown = f"{len(res)} of {len(every)}" if filters else str(len(res))
     lines = [f"runs under {', '.join(map(str, roots))}  ({shown} run(s): {counts or 'none'})"]
-    columns = [c for c in res.columns() if c != "path"]
+    picked = res.pick(columns) if columns else None
+    columns = picked or [c for c in res.columns() if c != "path"]
     if res.rows:
-        records = [{**rec, "started": _short_time(rec["started"])} for rec in res.records()]
+        records = [
+            {**rec, "started": _short_time(rec.get("started"))} for rec in res.records(picked)
+        ]
         cells = [[tables.shown(rec.get(c)) for c in columns] for rec in records]
         lines += tables.text(columns, cells)
     if len(res) > 1:

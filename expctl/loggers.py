@@ -48,9 +48,10 @@ class Logger:
         float, str or bool values (lists and null as JSON text); ``${oc.env:...}`` unresolved."""
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """One event at optimizer step `step`: ``epoch`` (epochs completed) and the metrics,
-        reduced across ranks (``train/loss``, ``lr``, ``val/acc``, ``test/acc``, ...). The last
-        event adds the final metrics of result.json that no event held yet (``time/train_s``)."""
+        """One event at optimizer step `step`: ``epoch`` (the event's epoch, counted from 1)
+        and the metrics, reduced across ranks (``train/loss``, ``lr``, ``val/acc``, ``test/acc``,
+        ...). The last event adds the final metrics of result.json that no event held yet
+        (``time/train_s``)."""
 
     def close(self, status: str) -> None:
         """Once, at the end: `status` is one of `STATUSES`; ``preempted``: the run continues

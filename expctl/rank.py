@@ -218,10 +218,9 @@ def _completed(
 ) -> dict[str, Any]:
     """The stored result of a run restored where it completed: nothing is trained or written."""
     log.info(
-        "run %s already completed (step %d, epoch %d): nothing to train; its results are in %s",
+        "run %s already completed (%s): nothing to train; its results are in %s",
         run_dir,
-        state.step,
-        state.epoch,
+        state.where(),
         RunDir(run_dir).result,
     )
     hooks.on_end(stored)
@@ -325,13 +324,7 @@ def _restore(
             "resume from a checkpoint of the same model and optimizer (its run's config.yaml "
             "says which), or start afresh with checkpoint.resume=never",
         ) from None
-    log.info(
-        "resumed from %s (step %d, epoch %d, batch %d)",
-        found[0],
-        state.step,
-        state.epoch,
-        state.batch,
-    )
+    log.info("resumed from %s (%s)", found[0], state.where())
     if cfg.checkpoint.init is not None:
         log.info(
             "checkpoint.init=%s not used: the run continues from a checkpoint", cfg.checkpoint.init

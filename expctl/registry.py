@@ -121,6 +121,9 @@ class Registry:
 _REGISTRIES: dict[str, Registry] = {k: Registry(k) for k in KINDS}
 _PROVIDERS: dict[str, list[Callable[[], None]]] = {k: [] for k in KINDS}
 _loaded = False
+_ORIGINS: dict[tuple[str, str], str] = {}  # (kind, name) -> the module that registered it
+# (kind, name) -> a described entry (`describe_builtins`) and the module that registers it
+_DESCRIBED: dict[tuple[str, str], tuple[Entry, str]] = {}
 
 
 def add_provider(kind: str, provider: Callable[[], None]) -> None:
@@ -157,6 +160,9 @@ def register(
     deferred: Iterable[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a factory under `name` (default: the function's name)."""
+    import sys
+
+    origin = str(sys._getframe(1).f_globals.get("__name__", ""))  # what imports it again
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         doc = description if description is not None else (inspect.getdoc(fn) or "")
@@ -178,6 +184,7 @@ def register(
                 deferred=None if deferred is None else frozenset(deferred),
             )
         )
+        _ORIGINS[(canonical_kind(kind), name or fn.__name__)] = origin
         return fn
 
     return deco
@@ -189,7 +196,7 @@ def load_builtins() -> None:
     if _loaded:
         return
     _loaded = True
-    for mod in _BUILTIN_MODULES:
+    for mod in () if _DESCRIBED else _BUILTIN_MODULES:  # described: imported when called
         importlib.import_module(mod)
     from importlib.metadata import entry_points
 
@@ -197,17 +204,54 @@ def load_builtins() -> None:
         ep.load()
 
 
-def pristine() -> bool:
-    """Whether nothing but expctl's own modules registered names (or a provider of names) in
-    this process yet and no installed plugin will: loading now would register the built-in
-    names only (expctl.loggers registers its loggers when it is imported)."""
-    entries = [e for r in _REGISTRIES.values() for e in r.entries.values()]
-    foreign = [e for e in entries if not getattr(e.factory, "__module__", "").startswith("expctl.")]
-    if _loaded or foreign or any(_PROVIDERS.values()):
-        return False
-    from importlib.metadata import entry_points
+def builtins_known() -> bool:
+    """Whether the built-in components are registered in this process: their modules imported
+    (`load_builtins`) or described (`describe_builtins`)."""
+    return _loaded or bool(_DESCRIBED)
 
-    return not entry_points(group="expctl.plugins")
+
+def describe_builtins(described: Iterable[tuple[str, Entry, str]]) -> None:
+    """Serve the built-in names from descriptions instead of their modules: (kind, entry,
+    module) where the entry's signatures are stand-ins (catalogue.py's snapshot) and `module`
+    registers the real one. Listing, composing and checking arguments then import no torch; a
+    described entry's factory or check imports `module` when called (`real`). Nothing happens
+    once the built-in modules are imported: their entries are here already."""
+    if _loaded:
+        return
+    for kind, entry, module in described:
+        reg = _REGISTRIES[canonical_kind(kind)]
+        if entry.name not in reg.entries:  # registered for real meanwhile (expctl.loggers)
+            reg.add(entry)
+            _DESCRIBED[(reg.kind, entry.name)] = (entry, module)
+
+
+def builtin_entries() -> list[tuple[str, Entry, str]]:
+    """Every entry expctl's own modules register (kind, entry, module), those their providers
+    add included: what `describe_builtins` takes (plugins are not loaded)."""
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+    out = []
+    for kind, reg in _REGISTRIES.items():
+        _provide(kind)
+        for name, entry in sorted(reg.entries.items()):
+            origin = _ORIGINS.get((kind, name), "")
+            if origin in _BUILTIN_MODULES:
+                out.append((kind, entry, origin))
+    return out
+
+
+def real(kind: str, name: str) -> Entry:
+    """The entry of `name` as its module registers it: a described one's module is imported
+    (and the providers it adds run) first."""
+    reg = _REGISTRIES[canonical_kind(kind)]
+    described, module = _DESCRIBED.get((reg.kind, name), (None, ""))
+    if described is not None and reg.entries.get(name) is described:
+        importlib.import_module(module)
+        while reg.entries.get(name) is described and _PROVIDERS[reg.kind]:
+            _PROVIDERS[reg.kind].pop(0)()  # torchvision's models come from a provider
+        if reg.entries.get(name) is described:  # a snapshot of other sources: its key is wrong
+            raise RuntimeError(f"{module} did not register {reg.kind} '{name}'")
+    return get(reg.kind, name)
 
 
 IMPORT_PATH = "EXPCTL_IMPORT_PATH"  # folders of -C files, for the processes a launch starts

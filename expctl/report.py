@@ -215,7 +215,7 @@ class Reporter:
         """After each optimizer step: move the bar (a terminal only). Plain integers: no sync."""
         if not self.tty:
             return
-        desc = f"epoch {epoch + 1}"
+        desc = f"epoch {epoch}"
         if self._bar is None:
             self._bar = _bar(self.max_steps, self.start_step, self.samples_per_step, desc)
         if self._bar.desc != desc:
@@ -242,8 +242,7 @@ class Reporter:
         self.rows += 1
         self._send({"epoch": epoch, **metrics}, step)
         shown = "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
-        # `epoch` counts completed epochs; a train line belongs to the one in progress (1-based)
-        where = f"epoch {epoch + 1 if kind == 'train' else epoch} step {step}/{self.max_steps}"
+        where = f"epoch {epoch} step {step}/{self.max_steps}"  # `epoch`: counted from 1
         if kind == "train":
             shown += f"  eta {self._eta(step)}"
             if self._bar is not None:

@@ -148,8 +148,9 @@ def table(sweep_dir: str | Path, sort: str | None = None, filters: Sequence[str]
     """One line per trial, best first (`sort`: by a column), pending ones included; with
     repeats, one line per configuration (mean ± std over its completed seeds).
 
-    `epochs` counts whole epochs and `steps` optimizer steps, so a trial that ended inside an
-    epoch (train.max_steps) shows its progress; sampled floats are shown to 4 significant digits.
+    `epoch` is the epoch a trial ended in, counted from 1 (a trial stopped inside its first
+    epoch by train.max_steps shows 1), `steps` its optimizer steps; sampled floats are shown to
+    4 significant digits.
     """
     every = load(sweep_dir)
     res = every.select(sort, filters)
@@ -175,7 +176,7 @@ def table(sweep_dir: str | Path, sort: str | None = None, filters: Sequence[str]
     return "\n".join(lines)
 
 
-TAIL = f"{'epochs':>6} {'steps':>6} {'wall s':>7}  overrides"
+TAIL = f"{'epoch':>6} {'steps':>6} {'wall s':>7}  overrides"
 
 
 def _trial_lines(res: SweepResults) -> list[str]:

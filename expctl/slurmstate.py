@@ -49,6 +49,18 @@ def job_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
     return {j: out.get(j, {"state": "UNKNOWN"}) for j in job_ids}
 
 
+def restarts(job_id: str) -> int | None:
+    """How many times Slurm requeued a job it still knows (scontrol's Restarts), counted at the
+    requeue itself, before the job runs again; None when it cannot say."""
+    import re
+
+    q = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+    )
+    found = re.search(r"\bRestarts=(\d+)", q.stdout) if q.returncode == 0 else None
+    return int(found.group(1)) if found else None
+
+
 FINAL_STATES = (
     "COMPLETED",
     "FAILED",

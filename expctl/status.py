@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from expctl import rundir
+from expctl import rundir, slurmstate
 from expctl.errors import UserError
 from expctl.layout import RunDir
 from expctl.slurmstate import job_state
@@ -47,6 +47,8 @@ def status(run_dir: str) -> str:
         restarts = [j.get("restart") for j in starts]
         requeues = max((r for r in restarts if isinstance(r, int)), default=0)
         state = _state(job_id)
+        if shutil.which("scontrol") is not None:  # requeued, not yet started again: Slurm knows
+            requeues = max(requeues, slurmstate.restarts(job_id) or 0)
         where = f" on {state['nodes']}" if state.get("nodes") else ""
         lines.append(
             f"job       {job_id}  {state['state']}{where}  requeued {requeues}x  ({len(starts)} start(s))"

@@ -109,6 +109,24 @@ def select(
     return present + [i for i in keep if records[i].get(key) is None]
 
 
+def pick(columns: Sequence[str], patterns: Sequence[str], option: str, listing: str) -> list[str]:
+    """The columns that `patterns` name (names, or shell-style globs: `optim.*`, `val/*`), in
+    the order of the patterns, each once.
+
+    Raises:
+        UserError: a pattern that names no column (with a did-you-mean).
+    """
+    import fnmatch
+
+    out: dict[str, None] = {}
+    for pattern in patterns:
+        hits = [c for c in columns if fnmatch.fnmatchcase(c, pattern)]
+        if not hits:
+            check_column(pattern, columns, option, listing)
+        out.update(dict.fromkeys(hits))
+    return list(out)
+
+
 def check_column(key: str, columns: Sequence[str], option: str, listing: str) -> None:
     if key not in columns:
         raise UserError(

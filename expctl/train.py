@@ -60,6 +60,20 @@ class TrainState:
     train_s: float = 0.0
     window: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def epoch_number(self) -> int:
+        """The epoch of the newest step, counted from 1: what log lines, metrics.jsonl,
+        result.json and the tables say (`epoch` counts the epochs completed; a step after
+        them belongs to the next)."""
+        return self.epoch + (self.batch > 0)
+
+    def where(self) -> str:
+        """`step 9, epoch 3, batch 1` (micro-batches done in that epoch), or at an epoch's end
+        `step 16, end of epoch 1`: where a checkpoint of this state continues."""
+        if self.batch:
+            return f"step {self.step}, epoch {self.epoch_number}, batch {self.batch}"
+        return f"step {self.step}, end of epoch {self.epoch}"
+
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -209,7 +223,9 @@ def _loop(
             if ctx.scaler is not None:
                 ctx.scaler.update()
             state.step += 1
-            loop.rep.advance(state.step, state.epoch)  # the bar moves; integers only, no sync
+            loop.rep.advance(
+                state.step, state.epoch_number
+            )  # the bar moves; integers only, no sync
             _step_schedulers(parts, "step")
             if gc_every and state.step % gc_every == 0:  # at the same step on every rank
                 gc.collect(2 if state.step % (FULL_GC * gc_every) == 0 else 1)
@@ -299,14 +315,13 @@ def _finish(
     if loop.saved_at != state.step and status == "completed":
         _save(ck, parts, state, loop)
     if loop.meter.count:  # the steps since the last train row: the run's last row, logged after
-        # the checkpoint that keeps them as its window (a longer budget logs the next row whole),
-        # in the epoch they were trained in (the loop may have counted it done)
-        _log_train(t, parts, state, loop.meter, loop, state.epoch - (state.batch == 0))
+        # the checkpoint that keeps them as its window (a longer budget logs the next row whole)
+        _log_train(t, parts, state, loop.meter, loop)
     test = evaluate(parts, loop.env, "test") if status == "completed" else {}
     if test:
-        loop.rep.record(state.step, state.epoch, test, "test")
+        loop.rep.record(state.step, state.epoch_number, test, "test")
     result: dict[str, Any] = {**state.train, **state.val, **test}
-    result.update(step=state.step, epoch=state.epoch, status=status)
+    result.update(step=state.step, epoch=state.epoch_number, status=status)
     result["time/train_s"] = round(_elapsed(loop), 3)
     if _stalled(t.early_stop, state):
         result["stopped_early"] = True
@@ -373,7 +388,7 @@ def _validate(
     scored = evaluate(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
     state.val = loop.ctl.broadcast(scored)  # rank 0's: every rank decides alike
     loop.validated_at = state.step
-    loop.rep.record(state.step, state.epoch, state.val, "val")
+    loop.rep.record(state.step, state.epoch_number, state.val, "val")
     if parts.sched_monitor is not None:
         value = monitored(state.val, "sched.monitor", parts.sched_monitor)
         for s in parts.schedulers.values():
@@ -426,10 +441,9 @@ def _log_train(
     state: TrainState,
     meter: Meter,
     loop: Loop,
-    epoch: int | None = None,
 ) -> None:
-    """Reduce the running sums (the loop's one host sync) and write a train event (of `epoch`,
-    by default the one in progress)."""
+    """Reduce the running sums (the loop's one host sync) and write a train event (in the
+    epoch of its newest step)."""
     now = time.perf_counter()
     state.train = meter.reduce(loop.env, "train/")
     _check_finite(t, state, loop.run_dir)
@@ -439,7 +453,7 @@ def _log_train(
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
     event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
-    loop.rep.record(state.step, state.epoch if epoch is None else epoch, event, "train")
+    loop.rep.record(state.step, state.epoch_number, event, "train")
     loop.mark, loop.mark_step = now, state.step
 
 
@@ -450,6 +464,6 @@ def _check_finite(t: TrainConfig, state: TrainState, run_dir: Path) -> None:
         ckpts = checkpoint.list_checkpoints(run_dir)
         last = ckpts[0].name if ckpts else "none"
         raise UserError(
-            f"non-finite {bad[0]} by step {state.step} (epoch {state.epoch}); last checkpoint: {last}",
+            f"non-finite {bad[0]} by step {state.step} (epoch {state.epoch_number}); last checkpoint: {last}",
             "lower optim.lr, set train.grad_clip, or train.on_nan=skip to skip such updates",
         )

@@ -110,7 +110,7 @@ def test_early_stopping_ends_both_ddp_workers_at_the_same_epoch(tmp_path: Path) 
 def test_validation_every_n_steps_lands_in_metrics_jsonl(tmp_path: Path) -> None:
     run = tmp_path / "v"
     expctl.run(None, [*SMALL, "train.max_epochs=2", "train.val_every_steps=3", f"run.dir={run}"])
-    assert [(r["step"], r["epoch"]) for r in val_rows(run)] == [(3, 0), (4, 1), (6, 1), (8, 2)]
+    assert [(r["step"], r["epoch"]) for r in val_rows(run)] == [(3, 1), (4, 1), (6, 2), (8, 2)]
 
 
 def test_reduce_lr_on_plateau_lowers_the_lr_and_resumes_exactly(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_reduce_lr_on_plateau_lowers_the_lr_and_resumes_exactly(tmp_path: Path) 
     )
     assert killed.returncode == -9, killed.stderr
     resumed = run_cli(*args, "run.dir=cut", cwd=tmp_path)
-    assert "(step 9, epoch 2, batch 1)" in resumed.stdout
+    assert "(step 9, epoch 3, batch 1)" in resumed.stdout
     lrs = {
         name: [r["lr"] for r in RunDir(tmp_path / name).metric_rows() if "lr" in r]
         for name in ("ref", "cut")

@@ -235,27 +235,6 @@ def test_read_only_commands_import_no_torch(command: str, small_sweep: tuple[Pat
     assert len(proc.stdout.splitlines()) > 2, proc.stdout  # it printed what it read
 
 
-@pytest.mark.slow
-def test_list_from_its_cache_is_the_same_and_imports_no_torch(tmp_path: Path) -> None:
-    env = cli_env(EXPCTL_CACHE_DIR=str(tmp_path / "cache"))
-
-    def listed(*args: str) -> str:
-        code = [sys.executable, "-c", HEAVY_AFTER, "torch", "list", *args]
-        proc = subprocess.run(code, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
-
-    made = listed()
-    assert made.endswith("imported: ['torch']\n") and "resnet18" in made
-    (cache,) = (tmp_path / "cache").glob("list-*.json")
-    assert listed() == made.replace("['torch']", "[]")
-    assert listed("optim").startswith("optimizers:\n  adadelta")
-    with_import = listed("models", "--import", "faulty")
-    assert "tiny_custom" in with_import and "['torch']" in with_import, "--import is never cached"
-    cache.write_text("{not json")
-    assert listed() == made, "a damaged cache is made again"
-
-
 def test_the_list_cache_key_changes_with_versions_and_sources(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

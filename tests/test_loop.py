@@ -73,6 +73,27 @@ def test_two_steps_in_process_write_the_run_and_call_the_hooks(tmp_path: Path) -
     assert run.checkpoint_files()[0].name == "step_000000002.pt"
 
 
+def test_epochs_are_counted_from_1_everywhere_a_partial_one_too(tmp_path: Path) -> None:
+    """From a user trial: `train epoch 2 step 6/6` was followed by `val epoch 1 step 6/6`, and
+    the done line said epoch=1 (epoch=0 for a run inside its first epoch). 4 steps an epoch,
+    stopped 2 steps into the second: metrics.jsonl, result.json and the log say epoch 2."""
+    run_dir, result = rank.main(
+        _cfg(tmp_path, "train.max_epochs=3", "train.max_steps=6"), DistEnv()
+    )
+    rows = RunDir(run_dir).metric_rows()
+    assert [(r["step"], r["epoch"], "val/acc" in r) for r in rows] == [
+        *((step, 1, False) for step in (1, 2, 3, 4)),
+        (4, 1, True),
+        (5, 2, False),
+        (6, 2, False),
+        (6, 2, True),
+    ]
+    assert result["epoch"] == 2 and json.loads(RunDir(run_dir).result.read_text())["epoch"] == 2
+    log = RunDir(run_dir).log.read_text()
+    assert "train epoch 1 step 4/6" in log and "val epoch 1 step 4/6" in log
+    assert "train epoch 2 step 6/6" in log and "val epoch 2 step 6/6" in log
+
+
 def test_a_hook_that_asks_to_stop_at_validation_ends_the_run_stopped(tmp_path: Path) -> None:
     hooks = Chain(Hooks(), Recorder(stop_at_validation=True))
     _, result = rank.main(_cfg(tmp_path, "train.max_epochs=3"), DistEnv(), hooks)

@@ -132,7 +132,7 @@ def test_resume_at_an_epochs_last_step_with_leftover_micro_batches_is_exact(tiny
     run_cli(*args, "train.max_steps=10", "run.dir=ref", cwd=tiny.parent)
     run_cli(*args, "train.max_steps=5", "run.dir=cut", cwd=tiny.parent)
     proc = run_cli(*args, "train.max_steps=10", "run.dir=cut", cwd=tiny.parent)
-    assert "(step 5, epoch 0, batch 15)" in proc.stdout
+    assert "(step 5, epoch 1, batch 15)" in proc.stdout
     assert same_weights(tiny.parent / "cut", tiny.parent / "ref")
     got, ref = history(tiny.parent / "cut"), history(tiny.parent / "ref")
     assert shape(got) == shape(ref) and got == ref
@@ -167,7 +167,7 @@ def test_rerun_of_a_completed_run_returns_its_result_and_writes_nothing(
     run_dir = tiny.parent / "done"
     files = snapshot(run_dir)
     again = run_cli("run", *args, cwd=tiny.parent)
-    assert "already completed (step 20, epoch 1)" in again.stdout
+    assert "already completed (step 20, epoch 2, batch 4)" in again.stdout
     assert f"results in {run_dir}" in again.stdout
     assert again.stdout.splitlines()[-2] == first.stdout.splitlines()[-2], "the stored result"
     assert snapshot(run_dir) == files
@@ -287,7 +287,7 @@ def test_another_config_names_the_values_and_the_checkpoint_to_start_from(tiny: 
     # following the hint continues that run in a new directory, exactly
     run_cli("run", "-C", str(tiny), "run.dir=full", cwd=tiny.parent)
     b = run_cli("run", "-C", str(tiny), "run.dir=b", f"checkpoint.resume={ckpt}", cwd=tiny.parent)
-    assert f"resumed from {ckpt} (step 16, epoch 1, batch 0)" in b.stdout
+    assert f"resumed from {ckpt} (step 16, end of epoch 1)" in b.stdout
     assert same_weights(tiny.parent / "b", tiny.parent / "full")
     assert [r["step"] for r in history(tiny.parent / "b")][0] == 20
     # a changed learning rate does not apply: the checkpoint's optimizer state brings its own

@@ -264,6 +264,9 @@ def test_scontrol_requeue_resumes_from_last_checkpoint(work: Path) -> None:
     _signal_when_running(
         job, run_dir, lambda: subprocess.run(["scontrol", "requeue", job], check=True), at_step=25
     )
+    # requeued, not started again (Slurm holds it ~10 s): the count is Slurm's, not 0 until then
+    shown = run_cli("status", str(run_dir), cwd=work).stdout
+    assert len(starts(run_dir)) == 1 and "requeued 1x" in shown, shown
     assert wait_done(job) == "COMPLETED", (work / "requeue.out").read_text()
     assert result(run_dir)["step"] == 6 * 8
     log = (run_dir / "train.log").read_text()

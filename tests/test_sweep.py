@@ -269,14 +269,14 @@ def test_sweep_directory_carries_the_run_name(short_sweep: Path) -> None:
 
 def test_table_rounds_sampled_values_and_counts_steps(short_sweep: Path) -> None:
     table = run_cli("sweep", "table", str(short_sweep), cwd=short_sweep.parent).stdout
-    assert re.search(r" epochs +steps ", table), table
+    assert re.search(r" epoch +steps ", table), table
     rows = ledger.rows(short_sweep)
     for r in rows:
         lr = r.params["optim.lr"]
         assert r.overrides == f"optim.lr={lr}" and len(str(lr)) > 8, "the ledger keeps it exact"
         (line,) = [x for x in table.splitlines() if re.match(rf" *{r.number}  completed ", x)]
         fields = line.split()
-        assert fields[4:6] == ["0", "6"], f"0 whole epochs, 6 steps: {line}"
+        assert fields[4:6] == ["1", "6"], f"ended in epoch 1, at step 6: {line}"
         assert fields[7] == f"optim.lr={lr:.4g}", line
     ledger.best(short_sweep)
     exact = re.search(r"\n  lr: (\S+)\n", (short_sweep / "best.yml").read_text())

@@ -1,6 +1,9 @@
 """The MNIST family, held in memory: Fashion-MNIST (the embedded default, read from Debian's
 ``dataset-fashion-mnist`` files or torchvision's layout), MNIST and KMNIST from their IDX files
-(plain or .gz), EMNIST and QMNIST through torchvision's readers."""
+(plain or .gz), EMNIST and QMNIST through torchvision's readers.
+
+Importing this module loads no torch (the factories do): `expctl show` runs the pre-flight
+check of the default dataset, which finds its files, without it."""
 
 from __future__ import annotations
 
@@ -9,15 +12,17 @@ import gzip
 import hashlib
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from expctl.data import Splits
-from expctl.datasets.tensors import in_memory, not_found, root_of
+from expctl.datasets.files import not_found, root_of
 from expctl.errors import UserError
 from expctl.layout import cache_dir, cache_write
 from expctl.registry import register
+
+if TYPE_CHECKING:
+    import torch
+
+    from expctl.data import Splits
 
 IDX_FILES = {
     "train_x": "train-images-idx3-ubyte",
@@ -81,6 +86,8 @@ def read_idx(path: Path, limit: tuple[int, ...]) -> torch.Tensor:
     A .gz file is decompressed once: later reads take the decoded copy kept in the user's cache
     folder (`_decoded`), read and checked the same way (~0.2 s of Fashion-MNIST's start).
     """
+    import torch  # here, not at the top: see the module docstring
+
     copy = _decoded(path) if path.suffix == ".gz" else None
     if copy is not None and copy.is_file():
         with contextlib.suppress(UserError):  # damaged or vanished: decode the .gz again
@@ -181,6 +188,8 @@ def _idx_splits(
                 f"{len(arrays[f'{part}_x'])} images",
                 "reinstall it",
             )
+    from expctl.datasets.tensors import in_memory  # torch: see the module docstring
+
     return in_memory(
         (arrays["train_x"].unsqueeze(1), arrays["train_y"]),
         (arrays["val_x"].unsqueeze(1), arrays["val_y"]),
@@ -261,6 +270,8 @@ def emnist(
 ) -> Splits:
     """EMNIST letters/digits (split: byclass, bymerge, balanced, letters, digits, mnist)."""
     train, test = _torchvision_mnist("EMNIST", root, download, split=split)
+    from expctl.datasets.tensors import in_memory  # torch: see the module docstring
+
     return in_memory(
         (train.data.unsqueeze(1), train.targets),
         (test.data.unsqueeze(1), test.targets),
@@ -281,6 +292,8 @@ def qmnist(
 ) -> Splits:
     """QMNIST (MNIST's reconstructed test set: 60k/60k 28x28 grey digits)."""
     train, test = _torchvision_mnist("QMNIST", root, download)
+    from expctl.datasets.tensors import in_memory  # torch: see the module docstring
+
     return in_memory(
         (train.data.unsqueeze(1), train.targets[:, 0]),
         (test.data.unsqueeze(1), test.targets[:, 0]),

@@ -24,7 +24,8 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from expctl.data import DataInfo, Splits
-from expctl.datasets.tensors import carve, not_found, root_of
+from expctl.datasets.files import not_found, root_of
+from expctl.datasets.tensors import carve
 from expctl.errors import UserError
 from expctl.registry import register
 

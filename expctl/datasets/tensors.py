@@ -1,10 +1,9 @@
 """What the built-in datasets share: the val split carved from train, normalisation of
-in-memory images, and the error for files that are not where a dataset expects them."""
+in-memory images (where their files are, and the error when they are not: `files`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -110,16 +109,3 @@ def in_memory(
 def _tensors(view: Any) -> TensorDataset:
     idx = torch.tensor(view.indices)
     return TensorDataset(*(t[idx] for t in view.dataset.tensors))
-
-
-def not_found(name: str, root: str | Path, expected: str, download: bool = True) -> UserError:
-    """The error for a dataset whose files are missing under `root`."""
-    fetch = ", or set data.download=true to fetch it (needs internet)" if download else ""
-    return UserError(
-        f"data={name}: not found under {root} (expected {expected})",
-        f"point data.root at the folder holding it{fetch}",
-    )
-
-
-def root_of(root: str | None) -> Path:
-    return Path(root or "data").expanduser()

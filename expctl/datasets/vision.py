@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from expctl.data import DataInfo, Splits
+from expctl.datasets.files import not_found, root_of
 from expctl.datasets.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -26,7 +27,7 @@ from expctl.datasets.images import (
     PilTransform,
     check_choices,
 )
-from expctl.datasets.tensors import in_memory, not_found, root_of, with_val
+from expctl.datasets.tensors import in_memory, with_val
 from expctl.errors import UserError
 from expctl.registry import register
 

@@ -1,0 +1,140 @@
+"""The description of the built-in components (catalogue.py): what listing, composing and
+completing read of them is the same as from their modules, without importing torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import cli_env
+
+from expctl import catalogue, confstore, registry
+from expctl.config import COMPONENT_KINDS
+
+SECTION = {kind: section for section, kind in COMPONENT_KINDS.items()} | {"loggers": "logger"}
+
+
+def _seen(entry: registry.Entry, kind: str) -> dict[str, object]:
+    """Everything listing, composing and checking arguments read of an entry."""
+    params = entry.parameters()
+    seen: dict[str, object] = {
+        "params": [
+            (n, p.kind, repr(p.default), registry.annotation_options(p), registry.settable(p))
+            for n, p in params.items()
+        ],
+        "listed": registry.describe(entry),
+        "defers": [n for n in params if entry.defers(n)],
+        "any": entry.accepts_any(),
+        "check": entry.check is not None,
+        "own": (entry.name, entry.description, dict(entry.settings), entry.runtime),
+        "more": (entry.inferred, entry.deferred),
+    }
+    if kind in SECTION:
+        seen["node"] = confstore.node_defaults(SECTION[kind], entry)
+    return seen
+
+
+def test_described_entries_read_as_their_modules_register_them() -> None:
+    builtins = registry.builtin_entries()
+    assert {k for k, _, _ in builtins} == set(registry.KINDS) and len(builtins) > 150
+    stored = json.loads(json.dumps([catalogue.encode(*b) for b in builtins]))  # as on disk
+    for (kind, entry, module), d in zip(builtins, stored, strict=True):
+        k, described, m = catalogue.decode(d)
+        assert (k, m) == (kind, module) and module.startswith("expctl.")
+        assert _seen(described, kind) == _seen(entry, kind), f"{kind} {entry.name}"
+
+
+# `python -m expctl ARGV` in a fresh interpreter; prints what it imported of torch and Hydra
+LOADED = """\
+import runpy, sys
+sys.argv = ["expctl", *sys.argv[1:]]
+try:
+    runpy.run_module("expctl", run_name="__main__")
+except SystemExit as e:
+    print("exit", e.code or 0)
+print("imported:", sorted(m for m in ("torch", "hydra") if m in sys.modules))
+"""
+
+
+def _expctl(cache: Path, *args: str) -> tuple[str, int, list[str]]:
+    """Output, exit code and what was imported of torch and Hydra."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED, *args],
+        env=cli_env(EXPCTL_CACHE_DIR=str(cache)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    *out, code, imported = ["", "", *proc.stdout.splitlines()]
+    assert code.startswith("exit ") and imported.startswith("imported: "), proc.stderr[-3000:]
+    return "\n".join(out), int(code[5:]), json.loads(imported[10:].replace("'", '"'))
+
+
+@pytest.mark.slow
+def test_first_use_describes_in_the_background_then_nothing_loads_torch(tmp_path: Path) -> None:
+    """A fresh cache folder: help and completion say what they know without torch and start
+    the description; `list` waits for it; from then on list, show, help and completion import
+    no torch and print what the modules themselves give (a cache folder that cannot be made)."""
+    cache, none = tmp_path / "cache", tmp_path / "not-a-folder"
+    none.write_text("")
+    words, code, imported = _expctl(cache, "_words")
+    assert code == 1 and imported == [], "not all words yet: the shell asks again"
+    assert "launcher=local" in words and "model=resnet18" not in words
+    helped, code, imported = _expctl(cache, "run", "--help")
+    assert code == 0 and imported == [] and "described in the background" in helped
+    for args in (["list"], ["show", "model=resnet18", "logger=[csv]"]):
+        described, code, imported = _expctl(cache, *args)
+        assert code == 0 and imported == (["hydra"] if args[0] == "show" else []), args
+        real, code, imported = _expctl(none, *args)
+        assert (code, described) == (0, real) and "torch" in imported, args
+    words, code, imported = _expctl(cache, "_words")
+    assert code == 0 and imported == []
+    wanted = {"model=resnet18", "logger=csv", "train.step=gan", "logger.wandb.mode="}
+    assert wanted <= set(words.splitlines())
+    helped, _, imported = _expctl(cache, "run", "--help")
+    assert imported == [] and "resnet18" in helped and "background" not in helped
+    mine, code, imported = _expctl(cache, "list", "models", "--import", "faulty")
+    assert code == 0 and "tiny_custom" in mine and "resnet18" in mine and "torch" in imported
+    script, _, _ = _expctl(cache, "completion", "bash")
+    (tmp_path / "expctl.bash").write_text(script)
+    done = subprocess.run(
+        ["bash", "-c", TAB, "bash", str(tmp_path / "expctl.bash")],
+        env=cli_env(EXPCTL_CACHE_DIR=str(cache)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout.splitlines()
+    assert done == [
+        "expctl list mo => models",
+        "expctl list  => models datasets optimizers schedulers losses steps loggers",
+        "expctl run logger=t => tensorboard",
+        "expctl show model.wi => model.width= model.width_mult= model.width_per_group=",
+        "asked once",
+    ]
+
+
+# bash completing command lines as the terminal would (the completion script is $1)
+TAB = """
+source "$1"
+tab() {
+  COMP_LINE=$1; COMP_POINT=${#COMP_LINE}; read -ra COMP_WORDS <<<"$1"
+  [[ $1 == *" " ]] && COMP_WORDS+=("")
+  COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); COMPREPLY=()
+  _expctl_complete; echo "$1 => ${COMPREPLY[*]}"
+}
+tab "expctl list mo"; tab "expctl list "; tab "expctl run logger=t"; tab "expctl show model.wi"
+[[ -n $_EXPCTL_WORDS ]] && echo "asked once"
+"""
+
+
+def test_a_damaged_description_is_made_again(tmp_path: Path) -> None:
+    path = tmp_path / "registry-x.json"
+    kind, entry, module = registry.builtin_entries()[0]
+    catalogue.write(path, [catalogue.encode(kind, entry, module)])
+    assert catalogue._read(path) is not None
+    for damaged in (path.read_text()[:-9], path.read_text().replace(entry.name, "other")):
+        path.write_text(damaged)
+        assert catalogue._read(path) is None
