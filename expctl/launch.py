@@ -396,8 +396,13 @@ class SlurmTask:
         if self.origin is not None and self.origin.snapshot is not None:
             registry.search_first(self.origin.snapshot["paths"])
         cfg = config_mod.load(self.run_dir)
-        _, metrics = train_rank(cfg, detect(os.environ), origin=self.origin)
-        return metrics
+        cfg = study.continue_as_copy(cfg) or cfg  # requeued while a PBT copy was under way
+        while True:
+            _, metrics = train_rank(cfg, detect(os.environ), origin=self.origin)
+            copy = study.continue_as_copy(cfg)  # PBT: go on as a copy of a better trial
+            if copy is None:
+                return metrics
+            cfg = copy
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         from submitit.helpers import DelayedSubmission

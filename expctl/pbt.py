@@ -51,10 +51,14 @@ def check(cfg: Config, keys: Sequence[str], repeat: int) -> None:
             "continues another trial's data order)",
             "drop --repeat / sweep.repeat",
         )
-    if cfg.launcher.name == "slurm":
+    lc = cfg.launcher
+    tasks = lc.nodes * (lc.tasks_per_node or lc.gpus_per_node or 1)
+    if lc.name == "slurm" and tasks > 1:
         raise UserError(
-            "sweep.scheduler=pbt runs its population on this machine (launcher=inline or local)",
-            "run the sweep inside an allocation: salloc ... then expctl run -m ... launcher=local",
+            f"sweep.scheduler=pbt on Slurm runs each trial as one task (this trial: {tasks} tasks "
+            f"on launcher.nodes={lc.nodes}): a trial continues as a copy inside its job",
+            "launcher.nodes=1 launcher.gpus_per_node=1, or run the sweep inside an allocation "
+            "with launcher=local",
         )
     if not keys:
         raise UserError(

@@ -13,7 +13,6 @@ checkpoint). One failing trial never stops the others, unless `sweep.stop_on_fai
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -28,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from expctl import pbt, resources
-from expctl.config import CheckpointConfig, Config, SweepConfig
+from expctl import resources
+from expctl.config import Config, SweepConfig
 from expctl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -40,18 +39,18 @@ from expctl.errors import (
     RunError,
     UserError,
 )
-from expctl.layout import RunDir, SweepDir, write_atomically
+from expctl.layout import RunDir, SweepDir
 from expctl.pool import Pool, Proc
 from expctl.provenance import Launch
 from expctl.study import (
     SHARE_ENV,
     TrialRef,
     attrs_of,
+    continue_as_copy,
     failure_text,
     finish,
     is_open,
     mark,
-    trial_params,
 )
 
 log = logging.getLogger("expctl")
@@ -339,10 +338,10 @@ def trial_main(argv: Sequence[str]) -> int:
         cfg = config_mod.load(request["run_dir"])
         origin = Launch.from_json(Path(request["launch"]).read_text())
         launch.launch(cfg, origin=origin)
-        copy = _copy_if_decided(cfg)
+        copy = continue_as_copy(cfg)
         while copy is not None:  # PBT: continue as a copy of a better trial
             launch.launch(copy, origin=origin)
-            copy = _copy_if_decided(copy)
+            copy = continue_as_copy(copy)
         return 0
     except UserError as e:
         print(f"expctl: error: {e}", file=sys.stderr)
@@ -360,79 +359,6 @@ def trial_main(argv: Sequence[str]) -> int:
             print(f"expctl: error: {failure_text(e)}", file=sys.stderr)  # the ledger says it too
             return EXIT_FAILED
         raise
-
-
-def _copy_if_decided(cfg: Config) -> Config | None:
-    """The config a PBT trial continues with, after its hooks decided to copy another trial
-    (status `copying`): that trial's checkpoint made its own, its values explored, its
-    config.yaml rewritten; None when it ended otherwise."""
-    from expctl import compose
-    from expctl import config as config_mod
-
-    run_dir = Path(str(cfg.run.dir))
-    ref = TrialRef.read(run_dir)
-    if cfg.sweep.scheduler != "pbt" or ref is None:
-        return None
-    attrs = attrs_of(ref)
-    if attrs.get("status") != "copying":
-        return None
-    decision, lineage = attrs["pbt_next"], list(attrs.get("lineage", []))
-    spec = SweepDir(ref.sweep_dir).read_spec()
-    current = dict(lineage[-1]["params"]) if lineage else pbt.typed(trial_params(ref))
-    number = SweepDir.number_of(run_dir) or 0
-    row = len(_whole_lines(RunDir(run_dir).metrics))  # its history so far: the plot's segments
-    step = _transplant(run_dir, Path(decision["checkpoint"]), cfg.checkpoint)
-    new = pbt.explore(
-        current, spec["dims"], cfg.sweep.pbt, pbt.rng_for(cfg.sweep.seed, number, step)
-    )
-    overrides = [*spec["plain"], *(f"{k}={json.dumps(v)}" for k, v in new.items())]
-    fresh = compose.compose(spec["config_file"], overrides)
-    fresh = dataclasses.replace(
-        fresh,
-        launcher=cfg.launcher,  # its share of the machine (N GPUs: an N-rank run)
-        run=cfg.run,
-        train=dataclasses.replace(fresh.train, hparam_schedule=[pbt.entry(step, new)]),
-    )
-    write_atomically(RunDir(run_dir).config, config_mod.to_yaml(fresh))
-    copy = {"step": step, "from_trial": decision["from_trial"], "params": new}
-    lineage.append({**copy, "time": decision["time"], "row": row})
-    mark(ref, "running", lineage=lineage, pbt_next=None)
-    print(
-        f"expctl: pbt: continuing from trial {decision['from_trial']}'s checkpoint of step {step} "
-        f"with {' '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in new.items())}",
-        flush=True,
-    )
-    return config_mod.load(run_dir)
-
-
-def _transplant(run_dir: Path, frozen: Path, ck: CheckpointConfig) -> int:
-    """Make the frozen donor checkpoint this run's newest (and only) one: its own checkpoints
-    go (PBT replaces a weak trial's state), its metrics history stays. Returns the step.
-
-    Raises:
-        ValueError: the frozen checkpoint does not load (nothing of the run was touched).
-    """
-    from expctl import checkpoint  # torch: loaded in a trial's process already
-
-    payload = checkpoint.load(frozen)  # checked before anything of the run is removed
-    scores = checkpoint.scores(frozen)
-    for old in checkpoint.list_checkpoints(run_dir):
-        for suffix in (".json", ".sha256", ""):
-            Path(f"{old}{suffix}").unlink(missing_ok=True)
-    payload.pop("format", None)
-    payload["metrics_rows"] = len(_whole_lines(RunDir(run_dir).metrics))
-    checkpoint.save(run_dir, payload, ck, scores)
-    for suffix in ("", ".sha256", ".json"):
-        Path(f"{frozen}{suffix}").unlink(missing_ok=True)
-    return int(payload["step"])
-
-
-def _whole_lines(path: Path) -> list[str]:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    return [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
 
 
 # ---------------------------------------------------------------------------------------------

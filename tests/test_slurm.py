@@ -495,6 +495,46 @@ def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> N
     assert all("submitit x 2 rank(s)" in (Path(r.run_dir) / "train.log").read_text() for r in rows)
 
 
+def test_pbt_on_slurm_a_trial_continues_as_a_copy_inside_its_job(work: Path) -> None:
+    """A population of 2 as a job array: the trial with the poor learning rate (slowed to half
+    speed, so it reaches epoch 1 second, while the other still runs) continues from the other's
+    checkpoint in the same job, with an explored learning rate; both complete."""
+    proc = run_cli(
+        "run",
+        "-C",
+        "slow.yml",
+        "-m",
+        "sched=none",
+        "sweep.scheduler=pbt",
+        "sweep.pbt.quantile=0.5",
+        "sweep.pbt.resample_probability=0",
+        "optim.lr=0.0001,0.1",
+        "train.step=slow",
+        "train.max_epochs=4",
+        "launcher=slurm",
+        "launcher.timeout_min=5",
+        "sweep.max_concurrent=2",
+        cwd=work,
+        env=env(SLOW_STEP_S="0.15", SLOW_LR_BELOW="0.001"),
+    )
+    sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    table = lambda: json.loads(run_cli("sweep", "table", "--json", str(sweep), cwd=work).stdout)  # noqa: E731
+    wait_until(
+        lambda: all(t["status"] in ("completed", "failed") for t in table()["trials"]),
+        300,
+        "both trials",
+    )
+    trials = {t["trial"]: t for t in table()["trials"]}
+    assert [trials[n]["status"] for n in (0, 1)] == ["completed", "completed"], trials
+    (copy, *_) = trials[0]["lineage"]
+    assert copy["from_trial"] == 1 and copy["step"] in (16, 32), copy
+    assert copy["params"]["optim.lr"] in (pytest.approx(0.08), pytest.approx(0.12)), copy
+    assert trials[1]["lineage"] == [], "the better trial never copies"
+    run_dir = sweep / "trial_000"
+    assert len(starts(run_dir)) == 1, "the copy went on inside the job: no requeue, no new job"
+    assert result(run_dir)["step"] == 64
+
+
 def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
     """N short trials as one Slurm job array: every one ends completed, stopped or failed with its
     reason (CI runs 8, two waves on the cluster's 4 CPUs; EXPCTL_LOAD_TRIALS=200 runs the full

@@ -318,6 +318,18 @@ CORPUS: list[tuple[list[str], str]] = [
         "must not overlap",
     ),
     (
+        [
+            "run",
+            "-m",
+            "sched=none",
+            "sweep.scheduler=pbt",
+            "launcher=slurm",
+            "launcher.nodes=2",
+            "optim.lr=0.1,0.2",
+        ],
+        "runs each trial as one task (this trial: 2 tasks",
+    ),
+    (
         ["run", "train.hparam_schedule=[{step: 0, model: {hidden: [8]}}]"],
         "only optimizer and loss arguments",
     ),

@@ -60,6 +60,19 @@ def test_sweep_table_reads_a_truncated_journal_and_refuses_a_corrupt_one(
     assert cli.main(["sweep", "table", str(sweep)]) == 0
     capsys.readouterr()
     text = journal.read_bytes()
+    (sweep / "trial_000" / "result.json").write_text(DEEP_MAPPING)  # issue 28
+    spec = (sweep / "sweep.json").read_text()
+    (sweep / "sweep.json").write_text('{"points": "x"}')
+    journal.write_bytes(text + b"{not json\n")  # read past (being written): never appended to
+    assert cli.main(["sweep", "table", str(sweep)]) == 0
+    out, err = capsys.readouterr()
+    assert len([line for line in out.splitlines() if re.match(r"\s*\d+\s+completed ", line)]) == 2
+    assert "trial_000/result.json" in err and "sweep.json is damaged" in err, err
+    (sweep / "sweep.json").write_text(spec)
+    assert cli.main(["sweep", "resume", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert f"{journal} is damaged (JSONDecodeError" in err and "Traceback" not in err, err
+    assert journal.read_bytes() == text + b"{not json\n", "nothing appended"
     lines = text.splitlines(keepends=True)
     journal.write_bytes(b"".join([*lines[:3], b"{not json\n", *lines[3:]]))
     assert cli.main(["sweep", "table", str(sweep)]) == 2
