@@ -13,7 +13,8 @@
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
 #   bash bench/gpu.sh sweep     16-trial sweeps (Fashion CNN, ResNet-18 32x32): serial on one GPU,
-#                               one GPU per trial, four trials per GPU (bench/sweep_bench.py gpu)
+#                               one GPU per trial, four trials per GPU (bench/sweep_bench.py gpu);
+#                               EPOCHS=N longer trials, SETTINGS=one,quarter a subset, WORKLOADS=...
 # Tables go to stdout and to $OUT/*.md, raw figures to $OUT/*.json.
 #   bash bench/gpu.sh bg all speed   start parts, one after the other, in their own process session: it outlives the call (the
 #                               device tool keeps such processes while the machine is held), so one
@@ -107,7 +108,8 @@ bn)
 sweep)  # issue 24: trials side by side on the GPUs
   for w in ${WORKLOADS:-fashion_cnn resnet18_32}; do
     echo "== 16 trials of $w: serial (1 GPU), 1 GPU each, 0.25 GPU each"
-    python3 bench/sweep_bench.py gpu --workload "$w" --trials ${TRIALS:-16} --out "$OUT/sweep_$w.json" | tee "$OUT/sweep_$w.md"
+    python3 bench/sweep_bench.py gpu --workload "$w" --trials ${TRIALS:-16} ${EPOCHS:+--epochs $EPOCHS} \
+      ${SETTINGS:+--settings $SETTINGS} --out "$OUT/sweep_$w${EPOCHS:+_e$EPOCHS}.json" | tee "$OUT/sweep_$w${EPOCHS:+_e$EPOCHS}.md"
   done ;;
 images)
   echo "== issue 11: ResNet-50 from 20,000 JPEGs (bench/images_bench.py)"

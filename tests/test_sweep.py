@@ -469,7 +469,6 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
         "imports=[faulty]",
         "train.step=slow",
         "train.max_epochs=2",
-        "launcher.signal=TERM",
     )
     sweep = tiny.parent / "runs"
     metrics = [lambda n=n: list(sweep.glob(f"sweep-*/trial_{n:03d}/metrics.jsonl")) for n in (0, 1)]

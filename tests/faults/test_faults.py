@@ -490,29 +490,40 @@ def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
 def test_ctrl_c_while_a_sweep_trial_closes_its_data_workers_stops_the_sweep(
     tmp_path: Path,
 ) -> None:
-    """The SIGINT lands while trial 0 closes its DataLoader workers (a worker sends it once
-    its DataLoader tells the workers to stop, tests/plugins/faulty.py): the sweep stops there,
-    exit 130, the line that says how to resume it; not "Exception ignored ... KeyboardInterrupt"
-    and a sweep that runs on to exit 0."""
+    """Ctrl-C (SIGINT to the sweep's process group, as a terminal sends it) while trial 0 closes
+    its DataLoader workers (a worker writes a marker once its DataLoader tells the workers to
+    stop, tests/plugins/faulty.py): the sweep stops there, exit 130, the line that says how to
+    resume it; not "Exception ignored ... KeyboardInterrupt" in any output, and no next trial."""
     (tmp_path / "tiny.yml").write_text(STREAMED)
-    proc = subprocess.run(
+    marker = tmp_path / "closing"
+    driver = subprocess.Popen(
         [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", "-m", "optim.lr=0.1,0.2"]
-        + ["data.val_batch_size=2", "train.limit_val_batches=1"]
+        + ["data.val_batch_size=2", "train.limit_val_batches=1", "sweep.max_concurrent=1"]
         + ["train.max_epochs=1", "sweep.metric=train/loss", "sweep.mode=min"],
         cwd=tmp_path,
         # sample 130 (the 3rd of the validation set, in its second batch): read ahead, never used
-        env=env(INTERRUPT_AT_SAMPLE="0:130"),
-        capture_output=True,
+        env=env(INTERRUPT_AT_SAMPLE="0:130", INTERRUPT_MARKER=str(marker)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
-        # Ctrl-C as a terminal's foreground program gets it, also when these tests run from a
-        # background job (whose SIGINT is ignored, and an ignored signal is inherited)
+        start_new_session=True,  # its own process group: the terminal's foreground job
+        # also when these tests run from a background job (whose SIGINT is ignored, and an
+        # ignored signal is inherited)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    assert proc.returncode == 130, proc.stderr[-3000:]
-    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr
-    assert "to resume from the last checkpoint: expctl sweep resume " in proc.stderr
-    assert "trial_001" not in proc.stdout, "the sweep went on"
+    try:
+        base.wait_for("trial 0 closing its data workers", marker.exists, timeout=240)
+        os.killpg(driver.pid, signal.SIGINT)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 130, err[-3000:]
+    (trial,) = tmp_path.glob("runs/sweep-*/trial_000")
+    logs = err + (trial / "output.log").read_text()
+    assert "Exception ignored" not in logs and "Traceback" not in logs, logs[-3000:]
+    assert "to resume from the last checkpoint: expctl sweep resume " in out + err
+    assert "trial 1 started" not in out, "the sweep went on"
 
 
 @pytest.mark.skipif(

@@ -230,7 +230,8 @@ def _hit(variable: str, key: int) -> bool:
 
 def _interrupt_the_close() -> None:
     """In a DataLoader worker: once its DataLoader starts shutting the workers down (torch's
-    worker loop holds the event it sets), SIGINT to the rank; then stay busy."""
+    worker loop holds the event it sets), SIGINT to the rank, or with $INTERRUPT_MARKER, that
+    file written (the test then presses Ctrl-C where it should land); then stay busy."""
     import sys
     import time
 
@@ -240,7 +241,13 @@ def _interrupt_the_close() -> None:
     done = frame.f_locals["done_event"]
     while not done.is_set():
         time.sleep(0.01)
-    os.kill(os.getppid(), signal.SIGINT)
+    marker = os.environ.get("INTERRUPT_MARKER")
+    if marker:
+        with open(marker + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(marker + ".tmp", marker)
+    else:
+        os.kill(os.getppid(), signal.SIGINT)
     time.sleep(10_000)
 
 
