@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -526,9 +527,17 @@ def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) ->
     edited = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
     assert edited.returncode == 2 and "changed since the sweep started" in edited.stderr
     tiny.write_text(original)
+    moved = tiny.parent / "elsewhere" / path.name  # a sweep moves as a run does (issue 28 #5)
+    moved.parent.mkdir()
+    shutil.move(path, moved)
+    path = moved
+    table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
+    assert "(4 trial(s): 2 pending, 1 completed, 1 lost;" in table, table
     run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
     rows = ledger.rows(path)
     assert [r.status for r in rows] == ["completed"] * 4
+    assert all(Path(r.run_dir).parent == path for r in rows), [r.run_dir for r in rows]
+    assert (path / "best.yml").is_file()
     assert [Path(r.run_dir).name for r in rows] == [f"trial_{n:03d}" for n in range(4)]
     assert [r.number for r in rows] == [0, 1, 2, 3] and rows[1].optuna_trial != 1, "a retry"
     assert sorted(p.name for p in path.glob("trial_*")) == [f"trial_{n:03d}" for n in range(4)]

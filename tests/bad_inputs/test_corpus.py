@@ -209,7 +209,6 @@ CORPUS: list[tuple[list[str], str]] = [
     # issue 28: a table that would train on garbage
     (["run", "data=arrays", "data.train=semicolon.csv"], "';' separates its values"),
     (["run", "data=arrays", "data.train=target_only.npy"], "target_only.npy has no feature"),
-    (["run", "data=synthetic", "data.shape=[0]"], "data.shape=[0]: each sample needs"),
     (["run", "data=arrays", "data.train=complex.npy"], "complex.npy holds complex numbers"),
     (
         ["run", "data=arrays", "data.train=empty_label.csv"],
