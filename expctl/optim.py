@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.optim import lr_scheduler
 
+from expctl import checks
 from expctl.errors import UserError
 from expctl.registry import register
 
@@ -41,48 +42,6 @@ def _refuse(name: str, why: str) -> Callable[..., None]:
     return check
 
 
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _numbers(section: str, args: dict[str, object]) -> Iterator[tuple[str, float]]:
-    """(key, number) of every number among a component's arguments (in lists too: betas)."""
-    for key, value in args.items():
-        items = value if isinstance(value, (list, tuple)) else [value]
-        for i, v in enumerate(items):
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                where = f"{section}.{key}" + (f"[{i}]" if items is value else "")
-                yield where, v
-
-
-def _check_optimizer(**args: object) -> None:
-    """Numbers the update multiplies float32 parameters by: torch computes with them in the
-    parameters' dtype, where 1e308 overflows in the first step."""
-    for where, v in _numbers("optim", args):
-        if abs(v) > FLOAT32_MAX:
-            raise UserError(
-                f"{where}={v:g}: beyond float32's range (3.4e+38), the type the update is "
-                "computed in: the first step would overflow",
-                f"set {where} to a value a model can train with, e.g. optim.lr=0.01",
-            )
-
-
-def _check_loss(**args: object) -> None:
-    """What torch's losses check only at the first batch, in C++: integers (ignore_index) are
-    64-bit, label_smoothing is a fraction."""
-    for where, v in _numbers("loss", args):
-        if isinstance(v, int) and not -(2**63) <= v < 2**63:
-            raise UserError(
-                f"{where}={v}: outside the 64-bit integers torch takes",
-                f"set {where} to a class index (or the default)",
-            )
-    smoothing = args.get("label_smoothing")
-    if isinstance(smoothing, (int, float)) and not 0 <= smoothing <= 1:
-        raise UserError(
-            f"loss.label_smoothing={smoothing}: not between 0 and 1",
-            "the share of the target spread over the other classes, e.g. loss.label_smoothing=0.1",
-        )
-
-
 def _register_optimizers() -> None:
     for name in dir(torch.optim):
         cls = getattr(torch.optim, name)
@@ -96,7 +55,7 @@ def _register_optimizers() -> None:
                 "optimizers",
                 name.lower(),
                 runtime=("params",),
-                check=_refuse(name, why) if why else _check_optimizer,
+                check=_refuse(name, why) if why else checks.optimizer,
                 description=f"torch.optim.{name}",
             )(cls)
 
@@ -185,7 +144,7 @@ def _register_losses() -> None:
             register(
                 "losses",
                 _snake(name.removesuffix("Loss")),
-                check=_check_loss,
+                check=checks.loss,
                 description=f"torch.nn.{name}",
             )(cls)
 

@@ -1,0 +1,61 @@
+"""Checks of component arguments that need no torch: the catalogue (catalogue.py) calls them by
+name for a described component, so `expctl show` checks `optim.lr=1e308` without importing the
+module that registered the optimizer (which imports torch). Mark such a check `@light`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from expctl.errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def light(check: F) -> F:
+    """Mark a module-level check function as importable without torch (its module imports
+    none): a described entry calls it as `module:qualname`."""
+    check.light = True  # type: ignore[attr-defined]
+    return check
+
+
+def _numbers(section: str, args: dict[str, object]) -> Iterator[tuple[str, float]]:
+    """(key, number) of every number among a component's arguments (in lists too: betas)."""
+    for key, value in args.items():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for i, v in enumerate(items):
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                where = f"{section}.{key}" + (f"[{i}]" if items is value else "")
+                yield where, v
+
+
+@light
+def optimizer(**args: object) -> None:
+    """Numbers the update multiplies float32 parameters by: torch computes with them in the
+    parameters' dtype, where 1e308 overflows in the first step."""
+    for where, v in _numbers("optim", args):
+        if abs(v) > FLOAT32_MAX:
+            raise UserError(
+                f"{where}={v:g}: beyond float32's range (3.4e+38), the type the update is "
+                "computed in: the first step would overflow",
+                f"set {where} to a value a model can train with, e.g. optim.lr=0.01",
+            )
+
+
+@light
+def loss(**args: object) -> None:
+    """What torch's losses check only at the first batch, in C++: integers (ignore_index) are
+    64-bit, label_smoothing is a fraction."""
+    for where, v in _numbers("loss", args):
+        if isinstance(v, int) and not -(2**63) <= v < 2**63:
+            raise UserError(
+                f"{where}={v}: outside the 64-bit integers torch takes",
+                f"set {where} to a class index (or the default)",
+            )
+    smoothing = args.get("label_smoothing")
+    if isinstance(smoothing, (int, float)) and not 0 <= smoothing <= 1:
+        raise UserError(
+            f"loss.label_smoothing={smoothing}: not between 0 and 1",
+            "the share of the target spread over the other classes, e.g. loss.label_smoothing=0.1",
+        )
