@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import config as config_mod
-from expctl import rank, registry, rundir, slurm, snapshot, study
+from expctl import exploit, rank, registry, rundir, slurm, snapshot, study
 from expctl.build import check_sync_batchnorm
 from expctl.config import Config
 from expctl.dist import DistEnv, detect
@@ -396,10 +396,10 @@ class SlurmTask:
         if self.origin is not None and self.origin.snapshot is not None:
             registry.search_first(self.origin.snapshot["paths"])
         cfg = config_mod.load(self.run_dir)
-        cfg = study.continue_as_copy(cfg) or cfg  # requeued while a PBT copy was under way
+        cfg = exploit.continue_as_copy(cfg) or cfg  # requeued while a PBT copy was under way
         while True:
             _, metrics = train_rank(cfg, detect(os.environ), origin=self.origin)
-            copy = study.continue_as_copy(cfg)  # PBT: go on as a copy of a better trial
+            copy = exploit.continue_as_copy(cfg)  # PBT: go on as a copy of a better trial
             if copy is None:
                 return metrics
             cfg = copy

@@ -9,7 +9,6 @@ rank could (a worker that never started).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -20,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from expctl import pbt
-from expctl.config import CheckpointConfig, Config, SweepConfig
+from expctl.config import SweepConfig
 from expctl.hooks import Hooks
-from expctl.layout import RunDir, SweepDir, write_atomically
+from expctl.layout import RunDir, SweepDir
 
 log = logging.getLogger("expctl")
 STUDY = "expctl"
@@ -308,87 +307,3 @@ class TrialHooks(Hooks):
         if self.is_main and self.record_failures and not returning:
             finish(self.ref, self.s, {}, error=error)
         return False
-
-
-# ---------------------------------------------------------------------------------------------
-# PBT: a trial continues as a copy of a better one
-# ---------------------------------------------------------------------------------------------
-
-
-def continue_as_copy(cfg: Config) -> Config | None:
-    """The config a PBT trial continues with, after its hooks decided to copy another trial
-    (status `copying`): that trial's checkpoint made its own, its values explored, its
-    config.yaml rewritten; None when it ended otherwise. The trial's process (local pool or
-    Slurm job) calls it after training stops, and a requeued Slurm job before it trains: a copy
-    that a preemption cut short is done again (each step can be repeated: the donor's frozen
-    checkpoint goes last, the explored values are drawn from (seed, trial, step))."""
-    from expctl import compose
-    from expctl import config as config_mod
-
-    if cfg.sweep.scheduler != "pbt":
-        return None
-    run_dir = Path(str(cfg.run.dir))
-    ref = TrialRef.read(run_dir)
-    if ref is None:
-        return None
-    attrs = attrs_of(ref)
-    if attrs.get("status") != "copying":
-        return None
-    decision, lineage = attrs["pbt_next"], list(attrs.get("lineage", []))
-    spec = SweepDir(ref.sweep_dir).read_spec()
-    current = dict(lineage[-1]["params"]) if lineage else pbt.typed(trial_params(ref))
-    number = SweepDir.number_of(run_dir) or 0
-    row = len(_whole_lines(RunDir(run_dir).metrics))  # its history so far: the plot's segments
-    step = transplant(run_dir, Path(decision["checkpoint"]), cfg.checkpoint)
-    new = pbt.explore(
-        current, spec["dims"], cfg.sweep.pbt, pbt.rng_for(cfg.sweep.seed, number, step)
-    )
-    overrides = [*spec["plain"], *(f"{k}={json.dumps(v)}" for k, v in new.items())]
-    fresh = compose.compose(spec["config_file"], overrides)
-    fresh = dataclasses.replace(
-        fresh,
-        launcher=cfg.launcher,  # its share of the machine (N GPUs: an N-rank run)
-        run=cfg.run,
-        train=dataclasses.replace(fresh.train, hparam_schedule=[pbt.entry(step, new)]),
-    )
-    write_atomically(RunDir(run_dir).config, config_mod.to_yaml(fresh))
-    copy = {"step": step, "from_trial": decision["from_trial"], "params": new}
-    lineage.append({**copy, "time": decision["time"], "row": row})
-    mark(ref, "running", lineage=lineage, pbt_next=None)
-    for suffix in ("", ".sha256", ".json"):  # the copy is recorded: the donor's state may go
-        Path(f"{decision['checkpoint']}{suffix}").unlink(missing_ok=True)
-    print(
-        f"expctl: pbt: continuing from trial {decision['from_trial']}'s checkpoint of step {step} "
-        f"with {' '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in new.items())}",
-        flush=True,
-    )
-    return config_mod.load(run_dir)
-
-
-def transplant(run_dir: Path, frozen: Path, ck: CheckpointConfig) -> int:
-    """Make the frozen donor checkpoint this run's newest (and only) one: its own checkpoints
-    go (PBT replaces a weak trial's state), its metrics history stays; the frozen file stays
-    until the copy is recorded. Returns the step.
-
-    Raises:
-        ValueError: the frozen checkpoint does not load (nothing of the run was touched).
-    """
-    from expctl import checkpoint  # torch: loaded in a trial's process already
-
-    payload = checkpoint.load(frozen)  # checked before anything of the run is removed
-    scores = checkpoint.scores(frozen)
-    for old in checkpoint.list_checkpoints(run_dir):
-        for suffix in (".json", ".sha256", ""):
-            Path(f"{old}{suffix}").unlink(missing_ok=True)
-    payload.pop("format", None)
-    payload["metrics_rows"] = len(_whole_lines(RunDir(run_dir).metrics))
-    checkpoint.save(run_dir, payload, ck, scores)
-    return int(payload["step"])
-
-
-def _whole_lines(path: Path) -> list[str]:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    return [line for line in text.splitlines(keepends=True) if line.endswith("\n")]

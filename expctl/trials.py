@@ -39,6 +39,7 @@ from expctl.errors import (
     RunError,
     UserError,
 )
+from expctl.exploit import continue_as_copy
 from expctl.layout import RunDir, SweepDir
 from expctl.pool import Pool, Proc
 from expctl.provenance import Launch
@@ -46,7 +47,6 @@ from expctl.study import (
     SHARE_ENV,
     TrialRef,
     attrs_of,
-    continue_as_copy,
     failure_text,
     finish,
     is_open,

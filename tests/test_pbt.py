@@ -14,7 +14,7 @@ import pytest
 from conftest import cli_env
 from conftest import expctl as run_cli
 
-from expctl import compose, pbt, study
+from expctl import compose, exploit, pbt
 from expctl.config import PBTConfig
 from expctl.errors import UserError
 
@@ -116,7 +116,7 @@ def test_a_timeline_follows_each_copy_to_the_donor_as_it_was_then() -> None:
         (["optim.name"], [], "cannot mutate optim.name"),
         (["optim.lr"], ["sched.name=cosine"], "sched=cosine sets too"),
         (["optim.lr"], ["sweep.pruner=asha"], "sweep.pruner=asha"),
-        (["optim.lr"], ["launcher=slurm"], "on this machine"),
+        (["optim.lr"], ["launcher=slurm", "launcher.nodes=2"], "runs each trial as one task"),
         (["optim.lr"], ["sweep.pbt.quantile=0.75"], "must not overlap"),
         ([], [], "needs a search space"),
     ],
@@ -167,8 +167,8 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
     rows_b = (b / "metrics.jsonl").read_text()
     frozen = pbt.freeze(a, b)
     assert frozen is not None and frozen.name == "from_a_step_000000032.pt"
-    assert study.transplant(b, frozen, CheckpointConfig()) == 32 and frozen.exists()
-    step = study.transplant(b, frozen, CheckpointConfig())  # a copy cut short, done again
+    assert exploit.transplant(b, frozen, CheckpointConfig()) == 32 and frozen.exists()
+    step = exploit.transplant(b, frozen, CheckpointConfig())  # a copy cut short, done again
     assert step == 32 and [p.name for p in checkpoint.list_checkpoints(b)] == ["step_000000032.pt"]
     mine, theirs = (
         checkpoint.load(b / "checkpoints" / "step_000000032.pt"),
@@ -193,7 +193,7 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
     )
     (b / "config.yaml").write_text(config.to_yaml(dataclasses.replace(frozen_cfg, train=train)))
     go_on = run_cli("run", "-C", str(b / "config.yaml"), f"run.dir={b}", cwd=tiny.parent)
-    assert "resumed from" in go_on.stdout and "step 32, epoch 2" in go_on.stdout
+    assert "resumed from" in go_on.stdout and "(step 32, end of epoch 2" in go_on.stdout
     lrs = [json.loads(x).get("lr") for x in (b / "metrics.jsonl").read_text().splitlines()]
     assert lrs[: len(rows_b.splitlines())] == [json.loads(x).get("lr") for x in rows_b.splitlines()]
     assert [lr for lr in lrs[len(rows_b.splitlines()) :] if lr is not None] == [0.02] * 4
