@@ -147,6 +147,15 @@ def trial_params(ref: TrialRef) -> dict[str, Any]:
     return dict(storage.get_trial(ref.trial_id(storage)).params)
 
 
+def _current_params(run_dir: Path) -> dict[str, Any] | None:
+    """A PBT trial's searched values now: its last copy's, else those it was drawn with."""
+    ref = TrialRef.read(run_dir)
+    if ref is None:
+        return None
+    lineage = attrs_of(ref).get("lineage") or []
+    return dict(lineage[-1]["params"]) if lineage else pbt.typed(trial_params(ref))
+
+
 def is_open(ref: TrialRef, s: SweepConfig) -> bool:
     """Whether the study has not yet recorded how the trial ended (False when the sweep's
     journal is gone, or has no such trial)."""
@@ -284,7 +293,13 @@ class TrialHooks(Hooks):
         frozen = pbt.freeze(SweepDir(self.ref.sweep_dir).trial(donor).path, self._run_dir)
         if frozen is None:  # the donor has no checkpoint yet
             return False
-        decision = {"from_trial": donor, "checkpoint": str(frozen), "time": time.time()}
+        decision = {
+            "from_trial": donor,
+            "checkpoint": str(frozen),
+            "time": time.time(),
+            # what explore perturbs (Ray Tune's PBT): the donor's values, as they made its weights
+            "params": _current_params(SweepDir(self.ref.sweep_dir).trial(donor).path),
+        }
         mark(self.ref, "copying", pbt_next=decision)
         log.info(
             "pbt: %s=%.4g is in the bottom %g of %d trials at %s %d: continuing from trial %d",

@@ -73,7 +73,7 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
     s = base.sweep
     plain, dims = parse_space(overrides, s.params, s.seed, options)
     check_values(dims)
-    points = grid(dims) if gridded(s) else []
+    points = grid(dims) if gridded(s, dims) else []
     if s.n_trials:
         points = points[: s.n_trials]
     heads = points or [{d.key: d.values[0] for d in dims if d.values}]
@@ -86,9 +86,12 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
     return Plan(base, plain, dims, points)
 
 
-def gridded(s: SweepConfig) -> bool:
-    """Whether the sweep's trials are the grid's points (PBT draws its population at random)."""
-    return s.sampler == "grid" and s.scheduler != "pbt"
+def gridded(s: SweepConfig, dims: Sequence[Dimension]) -> bool:
+    """Whether the sweep's trials are the grid's points: a grid sampler's, also PBT's population
+    when every searched key is a list (as written); with an interval, PBT draws it at random."""
+    if s.scheduler == "pbt":
+        return s.sampler == "grid" and all(d.values is not None for d in dims)
+    return s.sampler == "grid"
 
 
 _COMPOSED: dict[tuple[str | None, tuple[str, ...]], Config] = {}
@@ -182,7 +185,7 @@ def multirun(
         "dims": [vars(d) for d in dims],
         "points": points,
         "repeat": repeat,
-        "n_trials": len(points) if gridded(s) else s.n_trials or DEFAULT_TRIALS,
+        "n_trials": len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS,
         "created": time.time(),
     }
     try:
@@ -349,7 +352,7 @@ def _best_line(top: Best) -> str:
     if top.std is None:
         r = top.trials[0]
         parts = [f"best trial {r.number}: {top.metric}={top.value:.4g}"]
-        parts += [f"{k}={results[0][k]:.4g}" for k in keys] + [f"({r.overrides})"]
+        parts += [f"{k}={results[0][k]:.4g}" for k in keys] + [f"({r.overrides}{_copies(r)})"]
     else:
         numbers = ", ".join(str(r.number) for r in top.trials)
         parts = [
@@ -359,6 +362,21 @@ def _best_line(top: Best) -> str:
         parts += [f"{k}={_spread([float(x[k]) for x in results])}" for k in keys]
         parts += [f"({top.label})"]
     return "  ".join(parts) + f"\n  its config: {top.path}  (expctl run -C {top.path})"
+
+
+def _copies(r: ledger.Row) -> str:
+    """A PBT trial's copies in brief: its values changed on the way (best.yml replays them)."""
+    if not r.lineage:
+        return ""
+    last = r.lineage[-1]
+    values = " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last["params"].items()
+    )
+    n = len(r.lineage)
+    return (
+        f"; then {n} PBT cop{'y' if n == 1 else 'ies'}, the last of trial {last['from_trial']} "
+        f"at step {last['step']} with {values}"
+    )
 
 
 def _spread(values: list[float]) -> str:

@@ -248,6 +248,7 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
         "sweep.n_trials=4",
         "sweep.max_concurrent=4",
         "sweep.pbt.quantile=0.5",
+        "sweep.pbt.resample_probability=0",
         "sweep.seed=1",
         "optim.lr=tag(log, interval(0.001, 0.1))",
         cwd=tmp_path,
@@ -258,11 +259,22 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
     trials = table["trials"]
     assert len(trials) == 4 and all(t["status"] == "completed" for t in trials)
     copies = [(t["trial"], e) for t in trials for e in t["lineage"]]
+    by = {t["trial"]: t for t in trials}
     assert copies, "with half the population in the bottom quantile, someone copied"
     for n, e in copies:
         assert set(e) == {"step", "from_trial", "params", "time", "row"} and e["from_trial"] != n
         assert isinstance(e["row"], int) and e["row"] >= 0, "the metrics row where the copy began"
         assert 0.001 <= e["params"]["optim.lr"] <= 0.1
+        # explored from the donor's value then (Ray Tune's PBT), not from its own
+        donor = by[e["from_trial"]]
+        values = [float(donor["params"]["optim.lr"])]
+        values += [x["params"]["optim.lr"] for x in donor["lineage"] if x["time"] < e["time"]]
+        lr = e["params"]["optim.lr"]
+        assert any(
+            lr == pytest.approx(min(0.1, max(0.001, v * f)))
+            for v in values[-2:]  # its copy in flight: the values before it, or after
+            for f in (0.8, 1.2)
+        ), (lr, values)
         assert (
             f"continuing from trial {e['from_trial']}'s checkpoint of step {e['step']}"
             in (sweep / f"trial_{n:03d}" / "output.log").read_text()
@@ -276,3 +288,17 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
     result = json.loads((tmp_path / "replay" / "result.json").read_text())
     expected = json.loads((Path(top["run_dir"]) / "result.json").read_text())["val/loss"]
     assert result["val/loss"] == expected, f"{result['val/loss']} != {expected}: {replay.stdout}"
+
+
+@pytest.mark.parametrize(
+    ("space", "points"),
+    [
+        (["optim.lr=0.001,0.01,0.1"], [{"optim.lr": v} for v in ("0.001", "0.01", "0.1")]),
+        (["optim.lr=tag(log, interval(0.001, 0.1))"], []),  # drawn: sweep.n_trials of them
+    ],
+)
+def test_a_population_of_lists_is_the_grid_as_written(space: list[str], points: list) -> None:
+    from expctl import sweep
+
+    plan = sweep.plan(None, ["data=synthetic", "sched=none", "sweep.scheduler=pbt", *space], [])
+    assert plan.points == points
