@@ -132,8 +132,9 @@ data: {name: arrays, train: quadratic.npz, task: regression, standardize: false,
 optim: {name: sgd, lr: 0.05}
 sched: {name: null}
 loss: {name: mse}
-train: {max_epochs: 16, log_every: 32}
+train: {max_epochs: 16, log_every: 32, step: slow}
 sweep: {metric: val/loss, mode: min}
+imports: [faulty]
 """
 
 
@@ -141,10 +142,13 @@ def pbt(a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         quadratic(cwd)
+        # each step sleeps step_s (tests/plugins/faulty.py `slow`): an epoch outlasts a copy's
+        # restart, as in any real run (without it a 512-step trial takes as long as one copy)
         (cwd / "toy.yml").write_text(PBT_TOY)
+        slow = {"SLOW_STEP_S": str(a.step_s)}
         lrs = [round(0.00125 * 2**i, 5) for i in range(9)]  # 0.00125 .. 0.32
         fixed_wall, fixed_out = sweep(
-            cwd, ["-C", "toy.yml", "-m", f"optim.lr={','.join(map(str, lrs))}"]
+            cwd, ["-C", "toy.yml", "-m", f"optim.lr={','.join(map(str, lrs))}"], slow
         )
         fixed = _values(fixed_out)
         pbt_wall, pbt_out = sweep(
@@ -159,6 +163,7 @@ def pbt(a: argparse.Namespace) -> dict[str, Any]:
                 f"sweep.seed={a.seed}",
                 "optim.lr=tag(log, interval(0.001, 0.32))",
             ],
+            slow,
         )
         population = _values(pbt_out)
         copies = len(
@@ -296,6 +301,7 @@ def main() -> None:
     b = sub.add_parser("pbt")
     b.add_argument("--population", type=int, default=4)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--step-s", type=float, default=0.02, help="seconds each step sleeps")
     g = sub.add_parser("gpu")
     g.add_argument("--trials", type=int, default=16)
     g.add_argument("--workload", choices=sorted(WORKLOADS), default="fashion_cnn")

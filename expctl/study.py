@@ -119,19 +119,18 @@ def mark(ref: TrialRef, status: str, **attrs: Any) -> None:
         storage.set_trial_user_attr(trial_id, k, v)
 
 
-def population(sweep_dir: Path, s: SweepConfig, budget: str) -> dict[int, float]:
-    """PBT's population at a budget point: the score there of each running trial that reached it
-    (by its directory's number): trials are compared at equal training, not as far as each got."""
+def population(sweep_dir: Path, s: SweepConfig) -> dict[int, dict[str, float]]:
+    """PBT's population: each running trial's score at each budget point it reached (by its
+    directory's number)."""
     latest: dict[int, Any] = {}
     for t in open_study(sweep_dir, s).get_trials(deepcopy=False):
         number = SweepDir.number_of(t.user_attrs.get("run_dir", ""))
         if number is not None:
             latest[number] = t
     return {
-        n: float(t.user_attrs["pbt_scores"][budget])
+        n: {b: float(v) for b, v in (t.user_attrs.get("pbt_scores") or {}).items()}
         for n, t in latest.items()
         if t.user_attrs.get("status") == "running"
-        and budget in (t.user_attrs.get("pbt_scores") or {})
     }
 
 
@@ -241,6 +240,7 @@ class TrialHooks(Hooks):
         self._trial_id = -1
         self._run_dir = Path()
         self._scores: dict[str, float] = {}  # PBT: this trial's score at each budget point
+        self._judged = -1  # PBT: the budget point this trial was last compared at
         self._copies = False  # PBT: the run stops to continue from another trial's checkpoint
 
     def on_start(self, run_dir: Path) -> None:
@@ -248,7 +248,9 @@ class TrialHooks(Hooks):
         if self.is_main:
             mark(self.ref, "running", started=time.time())
             if self.s.scheduler == "pbt":  # a copy goes on: its scores so far stay its own
-                self._scores = dict(attrs_of(self.ref).get("pbt_scores") or {})
+                attrs = attrs_of(self.ref)
+                self._scores = dict(attrs.get("pbt_scores") or {})
+                self._judged = int(attrs.get("pbt_judged", -1))
 
     def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
         """Report the metric to the study (every trial: `sweep plot` draws it), then ask the
@@ -278,14 +280,31 @@ class TrialHooks(Hooks):
     def _pbt(self, value: float, epoch: int, budget: int) -> bool:
         """Population Based Training: record the score at this budget point; every
         `pbt.interval` epochs (not at the last), stop to continue from a better trial's
-        checkpoint when this one is in the bottom quantile of the running trials scored there."""
+        checkpoint when this one is in the bottom quantile of the running trials scored at the
+        newest budget point it shares with another (trials compare at equal training; a trial
+        ahead of the others is compared where they have caught up, not never)."""
         self._scores[str(budget)] = value
-        mark(self.ref, "running", pbt_scores=self._scores)
         me = SweepDir.number_of(self._run_dir)
         last = self.last_epoch is not None and epoch >= self.last_epoch
         if epoch % self.s.pbt.interval or last or me is None:
+            mark(self.ref, "running", pbt_scores=self._scores)
             return False
-        scores = population(Path(self.ref.sweep_dir), self.s, str(budget))
+        others = population(Path(self.ref.sweep_dir), self.s)
+        others.pop(me, None)
+        shared = [
+            b
+            for b in self._scores
+            if int(b) > self._judged and any(b in scores for scores in others.values())
+        ]
+        if not shared:
+            mark(self.ref, "running", pbt_scores=self._scores)
+            return False
+        at = max(shared, key=int)
+        self._judged = int(at)
+        mark(self.ref, "running", pbt_scores=self._scores, pbt_judged=self._judged)
+        scores = {n: s[at] for n, s in others.items() if at in s}
+        scores[me] = value = self._scores[at]
+        budget = int(at)
         rng = pbt.rng_for(self.s.seed, me, budget)
         donor = pbt.decide(me, scores, self.s.pbt.quantile, self.s.mode, rng)
         if donor is None:

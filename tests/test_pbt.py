@@ -302,3 +302,31 @@ def test_a_population_of_lists_is_the_grid_as_written(space: list[str], points: 
 
     plan = sweep.plan(None, ["data=synthetic", "sched=none", "sweep.scheduler=pbt", *space], [])
     assert plan.points == points
+
+
+@pytest.mark.slow
+def test_a_trial_ahead_of_the_others_is_compared_where_they_caught_up(tiny: Path) -> None:
+    """The poor learning rate trains at twice the speed of the good one (the good one sleeps
+    longer per step): it reaches every epoch first, alone there. It is still compared, at the
+    newest epoch the other has reached, and continues as a copy of the better trial (it was
+    never compared at all when only trials at its own epoch counted)."""
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "-m",
+        "imports=[faulty]",
+        "train.step=slow",
+        "train.max_epochs=4",
+        "sweep.scheduler=pbt",
+        "sweep.pbt.quantile=0.5",
+        "sweep.pbt.resample_probability=0",
+        "optim.lr=0.0001,0.1",
+        cwd=tiny.parent,
+        env=cli_env(SLOW_STEP_S="0.03", SLOW_LR_ABOVE="0.01"),
+    )
+    sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    table = json.loads(run_cli("sweep", "table", "--json", str(sweep), cwd=tiny.parent).stdout)
+    slow_good, fast_poor = (next(t for t in table["trials"] if t["trial"] == n) for n in (1, 0))
+    assert [e["from_trial"] for e in fast_poor["lineage"]][:1] == [1], table["trials"]
+    assert slow_good["lineage"] == [], "the better trial never copies"

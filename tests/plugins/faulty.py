@@ -44,15 +44,17 @@ def tiny_custom(input_shape: tuple[int, ...] = (20,), num_classes: int = 4, widt
 @register("steps", "slow")
 class Slow(Supervised):
     """Supervised, sleeping $SLOW_STEP_S (default 0.05 s) per step: time to signal a running job;
-    twice as long while the learning rate is below $SLOW_LR_BELOW (a trial that falls behind
-    the others of a sweep)."""
+    twice as long while the learning rate is below $SLOW_LR_BELOW or above $SLOW_LR_ABOVE (a
+    trial that falls behind the others of a sweep)."""
 
     def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
         import time
 
         delay = float(os.environ.get("SLOW_STEP_S", "0.05"))
         lr = next(iter(ctx.optimizers.values())).param_groups[0]["lr"]
-        if lr < float(os.environ.get("SLOW_LR_BELOW", "0")):
+        if lr < float(os.environ.get("SLOW_LR_BELOW", "0")) or lr > float(
+            os.environ.get("SLOW_LR_ABOVE", "inf")
+        ):
             delay *= 2
         time.sleep(delay)
         return super().train_step(ctx, batch)
