@@ -316,6 +316,10 @@ CORPUS: list[tuple[list[str], str]] = [
         ],
         "must not overlap",
     ),
+    (  # a probability over 1 was taken as "always"
+        ["run", "-m", "sched=none", "sweep.scheduler=pbt", "sweep.pbt.resample_probability=2"],
+        "sweep.pbt.resample_probability: 2.0 is above the maximum 1",
+    ),
     (
         [
             "run",
