@@ -408,6 +408,29 @@ def _repair_journal(journal: Path) -> None:
         log.warning("%s: dropped an incomplete last record (a crash while writing it)", journal)
 
 
+def _finish_cut_copies(path: Path) -> None:
+    """PBT trials that died while becoming a copy of a better one (its decision recorded, the
+    copy not): finish the copy here, as a requeued Slurm job does, so each resumes as what its
+    checkpoint may already be (the donor's state) with its explored values and lineage, not as
+    its old self."""
+    from expctl.exploit import continue_as_copy  # torch: checkpoints
+    from expctl.study import attrs_of, mark
+
+    for r in ledger.rows(path):
+        ref = TrialRef.read(r.run_dir) if r.status in ledger.UNFINISHED else None
+        if ref is None or not attrs_of(ref).get("pbt_next"):
+            continue
+        mark(ref, "copying")  # (a crashed copy was marked failed)
+        cfg = config_mod.load(r.run_dir).replace("run", dir=r.run_dir)
+        try:
+            continue_as_copy(cfg)
+        except (OSError, ValueError) as e:  # the donor's frozen state is gone or damaged
+            mark(ref, r.status, pbt_next=None)
+            log.warning(
+                "trial %d: its PBT copy cannot be finished (%s): it resumes as it was", r.number, e
+            )
+
+
 def resume(sweep_dir: str | Path) -> Outcome:
     """Re-run the trials that failed or were lost (in their own directories, resuming their
     checkpoints), and the ones the sweep never got to."""
@@ -428,6 +451,8 @@ def resume(sweep_dir: str | Path) -> Outcome:
         if frozen
         else compose.compose(spec["config_file"], spec["plain"])
     )
+    if base.sweep.scheduler == "pbt":
+        _finish_cut_copies(path)
     study = ledger.read_study(path, base.sweep, to_write=True)
     todo: list[Slot] = []
     for r in ledger.rows(path):
