@@ -348,6 +348,10 @@ CORPUS: list[tuple[list[str], str]] = [
         ["run", "sched=none", "train.hparam_schedule=[{step: 0, optim: {lrr: 0.1}}]"],
         "Did you mean 'lr'",
     ),
+    (  # the optimizer refuses it when built; from the schedule it trained on to exit 0
+        ["run", "sched=none", "train.hparam_schedule=[{step: 3, optim: {lr: -1}}]"],
+        "train.hparam_schedule[0].optim 'sgd' rejected its arguments",
+    ),
     (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
     (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),
     (["run", "-m", "optim.lr=range(0,inf,0.1)"], "range() needs finite numbers"),
