@@ -33,7 +33,7 @@ from expctl.errors import UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
 from expctl.provenance import Launch
-from expctl.space import Dimension, check_values, grid, parse_space
+from expctl.space import MAX_VALUES, Dimension, check_values, grid, parse_space
 from expctl.study import TrialRef, open_study
 
 log = logging.getLogger("expctl")
@@ -162,7 +162,8 @@ def multirun(
     space = plan(config_file, overrides, notes)  # every point is valid before anything exists
     base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
-    repeat = repeat or s.repeat
+    repeat = s.repeat if repeat is None else repeat
+    _check_size(len(points) if gridded(s) else s.n_trials or DEFAULT_TRIALS, repeat)
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
     if base.launcher.name != "slurm":  # a share this machine cannot give: before anything exists
@@ -205,6 +206,19 @@ def multirun(
         flush=True,
     )
     return run_trials(sweep_dir, base, origin=origin, planned=planned)
+
+
+def _check_size(configurations: int, repeat: int) -> None:
+    """Before anything exists: a sweep's trials are listed up front (a typo such as
+    sweep.n_trials=1e20 filled the memory of the machine)."""
+    if repeat < 1:
+        raise UserError(f"--repeat {repeat}: each configuration runs once at least", "--repeat 1")
+    if configurations * repeat > MAX_VALUES:
+        raise UserError(
+            f"the sweep would run {configurations:,} configuration(s) x {repeat:,} seed(s), more "
+            f"than {MAX_VALUES:,} trials",
+            "sweep fewer values, or lower sweep.n_trials / --repeat",
+        )
 
 
 def _digest(config_file: str | None) -> str | None:

@@ -316,6 +316,15 @@ CORPUS: list[tuple[list[str], str]] = [
         ],
         "must not overlap",
     ),
+    (["run", "-m", "--repeat", "0", "optim.lr=0.1"], "--repeat 0: each configuration runs once"),
+    (  # a list of 1e20 trials filled the memory
+        ["run", "-m", "--repeat", "99999999999999999999", "optim.lr=0.1"],
+        "1 configuration(s) x 99,999,999,999,999,999,999 seed(s), more than 100,000 trials",
+    ),
+    (
+        ["run", "-m", "sweep.sampler=random", "sweep.n_trials=99999999999", "optim.lr=choice(1,2)"],
+        "more than 100,000 trials",
+    ),
     (  # a probability over 1 was taken as "always"
         ["run", "-m", "sched=none", "sweep.scheduler=pbt", "sweep.pbt.resample_probability=2"],
         "sweep.pbt.resample_probability: 2.0 is above the maximum 1",
