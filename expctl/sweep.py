@@ -163,7 +163,7 @@ def multirun(
     base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
     repeat = s.repeat if repeat is None else repeat
-    _check_size(len(points) if gridded(s) else s.n_trials or DEFAULT_TRIALS, repeat)
+    _check_size(len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS, repeat)
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
     if base.launcher.name != "slurm":  # a share this machine cannot give: before anything exists
