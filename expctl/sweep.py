@@ -83,6 +83,10 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
             _compose(config_file, over, notes)
         elif over != first:  # sweep.params or a shuffle moved the first point
             base = _compose(config_file, over, notes)
+    for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get
+        for end in (d.low, d.high) if d.values is None else ():
+            value = round(end) if d.integer and end is not None else end
+            _compose(config_file, _overrides(plain, {**heads[0], d.key: value}), notes)
     return Plan(base, plain, dims, points)
 
 

@@ -316,6 +316,10 @@ CORPUS: list[tuple[list[str], str]] = [
         ],
         "must not overlap",
     ),
+    (  # a trial drew 2.74 after the sweep existed: exit 2 and a sweep directory left
+        ["run", "-m", "sched=none", "sweep.scheduler=pbt", "loss.label_smoothing=interval(0, 5)"],
+        "loss.label_smoothing=5.0: not between 0 and 1",
+    ),
     (["run", "-m", "--repeat", "0", "optim.lr=0.1"], "--repeat 0: each configuration runs once"),
     (  # a list of 1e20 trials filled the memory
         ["run", "-m", "--repeat", "99999999999999999999", "optim.lr=0.1"],
