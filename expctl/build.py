@@ -350,6 +350,11 @@ def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.opt
     opt: torch.optim.Optimizer = _make(
         "optim", cfg.optim.name, entry.factory, model.parameters(), **args
     )
+    probe = [torch.zeros(1, device=device, requires_grad=True)]
+    for i, later in enumerate(cfg.train.hparam_schedule):  # values it would reject mid-run
+        if later.get("optim"):
+            where = f"train.hparam_schedule[{i}].optim"
+            _make(where, cfg.optim.name, entry.factory, probe, **{**args, **later["optim"]})
     return opt
 
 

@@ -188,7 +188,7 @@ class PBTConfig:
 
     interval: int = _f(1, min=1)  # validations between exploit/explore rounds of a trial
     quantile: float = _f(0.25, min=0)  # bottom (and top) fraction of the population: (0, 0.5]
-    resample_probability: float = _f(0.25, min=0)  # explore: draw anew instead of perturbing
+    resample_probability: float = _f(0.25, min=0, max=1)  # explore: draw anew instead of perturbing
     factors: list[float] = _f([0.8, 1.2])  # explore: a float/int value times one of these
 
 

@@ -13,6 +13,7 @@ replaces the attempt it repeats), so the plots, `expctl sweep table` and the fol
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import warnings
@@ -23,8 +24,8 @@ from typing import Any
 
 from expctl import ledger
 from expctl.config import SweepConfig
-from expctl.errors import UserError
-from expctl.layout import SweepDir
+from expctl.errors import RunError, UserError
+from expctl.layout import SweepDir, write_atomically
 from expctl.ledger import Row
 from expctl.study import open_study
 
@@ -93,10 +94,23 @@ def plot(sweep_dir: str | Path) -> Plots:
         with plt.rc_context(), warnings.catch_warnings():  # Optuna sets its own style
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             fig = _figure(draw())
-            fig.savefig(SweepDir(path).plot(name), dpi=110, bbox_inches="tight")
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
             plt.close(fig)
-        out.written.append(SweepDir(path).plot(name))
+        out.written.append(_write(SweepDir(path).plot(name), png.getvalue(), path))
     return out
+
+
+def _write(target: Path, png: bytes, sweep: Path) -> Path:
+    """Write a plot whole or not at all (a full disk left a truncated image and a traceback)."""
+    try:
+        write_atomically(target, png)
+    except OSError as e:
+        raise RunError(
+            f"could not write {target} ({e.strerror or e}): free space in {sweep}, then run "
+            f"`expctl sweep plot {sweep}` again"
+        ) from None
+    return target
 
 
 _FIXED = "no swept parameter takes two values among the completed trials"

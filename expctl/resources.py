@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from expctl.errors import UserError
 
+MIN_SHARE = 0.001  # of a GPU per trial: a thousand trials per GPU
 EPS = 1e-9  # 1/0.1 is 10.000000000000002: a share that divides 1 packs exactly
 
 
@@ -115,6 +116,12 @@ def plan(
         raise UserError(
             f"sweep.gpus_per_trial={gpus:g}: a trial takes a fraction of one GPU or whole GPUs",
             f"use a fraction such as 0.5, or an integer: sweep.gpus_per_trial={math.ceil(gpus)}",
+        )
+    if 0 < gpus < MIN_SHARE:  # 1/gpus overflows for the tiniest: no GPU holds that many
+        raise UserError(
+            f"sweep.gpus_per_trial={gpus:g}: a trial takes at least {MIN_SHARE:g} of a GPU",
+            f"use sweep.gpus_per_trial={MIN_SHARE:g} or more (at most "
+            f"{round(1 / MIN_SHARE)} trials per GPU)",
         )
     if gpus and not machine.gpus:
         raise UserError(

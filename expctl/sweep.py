@@ -33,7 +33,7 @@ from expctl.errors import UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
 from expctl.provenance import Launch
-from expctl.space import Dimension, check_values, grid, parse_space
+from expctl.space import MAX_VALUES, Dimension, check_values, grid, parse_space
 from expctl.study import TrialRef, open_study
 
 log = logging.getLogger("expctl")
@@ -83,6 +83,10 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
             _compose(config_file, over, notes)
         elif over != first:  # sweep.params or a shuffle moved the first point
             base = _compose(config_file, over, notes)
+    for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get
+        for end in (d.low, d.high) if d.values is None else ():
+            value = round(end) if d.integer and end is not None else end
+            _compose(config_file, _overrides(plain, {**heads[0], d.key: value}), notes)
     return Plan(base, plain, dims, points)
 
 
@@ -162,7 +166,8 @@ def multirun(
     space = plan(config_file, overrides, notes)  # every point is valid before anything exists
     base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
-    repeat = repeat or s.repeat
+    repeat = s.repeat if repeat is None else repeat
+    _check_size(len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS, repeat)
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
     if base.launcher.name != "slurm":  # a share this machine cannot give: before anything exists
@@ -205,6 +210,19 @@ def multirun(
         flush=True,
     )
     return run_trials(sweep_dir, base, origin=origin, planned=planned)
+
+
+def _check_size(configurations: int, repeat: int) -> None:
+    """Before anything exists: a sweep's trials are listed up front (a typo such as
+    sweep.n_trials=1e20 filled the memory of the machine)."""
+    if repeat < 1:
+        raise UserError(f"--repeat {repeat}: each configuration runs once at least", "--repeat 1")
+    if configurations * repeat > MAX_VALUES:
+        raise UserError(
+            f"the sweep would run {configurations:,} configuration(s) x {repeat:,} seed(s), more "
+            f"than {MAX_VALUES:,} trials",
+            "sweep fewer values, or lower sweep.n_trials / --repeat",
+        )
 
 
 def _digest(config_file: str | None) -> str | None:
@@ -408,6 +426,29 @@ def _repair_journal(journal: Path) -> None:
         log.warning("%s: dropped an incomplete last record (a crash while writing it)", journal)
 
 
+def _finish_cut_copies(path: Path) -> None:
+    """PBT trials that died while becoming a copy of a better one (its decision recorded, the
+    copy not): finish the copy here, as a requeued Slurm job does, so each resumes as what its
+    checkpoint may already be (the donor's state) with its explored values and lineage, not as
+    its old self."""
+    from expctl.exploit import continue_as_copy  # torch: checkpoints
+    from expctl.study import attrs_of, mark
+
+    for r in ledger.rows(path):
+        ref = TrialRef.read(r.run_dir) if r.status in ledger.UNFINISHED else None
+        if ref is None or not attrs_of(ref).get("pbt_next"):
+            continue
+        mark(ref, "copying")  # (a crashed copy was marked failed)
+        cfg = config_mod.load(r.run_dir).replace("run", dir=r.run_dir)
+        try:
+            continue_as_copy(cfg)
+        except (OSError, ValueError) as e:  # the donor's frozen state is gone or damaged
+            mark(ref, r.status, pbt_next=None)
+            log.warning(
+                "trial %d: its PBT copy cannot be finished (%s): it resumes as it was", r.number, e
+            )
+
+
 def resume(sweep_dir: str | Path) -> Outcome:
     """Re-run the trials that failed or were lost (in their own directories, resuming their
     checkpoints), and the ones the sweep never got to."""
@@ -428,6 +469,8 @@ def resume(sweep_dir: str | Path) -> Outcome:
         if frozen
         else compose.compose(spec["config_file"], spec["plain"])
     )
+    if base.sweep.scheduler == "pbt":
+        _finish_cut_copies(path)
     study = ledger.read_study(path, base.sweep, to_write=True)
     todo: list[Slot] = []
     for r in ledger.rows(path):

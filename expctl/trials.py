@@ -55,6 +55,7 @@ from expctl.study import (
 
 log = logging.getLogger("expctl")
 
+HEADER = "expctl: sweep trial"  # the first line of a trial's output.log (its share)
 STOP = signal.SIGTERM  # a trial's stop: inline and local runs checkpoint and end (exit 3)
 
 
@@ -260,13 +261,22 @@ def _result_text(r: Running, s: SweepConfig) -> str:
 
 
 def _last_error(output: Path, code: int) -> str:
-    """The error line a failed trial printed last (its exit code when it printed none)."""
+    """The error line a failed trial printed last (its exit code when it printed none); a trial
+    killed by a signal printed nothing about it: its last line is not why it ended."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (" (out of memory?)" if code == -signal.SIGKILL else "")
     try:
         lines = output.read_text(errors="replace").splitlines()
     except OSError:
         lines = []
     for line in reversed(lines):
         text = line.strip()
+        if text.startswith(HEADER):  # the driver's line, not the trial's
+            continue
         if text.startswith("expctl: error: ") or (text and not text.startswith(("HINT", "File"))):
             return text.removeprefix("expctl: error: ")[:300]
     return f"exit code {code}"
@@ -331,7 +341,7 @@ def trial_main(argv: Sequence[str]) -> int:
 
     request = json.loads(argv[0])
     process_is_the_run()
-    print(f"expctl: sweep trial {request['where']}".rstrip(), flush=True)
+    print(f"{HEADER} {request['where']}".rstrip(), flush=True)
     try:
         from expctl import launch
 

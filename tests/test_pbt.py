@@ -330,3 +330,41 @@ def test_a_trial_ahead_of_the_others_is_compared_where_they_caught_up(tiny: Path
     slow_good, fast_poor = (next(t for t in table["trials"] if t["trial"] == n) for n in (1, 0))
     assert [e["from_trial"] for e in fast_poor["lineage"]][:1] == [1], table["trials"]
     assert slow_good["lineage"] == [], "the better trial never copies"
+
+
+def test_a_copy_cut_short_by_a_killed_driver_is_finished_by_resume(tmp_path: Path) -> None:
+    """The driver dies (SIGKILL) once a trial has made the donor's checkpoint its own but before
+    the copy is recorded: `sweep resume` finishes the copy (explored values, lineage, the frozen
+    state gone) instead of resuming the donor's weights under the trial's old values."""
+    from expctl import ledger
+
+    (tmp_path / "toy.yml").write_text(TOY)
+    args = ["sweep.scheduler=pbt", "sweep.n_trials=4", "sweep.max_concurrent=4"]
+    killed = run_cli(
+        "run",
+        "-C",
+        "toy.yml",
+        "-m",
+        *args,
+        "sweep.pbt.quantile=0.5",
+        "sweep.seed=1",
+        "optim.lr=tag(log, interval(0.001, 0.1))",
+        "imports=[faulty]",
+        "train.step=kill_driver_after_transplant",
+        cwd=tmp_path,
+        env=cli_env(KILL_AFTER_TRANSPLANT="1"),
+        check=False,
+    )
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    sweep = Path(re.search(r"sweep directory (\S+)", killed.stdout).group(1))  # type: ignore[union-attr]
+    cut = [p for p in sweep.glob("trial_*") if list(p.glob("pbt/*.pt"))]
+    assert cut, "a trial was copying"  # (another may have been deciding to, at that moment)
+    run_cli("sweep", "resume", str(sweep), cwd=tmp_path)
+    rows = {Path(r.run_dir).name: r for r in ledger.rows(sweep)}
+    assert all(r.status == "completed" for r in rows.values())
+    for trial in cut:
+        lineage = rows[trial.name].lineage
+        assert lineage and not list(trial.glob("pbt/*.pt")), (trial.name, lineage)
+        (entry,) = compose.compose(str(trial / "config.yaml"), []).train.hparam_schedule
+        last = lineage[-1]
+        assert entry == {"step": last["step"], "optim": {"lr": last["params"]["optim.lr"]}}

@@ -100,6 +100,8 @@ def test_gpus_visible_to_the_driver_are_named_as_cuda_visible_devices_names_them
         (1, None, 8, 0, "no GPU visible"),
         (8, None, 8, 4, "sweep.gpus_per_trial=4 or fewer"),
         (None, 16, 8, 0, "sweep.cpus_per_trial=8 or fewer"),
+        (1e-320, None, 8, 1, "sweep.gpus_per_trial=0.001 or more"),  # was an OverflowError
+        (1e-300, None, 8, 1, "sweep.gpus_per_trial=0.001 or more"),  # "up to 1e300 per GPU"
     ],
 )
 def test_shares_the_machine_cannot_give_are_user_errors(

@@ -188,6 +188,28 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
     assert proc.returncode == 1 and "1 of 2 trial(s) failed" in proc.stderr
 
 
+def test_a_trial_killed_by_a_signal_says_so(tiny: Path) -> None:
+    """A trial SIGKILLed mid-run (the kernel's out-of-memory killer, a `kill -9`) printed no
+    error: the ledger says which signal ended it, not the last line of its output (the driver's
+    header line, `sweep trial (cores 0)`)."""
+    proc = run_cli(
+        "run",
+        "-C",
+        str(tiny),
+        "-m",
+        "optim.lr=0.1",
+        "imports=[faulty]",
+        "train.step=kill_at_step",
+        cwd=tiny.parent,
+        env=cli_env(KILL_AT_STEP="3"),
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    (row,) = ledger.rows(sweep_dir_of(proc.stdout))
+    assert row.status == "failed" and "killed by SIGKILL" in row.error, row.error
+    assert re.search(r"trial 0 failed in [0-9.]+ s: killed by SIGKILL", proc.stdout), proc.stdout
+
+
 def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -316,6 +316,23 @@ CORPUS: list[tuple[list[str], str]] = [
         ],
         "must not overlap",
     ),
+    (  # a trial drew 2.74 after the sweep existed: exit 2 and a sweep directory left
+        ["run", "-m", "sched=none", "sweep.scheduler=pbt", "loss.label_smoothing=interval(0, 5)"],
+        "loss.label_smoothing=5.0: not between 0 and 1",
+    ),
+    (["run", "-m", "--repeat", "0", "optim.lr=0.1"], "--repeat 0: each configuration runs once"),
+    (  # a list of 1e20 trials filled the memory
+        ["run", "-m", "--repeat", "99999999999999999999", "optim.lr=0.1"],
+        "1 configuration(s) x 99,999,999,999,999,999,999 seed(s), more than 100,000 trials",
+    ),
+    (
+        ["run", "-m", "sweep.sampler=random", "sweep.n_trials=99999999999", "optim.lr=choice(1,2)"],
+        "more than 100,000 trials",
+    ),
+    (  # a probability over 1 was taken as "always"
+        ["run", "-m", "sched=none", "sweep.scheduler=pbt", "sweep.pbt.resample_probability=2"],
+        "sweep.pbt.resample_probability: 2.0 is above the maximum 1",
+    ),
     (
         [
             "run",
@@ -343,6 +360,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (
         ["run", "sched=none", "train.hparam_schedule=[{step: 0, optim: {lrr: 0.1}}]"],
         "Did you mean 'lr'",
+    ),
+    (  # the optimizer refuses it when built; from the schedule it trained on to exit 0
+        ["run", "sched=none", "train.hparam_schedule=[{step: 3, optim: {lr: -1}}]"],
+        "train.hparam_schedule[0].optim 'sgd' rejected its arguments",
     ),
     (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
     (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),

@@ -113,6 +113,13 @@ def test_sweep_best_on_a_full_disk_is_one_line_and_leaves_no_partial_best_yml(
             )
             assert best.read_bytes() == kept if previous else not best.exists()
             assert not list(sweep.glob(".*tmp*")), "no temporary file left"
+        assert cli.main(["sweep", "plot", str(sweep)]) == 1  # was a traceback from PIL
+        plot = sweep / "plot_intermediate_values.png"
+        assert capsys.readouterr().err == (
+            f"expctl: error: could not write {plot} (No space left on device): free space in "
+            f"{sweep}, then run `expctl sweep plot {sweep}` again\n"
+        )
+        assert not list(sweep.glob("plot_*")) and not list(sweep.glob(".*tmp*"))
 
 
 @pytest.mark.parametrize("where", [".", "metrics.jsonl", "tb/events.out", "eval/val.json"])

@@ -9,6 +9,31 @@ from expctl import register
 from expctl.steps import Supervised
 
 
+@register("steps", "kill_driver_after_transplant")
+class KillDriverAfterTransplant(Supervised):
+    """Supervised, but a local PBT trial that becomes a copy of a better one SIGKILLs its sweep's
+    driver (the zygote's parent) once the donor's checkpoint is its own, before the copy is
+    recorded: a copy cut short. Only with $KILL_AFTER_TRANSPLANT set."""
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        from expctl import exploit
+
+        real = exploit.transplant
+        if os.environ.get("KILL_AFTER_TRANSPLANT") and not getattr(real, "_kills", False):
+
+            def transplant(run_dir, frozen, ck):  # type: ignore[no-untyped-def]
+                step = real(run_dir, frozen, ck)
+                with open(f"/proc/{os.getppid()}/stat") as f:  # the zygote's parent: the driver
+                    driver = int(f.read().rsplit(")", 1)[1].split()[1])
+                os.kill(driver, signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+                return step
+
+            transplant._kills = True  # type: ignore[attr-defined]
+            exploit.transplant = transplant
+        return super().train_step(ctx, batch)
+
+
 @register("steps", "kill_at_step")
 class KillAtStep(Supervised):
     """Supervised, but SIGKILLs this process at its micro-batch $KILL_AT_STEP (counted over the
