@@ -265,8 +265,10 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
         if not isinstance(m, nn.Module):
-            raise TypeError(
-                f"model factory '{cfg.model.name}' returned {type(m).__name__} for '{name}', not nn.Module"
+            raise UserError(
+                f"model={cfg.model.name}: the model factory returned {type(m).__name__} for "
+                f"'{name}', not a torch.nn.Module",
+                "a model factory returns its nn.Module (or {name: nn.Module} for several models)",
             )
         _check_image_size(cfg.model.name, m, info.input_shape)
     return models, args

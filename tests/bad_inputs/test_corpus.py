@@ -224,6 +224,8 @@ CORPUS: list[tuple[list[str], str]] = [
         "huge.csv, column 'a', holds values beyond float32's range",
     ),
     (["run", "imports=[corpus_bad_dataset]", "data=pair"], "returned tuple, not expctl.Splits"),
+    # the README's model example as written (its body `...`): a factory that returns None
+    (["run", "imports=[corpus_bad_dataset]", "model=nothing"], "returned NoneType for 'model'"),
     # issue 16: reading a sweep (`swept`: a sweep whose 2 trials have not started)
     (["sweep", "table", "swept", "--filter", "status=complete"], "Did you mean 'completed'?"),
     (["sweep", "table", "swept", "--filter", "stauts=failed"], "Did you mean 'status'?"),
@@ -396,7 +398,7 @@ CORPUS: list[tuple[list[str], str]] = [
     # ... and files, met once the run directory exists: it is removed
     ([*ARRAYS, "data.train=labels_big.csv"], "class label 1700000000 makes 1700000001 classes"),
     ([*ARRAYS, "data.train=labels_big.npz"], "makes 2000000000001 classes"),
-    ([*ARRAYS, "data.train=labels_inf.npz"], "class label 'inf' is not a finite number"),
+    ([*ARRAYS, "data.train=labels_inf.npz"], "labels_inf.npz (y) has no target at index 2 (inf)"),
     ([*ARRAYS, "data.train=truncated.npz"], "truncated.npz is not a readable NumPy file"),
     ([*ARRAYS, "data.train=wide_field.csv"], "wide_field.csv line 3 is not a CSV table"),
     ([*ARRAYS, "data.train=latin1.csv"], "latin1.csv is not a CSV table"),
@@ -520,6 +522,9 @@ def _image_inputs(tmp_path: Path) -> None:
         "def pair():\n"
         "    ds = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4).long())\n"
         "    return ds, ds\n"
+        "@expctl.register('models')\n"
+        "def nothing(num_classes: int = 10):\n"
+        "    ...\n"
     )
 
 
