@@ -22,7 +22,7 @@ from expctl import tables
 from expctl.config import flatten
 from expctl.errors import UserError
 from expctl.layout import RunDir, cache_dir, cache_write, metric_values
-from expctl.status import STATES, state
+from expctl.status import STATES, not_a_run_hint, state
 from expctl.yamlfile import read_yaml
 
 log = logging.getLogger("expctl")
@@ -375,7 +375,10 @@ def _run_dir(path: str | Path) -> Run:
     if not RunDir(path).is_run():
         raise UserError(
             f"{path}: not a run directory (no {RunDir.CONFIG})",
-            "pass two folders that `expctl runs` lists, e.g. expctl diff runs/A runs/B",
+            not_a_run_hint(
+                Path(path),
+                "pass two folders that `expctl runs` lists, e.g. expctl diff runs/A runs/B",
+            ),
         )
     return read(Path(path), str(path))
 

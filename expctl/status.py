@@ -10,7 +10,7 @@ from typing import Any
 
 from expctl import rundir, slurmstate
 from expctl.errors import UserError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, SweepDir
 from expctl.slurmstate import job_state
 
 # what a run's files say of it, in one word (`state`)
@@ -27,6 +27,13 @@ STATES = (
 )
 
 
+def not_a_run_hint(path: Path, otherwise: str) -> str:
+    """A sweep's directory is the likely mix-up: its trials are the runs."""
+    if (path / SweepDir.SPEC).is_file():
+        return f"{path} is a sweep: `expctl sweep table {path}` lists its trials, each a run"
+    return otherwise
+
+
 def status(run_dir: str) -> str:
     """A few lines: job and state, requeues, progress, last metrics, result."""
     path = Path(run_dir)
@@ -34,7 +41,7 @@ def status(run_dir: str) -> str:
     if not run.is_run():
         raise UserError(
             f"{run_dir}: not a run directory (no {RunDir.CONFIG})",
-            "pass a folder printed by `expctl run`",
+            not_a_run_hint(path, "pass a folder printed by `expctl run`"),
         )
     lines = [f"run       {path.resolve()}"]
     origin = provenance_line(path)

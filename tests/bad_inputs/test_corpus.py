@@ -236,6 +236,8 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "best", "swept"], "no completed trial yet"),
     (["sweep", "table", "--json", "."], "not a sweep directory"),
     (["sweep", "plot", "."], "not a sweep directory"),
+    (["status", "swept"], "swept is a sweep: `expctl sweep table swept` lists its trials"),
+    (["diff", "swept", "gone_run"], "swept is a sweep: `expctl sweep table swept`"),
     # issue 16: a run's `imports:` module deleted from where the run found it
     (
         ["run", "-C", "gone_run/config.yaml"],
