@@ -81,11 +81,18 @@ def check(cfg: Config, keys: Sequence[str], repeat: int) -> None:
             )
     q = s.pbt.quantile
     if not 0 < q <= 0.5:
-        raise UserError(
-            f"sweep.pbt.quantile={q:g}: the bottom and top fractions must not overlap",
-            "use a value in (0, 0.5], e.g. 0.25",
+        why = (
+            "no trial would be in the bottom fraction, so none would ever copy"
+            if q <= 0
+            else "the bottom and top fractions must not overlap"
         )
-    if not s.pbt.factors or any(not math.isfinite(f) or f <= 0 for f in s.pbt.factors):
+        raise UserError(f"sweep.pbt.quantile={q:g}: {why}", "use a value in (0, 0.5], e.g. 0.25")
+    if not s.pbt.factors:
+        raise UserError(
+            "sweep.pbt.factors=[]: explore needs at least one factor to multiply a value by",
+            "e.g. sweep.pbt.factors=[0.8,1.2]",
+        )
+    if any(not math.isfinite(f) or f <= 0 for f in s.pbt.factors):
         raise UserError(
             f"sweep.pbt.factors={list(s.pbt.factors)}: perturbation factors must be positive",
             "e.g. sweep.pbt.factors=[0.8,1.2]",

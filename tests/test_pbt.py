@@ -118,6 +118,8 @@ def test_a_timeline_follows_each_copy_to_the_donor_as_it_was_then() -> None:
         (["optim.lr"], ["sweep.pruner=asha"], "sweep.pruner=asha"),
         (["optim.lr"], ["launcher=slurm", "launcher.nodes=2"], "runs each trial as one task"),
         (["optim.lr"], ["sweep.pbt.quantile=0.75"], "must not overlap"),
+        (["optim.lr"], ["sweep.pbt.quantile=0"], "none would ever copy"),
+        (["optim.lr"], ["sweep.pbt.factors=[]"], "needs at least one factor"),
         ([], [], "needs a search space"),
     ],
 )
