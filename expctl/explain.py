@@ -41,6 +41,14 @@ def explain(e: Exception, choices: Mapping[str, str], keys: Sequence[str]) -> Us
         or "Could not append" in text
     ):
         return unknown_key(key, choices)
+    swept = re.match(r"(?:Ambiguous value for argument|Sweep parameters) '([^']*)'", text)
+    if swept:  # Hydra's own words are cut off, or send the user to its --multirun
+        kv = swept.group(1)
+        return UserError(
+            f"{kv}: a sweep's values, which only `expctl run -m` runs",
+            f"sweep it: expctl run -m '{kv}'; or write a list, {_key_of(kv)}=[...], "
+            f"or quote a string, {_key_of(kv)}='...'",
+        )
     return UserError(
         f"{where}: {text[:200]}",
         "overrides are key=value in Hydra syntax, e.g. optim.lr=0.05 or model=resnet18",

@@ -236,6 +236,12 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "best", "swept"], "no completed trial yet"),
     (["sweep", "table", "--json", "."], "not a sweep directory"),
     (["sweep", "plot", "."], "not a sweep directory"),
+    # a sweep's values without -m: Hydra's message was cut off mid-sentence
+    (
+        ["show", "optim.lr=0.1,0.2"],
+        "optim.lr=0.1,0.2: a sweep's values, which only `expctl run -m`",
+    ),
+    (["run", "optim.lr=range(1,3)"], "HINT: sweep it: expctl run -m 'optim.lr=range(1,3)'"),
     (["status", "swept"], "swept is a sweep: `expctl sweep table swept` lists its trials"),
     (["diff", "swept", "gone_run"], "swept is a sweep: `expctl sweep table swept`"),
     # issue 16: a run's `imports:` module deleted from where the run found it
