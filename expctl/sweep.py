@@ -167,9 +167,16 @@ def multirun(
     base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
     repeat = s.repeat if repeat is None else repeat
-    _check_size(len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS, repeat)
+    size = len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS
+    _check_size(size, repeat)
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
+        if size < 2:
+            raise UserError(
+                f"sweep.scheduler=pbt with a population of {size}: a trial copies another's "
+                "weights and values, and none is there",
+                "give it two or more: sweep.n_trials=4, or a list of two or more values",
+            )
     if base.launcher.name != "slurm":  # a share this machine cannot give: before anything exists
         from expctl import trials  # lazy: it counts GPUs with torch
 

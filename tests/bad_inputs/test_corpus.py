@@ -356,6 +356,10 @@ CORPUS: list[tuple[list[str], str]] = [
         "runs each trial as one task (this trial: 2 tasks",
     ),
     (
+        ["run", "-m", "sched=none", "sweep.scheduler=pbt", "sweep.n_trials=1", "optim.lr=0.1,0.2"],
+        "with a population of 1",
+    ),
+    (
         ["run", "train.hparam_schedule=[{step: 0, model: {hidden: [8]}}]"],
         "only optimizer and loss arguments",
     ),
