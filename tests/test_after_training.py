@@ -103,8 +103,7 @@ def test_early_stopping_ends_both_ddp_workers_at_the_same_epoch(tmp_path: Path) 
     log = (run / "train.log").read_text()
     assert "local x 2 rank(s)" in log and "torchrun" not in log
     assert "early stop: val/loss has not improved" in log
-    inline = [a for a in args if not a.startswith("launcher")]  # a resumable change
-    assert "already completed" in run_cli(*inline, cwd=tmp_path).stdout
+    assert "already completed" in run_cli(*args, cwd=tmp_path).stdout  # stopped early: done
 
 
 def test_validation_every_n_steps_lands_in_metrics_jsonl(tmp_path: Path) -> None:
