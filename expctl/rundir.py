@@ -239,7 +239,8 @@ def _refuse_if_completed(path: Path, old: Config, new: Config, diff: list[str]) 
         return  # continued since it completed: whatever changed applies from here on
     t = new.train
     steps_left = t.max_steps is None or t.max_steps > step
-    longer = steps_left and (t.max_epochs is None or t.max_epochs > epoch)
+    done = _epochs_done(path, step, epoch)
+    longer = steps_left and (t.max_epochs is None or t.max_epochs > done)
     if longer and not result.get("stopped_early"):
         return  # it trains on, under the new values
     raise UserError(
@@ -248,6 +249,20 @@ def _refuse_if_completed(path: Path, old: Config, new: Config, diff: list[str]) 
         "drop those values to see its results, or raise train.max_steps / train.max_epochs to "
         "continue it; for a new run, use another run.dir",
     )
+
+
+def _epochs_done(path: Path, step: int, epoch: int) -> int:
+    """The epochs a run completed: its newest checkpoint's record says (result.json counts the
+    epoch of its last step from 1: a run stopped inside epoch 2 by max_steps says 2, done 1)."""
+    newest = RunDir(path).checkpoint_files()
+    if newest:
+        try:
+            record = json.loads(Path(f"{newest[0]}.json").read_text())
+            if record.get("step") == step and isinstance(record.get("epoch"), int):
+                return int(record["epoch"])
+        except (OSError, ValueError, AttributeError):
+            pass
+    return epoch
 
 
 def _write(target: Path, text: str) -> None:

@@ -194,7 +194,7 @@ def test_a_run_stopped_between_two_train_rows_continues_the_same_history(tmp_pat
         logged = [{k: float(v) for k, v in r.items() if v} for r in csv.DictReader(f)]
     assert logged.pop() == {
         "step": 10,
-        "epoch": 2,
+        "epoch": 3,  # step 10 of 4-step epochs: the third, counted from 1
         "time/train_s": run.read_result()["time/train_s"],
     }
     assert logged == [{k: float(v) for k, v in r.items() if k != "time"} for r in run.metric_rows()]
