@@ -492,6 +492,7 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
         "imports=[faulty]",
         "train.step=slow",
         "train.max_epochs=2",
+        slow="0.25",  # 4 s an epoch: the Ctrl-C lands inside the first, never at its end
     )
     sweep = tiny.parent / "runs"
     metrics = [lambda n=n: list(sweep.glob(f"sweep-*/trial_{n:03d}/metrics.jsonl")) for n in (0, 1)]
