@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -22,11 +23,12 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl import compose, ledger, pbt, results, rundir, slurm, snapshot
+from expctl import compose, dist, ledger, pbt, results, rundir, slurm, snapshot
 from expctl import config as config_mod
 from expctl.config import Config, SweepConfig
 from expctl.errors import UserError
@@ -77,17 +79,59 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
     if s.n_trials:
         points = points[: s.n_trials]
     heads = points or [{d.key: d.values[0] for d in dims if d.values}]
-    for i, point in enumerate(heads):
-        over = _overrides(plain, point)
-        if i > 0:
-            _compose(config_file, over, notes)
-        elif over != first:  # sweep.params or a shuffle moved the first point
-            base = _compose(config_file, over, notes)
+    over = _overrides(plain, heads[0])
+    if over != first:  # sweep.params or a shuffle moved the first point
+        base = _compose(config_file, over, notes)
+    others = [_overrides(plain, point) for point in heads[1:]]
     for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get
         for end in (d.low, d.high) if d.values is None else ():
             value = round(end) if d.integer and end is not None else end
-            _compose(config_file, _overrides(plain, {**heads[0], d.key: value}), notes)
+            others.append(_overrides(plain, {**heads[0], d.key: value}))
+    _compose_all(config_file, others, notes)
     return Plan(base, plain, dims, points)
+
+
+def _compose_all(config_file: str | None, todo: list[list[str]], notes: list[str]) -> None:
+    """Compose every override list of `todo` into the cache, the first bad one raising. A
+    composition takes ~0.3 s of one core (Hydra's), so a large grid is composed by forked copies
+    of this process (its imports and first composition done) on the cores it may use."""
+    todo = [o for o in todo if _key(config_file, o) not in _COMPOSED]
+    workers = min(dist.usable_cores(), len(todo) // _PER_WORKER)
+    if workers < 2:
+        for over in todo:
+            _compose(config_file, over, notes)
+        return
+    chunks = [todo[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        done = list(pool.map(_compose_chunk, [config_file] * workers, chunks))
+    outcome: dict[tuple[str, ...], _Composed] = {}
+    for chunk, results_ in zip(chunks, done, strict=True):
+        outcome.update(zip(map(tuple, chunk), results_, strict=False))
+    for over in todo:  # in the order written: the first bad point is the one named
+        cfg, point_notes, error = outcome[tuple(over)]
+        notes += point_notes
+        if error is not None:
+            raise UserError(*error)
+        assert cfg is not None
+        _COMPOSED[_key(config_file, over)] = cfg
+
+
+_PER_WORKER = 4  # fewer points than this per core: forking costs more than it saves
+# a point's config (None: bad), its notes, and the message and hint of why it is bad
+_Composed = tuple[Config | None, list[str], tuple[str, str | None] | None]
+
+
+def _compose_chunk(config_file: str | None, chunk: list[list[str]]) -> list[_Composed]:
+    """In a forked copy: compose each override list until one is bad."""
+    out: list[_Composed] = []
+    for over in chunk:
+        notes: list[str] = []
+        try:
+            out.append((compose.compose(config_file, over, notes=notes), notes, None))
+        except UserError as e:
+            out.append((None, notes, (e.message, e.hint)))
+            break
+    return out
 
 
 def gridded(s: SweepConfig, dims: Sequence[Dimension]) -> bool:
@@ -108,11 +152,15 @@ def _compose(
     them before the sweep starts, and again for each trial, a second or more on a small machine
     (trials waited on it). The -C file cannot change in between (its digest is checked). A
     point's overrides name each key once, so their order does not matter."""
-    where = str(Path(config_file).absolute()) if config_file else None  # sweep.json's form
-    key = (where, tuple(sorted(overrides)))
+    key = _key(config_file, overrides)
     if key not in _COMPOSED:
         _COMPOSED[key] = compose.compose(config_file, overrides, notes=notes)
     return _COMPOSED[key]
+
+
+def _key(config_file: str | None, overrides: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
+    where = str(Path(config_file).absolute()) if config_file else None  # sweep.json's form
+    return where, tuple(sorted(overrides))
 
 
 def _overrides(plain: list[str], point: dict[str, Any]) -> list[str]:

@@ -301,6 +301,8 @@ CORPUS: list[tuple[list[str], str]] = [
     (["show", "=null"], "has no key"),
     (["run", "-m", "=1,2"], "has no key"),
     (["run", "-m", "optim.lr=range(1,5,0)"], "range() needs a step other than 0"),
+    # a grid this large is checked by forked copies of the driver: the first bad point is named
+    (["run", "-m", "data.batch_size=1,2,3,4,5,6,7,8,0,-1"], "data.batch_size: 0 is below"),
     # a sweep's share of the machine, and what Population Based Training cannot mutate
     (["run", "-m", "optim.lr=0.1,0.2", "sweep.gpus_per_trial=1"], "no GPU visible to expctl"),
     (["run", "-m", "optim.lr=0.1,0.2", "sweep.gpus_per_trial=1.5"], "sweep.gpus_per_trial=2"),
