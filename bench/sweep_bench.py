@@ -239,6 +239,7 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
             label, extra, env = settings[key]
             wall, out = sweep(cwd, ["-m", *base, *extra], env)
             samples, train_s = _samples(cwd)
+            phases = _phases(cwd)
             rows.append(
                 {
                     "setting": label,
@@ -250,6 +251,7 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
                     # the difference is its start-up (interpreter, CUDA, data) and final test
                     "trial_s_median": round(statistics.median(trial_times(out)), 2),
                     "train_s_median": round(statistics.median(train_s), 2),
+                    **phases,
                 }
             )
     first = rows[0]
@@ -262,6 +264,12 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
             f"{r['setting']:>14} {r['concurrent']:>7} {r['wall_s']:>7} {r['samples_per_s']:>10} "
             f"{first['wall_s'] / r['wall_s']:>9.2f}x {r['trial_s_median']:>8} {r['train_s_median']:>8}"
         )
+    print(
+        "medians, s: config frozen -> run's first log line (fork, CUDA, data, model) | -> first "
+        "logged step | last logged step -> result written"
+    )
+    for r in rows:
+        print(f"{r['setting']:>14} {r['setup_s']:>6} {r['first_steps_s']:>6} {r['end_s']:>6}")
     by = {r["key"]: r for r in rows}
     if "serial" in by and "one" in by:
         print(
@@ -272,6 +280,27 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
         ratio = by["quarter"]["samples_per_s"] / by["one"]["samples_per_s"]
         print(f"samples/s(0.25)/samples/s(1 each) = {ratio:.2f} (target >= 2)")
     return {"workload": a.workload, "trials": a.trials, "epochs": a.epochs, "rows": rows}
+
+
+def _phases(cwd: Path) -> dict[str, float]:
+    """Where a trial's time outside training goes, from its files' times (medians): its config
+    frozen by the driver -> its run's first log line (the process, CUDA, data, model) -> its first
+    logged step -> its last logged step -> its result.json."""
+    newest = max(cwd.glob("runs/*sweep*"), key=lambda p: p.stat().st_mtime)
+    setup, first, end = [], [], []
+    for trial in newest.glob("trial_*"):
+        line = (trial / "train.log").read_text().splitlines()[0]
+        stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        rows = [json.loads(x) for x in (trial / "metrics.jsonl").read_text().splitlines()]
+        times = [r["time"] for r in rows if "time" in r]
+        setup.append(stamp - (trial / "config.yaml").stat().st_mtime)
+        first.append(times[0] - stamp)
+        end.append((trial / "result.json").stat().st_mtime - times[-1])
+    return {
+        "setup_s": round(statistics.median(setup), 2),
+        "first_steps_s": round(statistics.median(first), 2),
+        "end_s": round(statistics.median(end), 2),
+    }
 
 
 def _samples(cwd: Path) -> tuple[float, list[float]]:
