@@ -34,7 +34,6 @@ from expctl.config import Config, SweepConfig
 from expctl.errors import UserError
 from expctl.layout import RunDir, SweepDir
 from expctl.ledger import Best
-from expctl.pool import Pool
 from expctl.provenance import Launch
 from expctl.space import MAX_VALUES, Dimension, check_values, grid, parse_space
 from expctl.study import TrialRef, open_study
@@ -211,21 +210,6 @@ def multirun(
     config_file: str | None, overrides: Sequence[str], repeat: int | None = None
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
-    from expctl import trials  # lazy: `sweep table` never needs it
-
-    # the trials' forker imports torch (seconds) while the points are composed (a sweep that
-    # turns out to be Slurm's never uses it)
-    pool = None if "launcher=slurm" in overrides else trials.forker()
-    try:
-        return _multirun(config_file, overrides, repeat, pool)
-    finally:
-        if pool is not None:
-            pool.close()
-
-
-def _multirun(
-    config_file: str | None, overrides: Sequence[str], repeat: int | None, pool: Pool | None
-) -> Outcome:
     notes: list[str] = []
     space = plan(config_file, overrides, notes)  # every point is valid before anything exists
     base, plain, dims, points = space.base, space.plain, space.dims, space.points
@@ -280,7 +264,7 @@ def _multirun(
         f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
         flush=True,
     )
-    return run_trials(sweep_dir, base, origin=origin, planned=planned, pool=pool)
+    return run_trials(sweep_dir, base, origin=origin, planned=planned)
 
 
 def _check_size(configurations: int, repeat: int) -> None:
@@ -387,7 +371,6 @@ def run_trials(
     todo: list[Slot] | None = None,
     origin: Launch | None = None,
     planned: snapshot.Plan | None = None,
-    pool: Pool | None = None,
 ) -> Outcome:
     """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array (whose
     trials have not ended when this returns: none counts as failed).
@@ -396,7 +379,6 @@ def run_trials(
         origin: the command that runs them (`expctl run -m`, `sweep resume`), pinned.
         planned: the code snapshot of a Slurm sweep, checked before the sweep was created
             (None: planned here, once the trials' `imports:` are imported).
-        pool: the local trials' forker, started early (None: started here).
     """
     origin = origin or Launch.here(None).pin()
     if todo is None:
@@ -428,7 +410,7 @@ def run_trials(
         (cfg,) = _trial_configs(sweep_dir, base, [slot], study)
         return trials.with_share(cfg, use.share)
 
-    trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
+    trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)

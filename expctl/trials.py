@@ -39,7 +39,6 @@ from expctl.errors import (
     RunError,
     UserError,
 )
-from expctl.exploit import continue_as_copy
 from expctl.layout import RunDir, SweepDir
 from expctl.pool import Pool, Proc
 from expctl.provenance import Launch
@@ -80,12 +79,6 @@ def machine(base: Config) -> resources.Machine:
     return resources.Machine.here(gpus)
 
 
-def forker() -> Pool:
-    """The trials' processes' forker (a zygote that imports torch: seconds), started now: a
-    sweep's driver starts it first, so that it loads while the driver composes the points."""
-    return Pool(trial_main)
-
-
 def plan_for(base: Config, trials: int) -> resources.Plan:
     s = base.sweep
     ranks = base.launcher.nproc if base.launcher.name == "local" else 1
@@ -108,18 +101,16 @@ def run_local(
     make_config: Callable[[Any], Config],
     origin: Launch,
     settings: SweepConfig,
-    pool: Pool | None = None,
 ) -> None:
     """Run the trials `todo` (each made into a frozen trial config by `make_config`, when it
-    starts) side by side as `plan` allows; returns when all ended. `pool`: the trials' forker,
-    if one was started early (`forker`); it is closed here.
+    starts) side by side as `plan` allows; returns when all ended.
 
     Raises:
         Interrupted: Ctrl-C or SIGTERM stopped the sweep (its trials at a checkpoint).
         RunError: the sweep's journal could not be written (a full disk): trials stopped.
     """
     print(f"expctl: {plan.describe()}", flush=True)
-    driver = Driver(sweep_dir, plan, make_config, settings, pool)
+    driver = Driver(sweep_dir, plan, make_config, settings)
     try:
         SweepDir(sweep_dir).launch.write_text(origin.to_json())
         driver.run(deque(todo))
@@ -151,7 +142,6 @@ class Driver:
         plan: resources.Plan,
         make_config: Callable[[Any], Config],
         settings: SweepConfig,
-        pool: Pool | None = None,
     ) -> None:
         self.sweep_dir, self.plan, self.make_config = sweep_dir, plan, make_config
         self.settings = settings
@@ -159,7 +149,7 @@ class Driver:
         self.running: dict[int, Running] = {}
         self.board = Board(sys.stdout, sweep_dir)
         self.stop = _Stop()
-        self.pool = pool or forker()
+        self.pool = Pool(trial_main)
 
     def run(self, queue: deque[Any]) -> None:
         """Start trials as their shares free up (a freed share starts the next trial at once;
@@ -352,7 +342,8 @@ def trial_main(argv: Sequence[str]) -> int:
     process_is_the_run()
     print(f"{HEADER} {request['where']}".rstrip(), flush=True)
     try:
-        from expctl import launch
+        from expctl import launch  # torch: a trial's, never its driver's
+        from expctl.exploit import continue_as_copy  # torch's checkpoints
 
         cfg = config_mod.load(request["run_dir"])
         origin = Launch.from_json(Path(request["launch"]).read_text())
