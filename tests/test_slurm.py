@@ -19,8 +19,12 @@ import pytest
 from conftest import REPO, SNAPMOD, TINY, cli_env, tree, user_repo
 from conftest import expctl as run_cli
 
-# one cluster: its tests run one after another, in one xdist worker, beside the rest
+# one cluster of 2 nodes x 4 CPUs (.ci/setup): its tests run in a few xdist groups, each one test
+# after another in one worker, whose jobs fit on it side by side (at most 8 CPUs at once, so that
+# none waits for another's): "slurm" (jobs of up to 4 CPUs, or that fill what is left: two jobs at
+# once, arrays, PBT), "slurm-requeue" (2-CPU jobs), "slurm-timelimit" (2), "slurm-light" (none)
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
+CLUSTER_CPUS = 8
 EXPCTL = str(Path(sys.executable).parent / "expctl")
 SLOW = TINY + "imports: [faulty]\ncheckpoint: {every: 10}\n"
 
@@ -36,6 +40,15 @@ def cluster() -> None:
         if os.environ.get("EXPCTL_REQUIRE_SLURM") == "1":
             pytest.fail("the local Slurm cluster is not running (../shared/slurm-local/start.sh)")
         pytest.skip("no local Slurm cluster")
+    cpus = subprocess.run(
+        ["sinfo", "-h", "-o", "%C"], capture_output=True, text=True, timeout=30
+    ).stdout.split("/")[-1]
+    if os.environ.get("PYTEST_XDIST_WORKER") and int(cpus or 0) < CLUSTER_CPUS:
+        # the groups' jobs would queue behind each other's: PBT's trials must run at once
+        pytest.fail(
+            f"the local Slurm cluster has {cpus} CPUs; tests in parallel need {CLUSTER_CPUS}: "
+            "restart it with `bash .ci/setup --test` (SLURM_LOCAL_CPUS=4), or run with -n 0"
+        )
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -104,6 +117,7 @@ def result(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "result.json").read_text())
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_srun_two_nodes_matches_one_process_with_twice_the_batch(work: Path) -> None:
     """2 tasks x batch 32 on two nodes train what one process does with batch 64 (the same
     tolerance as local DDP against one process, tests/test_train.py; one warm process here
@@ -161,6 +175,7 @@ def test_batch_shell_without_srun_is_one_process(work: Path) -> None:
     assert "inline x 1 rank(s)" in (run_dir / "train.log").read_text()
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_launcher_slurm_submits_without_waiting_and_completes(work: Path) -> None:
     proc = run_cli(
         "run",
@@ -208,6 +223,7 @@ def _submit_slow(work: Path) -> tuple[str, Path]:
     return job, Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_launcher_slurm_preempted_by_signal_requeues_through_submitit(work: Path) -> None:
     job, run_dir = _submit_slow(work)
     _signal_when_running(
@@ -239,6 +255,7 @@ def _template_job(
     return job, work / "runs" / f"{name}-job{job}"
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_signal_to_sbatch_job_requeues_and_resumes(work: Path) -> None:
     """USR2 to a running job: it checkpoints, requeues and resumes. Before that, while it trains,
     a second launch on its run directory is refused naming the job, and changes nothing."""
@@ -259,6 +276,7 @@ def test_signal_to_sbatch_job_requeues_and_resumes(work: Path) -> None:
     )
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_scontrol_requeue_resumes_from_last_checkpoint(work: Path) -> None:
     job, run_dir = _template_job(work, "requeue", "train.max_epochs=6")
     _signal_when_running(
@@ -329,6 +347,7 @@ def _a_second_launch_is_refused(work: Path, job: str, run_dir: Path, name: str) 
             os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
     job, run_dir = _template_job(work, "killed", "train.max_epochs=6")
     _signal_when_running(job, run_dir, lambda: _kill_task(job, 1, b"expctl"))
@@ -337,6 +356,7 @@ def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
     assert [s["restart"] for s in starts(run_dir)] == [0, 1]
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_launcher_slurm_requeues_when_a_task_is_killed(work: Path) -> None:
     job, run_dir = _submit_slow(work)
     _signal_when_running(job, run_dir, lambda: _kill_task(job, 1, b"submitit.core._submit"))
@@ -423,6 +443,7 @@ def test_master_that_never_appears_fails_within_the_rendezvous_timeout(work: Pat
     assert took < 60
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_port_already_taken_fails_fast_on_srun(work: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -543,8 +564,8 @@ def test_pbt_on_slurm_a_trial_continues_as_a_copy_inside_its_job(work: Path) -> 
 
 def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
     """N short trials as one Slurm job array: every one ends completed, stopped or failed with its
-    reason (CI runs 8, two waves on the cluster's 4 CPUs; EXPCTL_LOAD_TRIALS=200 runs the full
-    load, ~10 min on 2 cores)."""
+    reason (CI runs 8, two waves of 4 (the array's throttle), beside the other groups' jobs;
+    EXPCTL_LOAD_TRIALS=200 runs the full load, ~10 min on 2 cores)."""
     from expctl import ledger
 
     n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "8"))
@@ -557,6 +578,7 @@ def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
         "train.max_steps=2",
         "launcher=slurm",
         "launcher.timeout_min=5",
+        "sweep.max_concurrent=4",
         cwd=work,
         timeout=600,
     )
