@@ -21,8 +21,8 @@ from conftest import expctl as run_cli
 
 # one cluster of 2 nodes x 4 CPUs (.ci/setup): its tests run in a few xdist groups, each one test
 # after another in one worker, whose jobs fit on it side by side (at most 8 CPUs at once, so that
-# none waits for another's): "slurm" (jobs of up to 4 CPUs, or that fill what is left: two jobs at
-# once, arrays, PBT), "slurm-requeue" (2-CPU jobs), "slurm-timelimit" (2), "slurm-light" (none)
+# none waits for another's): "slurm" (jobs of up to 4 CPUs: two jobs at once, arrays, PBT),
+# "slurm-requeue" (the 2-CPU jobs that requeue), "slurm-timelimit" (2), "slurm-light" (none)
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 CLUSTER_CPUS = 8
 EXPCTL = str(Path(sys.executable).parent / "expctl")
@@ -117,7 +117,6 @@ def result(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "result.json").read_text())
 
 
-@pytest.mark.xdist_group("slurm-requeue")
 def test_srun_two_nodes_matches_one_process_with_twice_the_batch(work: Path) -> None:
     """2 tasks x batch 32 on two nodes train what one process does with batch 64 (the same
     tolerance as local DDP against one process, tests/test_train.py; one warm process here
@@ -175,7 +174,6 @@ def test_batch_shell_without_srun_is_one_process(work: Path) -> None:
     assert "inline x 1 rank(s)" in (run_dir / "train.log").read_text()
 
 
-@pytest.mark.xdist_group("slurm-requeue")
 def test_launcher_slurm_submits_without_waiting_and_completes(work: Path) -> None:
     proc = run_cli(
         "run",
