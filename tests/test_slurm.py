@@ -366,22 +366,23 @@ def test_launcher_slurm_requeues_when_a_task_is_killed(work: Path) -> None:
     assert "resumed from" in (run_dir / "train.log").read_text()
 
 
-# one task on each node: this 2-minute job (2 CPUs) runs beside the other groups' jobs
+# one task on each node: this 3-minute job (2 CPUs) runs beside the other groups' jobs
 @pytest.mark.xdist_group("slurm-timelimit")
 def test_time_limit_shorter_than_training_requeues_itself(work: Path) -> None:
     # slurmctld checks time limits every 30 s and sends the timed signal at the first check with at
-    # most (delay + 30 s) left: a 2-minute limit with USR2@60 signals 30-60 s into each run, after
-    # the tasks have started (a signal before any job step exists would be lost). 64 s of training
-    # cannot finish before that signal, so only a requeue can complete it. Once requeued, steps
-    # take 0.02 s: the rest fits before the next signal (two runs, not four of ~40 s of start-up
-    # and requeue delay each on a loaded machine).
+    # most (delay + 30 s) left: a 3-minute limit with USR2@90 signals 60-90 s into each run, after
+    # the tasks have started and set their handlers (a signal before any job step exists is lost;
+    # one before the handler kills the task: a start-up of 30 s is seen on a loaded 2-core
+    # machine). 96 s of training cannot finish before that signal, so only a requeue can complete
+    # it. Once requeued, steps take 0.02 s: the rest fits before the next signal (two runs, not
+    # three or four of ~40 s of start-up and requeue delay each on a loaded machine).
     job, run_dir = _template_job(
         work,
         "timelimit",
         "train.max_epochs=16",
         "launcher.max_requeues=10",
-        sbatch_args=("--time=2", "--signal=USR2@60"),
-        SLOW_STEP_S="0.5",
+        sbatch_args=("--time=3", "--signal=USR2@90"),
+        SLOW_STEP_S="0.75",
         SLOW_STEP_S_REQUEUED="0.02",
         EXPCTL_MAX_REQUEUES="10",
     )
