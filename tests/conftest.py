@@ -41,9 +41,29 @@ SMALL = [
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest 9.2 reads a test's id where pytest-xdist (3.8) no longer writes its xdist_group:
+    under `--dist loadgroup` every group would be ignored, and the Slurm groups' jobs would meet
+    on the cluster in any order. Refuse that pair rather than run a suite that fails at random."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        xdist = tuple(int(x) for x in version("pytest-xdist").split(".")[:2])
+    except PackageNotFoundError:
+        return
+    if getattr(config.option, "dist", None) == "loadgroup" and (
+        pytest.version_tuple >= (9, 2) and xdist <= (3, 8)
+    ):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} breaks --dist loadgroup of pytest-xdist "
+            f"{version('pytest-xdist')}: install the versions .ci/constraints.txt pins"
+        )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: the Slurm tests (one xdist group, serial on one worker: the run's critical
-    path) start at once instead of after the files collected before them; then the slow tier."""
+    """Longest first: the Slurm tests (a few xdist groups, each serial on one worker: the run's
+    critical path) start at once instead of after the files collected before them; then the slow
+    tier."""
     rank = {"slurm": 0, "slow": 1}
     items.sort(
         key=lambda it: min((rank[m.name] for m in it.iter_markers() if m.name in rank), default=2)

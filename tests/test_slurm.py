@@ -19,8 +19,12 @@ import pytest
 from conftest import REPO, SNAPMOD, TINY, cli_env, tree, user_repo
 from conftest import expctl as run_cli
 
-# one cluster: its tests run one after another, in one xdist worker, beside the rest
+# one cluster of 2 nodes x 4 CPUs (.ci/setup): its tests run in a few xdist groups, each one test
+# after another in one worker, whose jobs fit on it side by side (at most 8 CPUs at once, so that
+# none waits for another's): "slurm" (jobs of up to 4 CPUs: two jobs at once, arrays, PBT),
+# "slurm-requeue" (the 2-CPU jobs that requeue), "slurm-timelimit" (2), "slurm-light" (none)
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
+CLUSTER_CPUS = 8
 EXPCTL = str(Path(sys.executable).parent / "expctl")
 SLOW = TINY + "imports: [faulty]\ncheckpoint: {every: 10}\n"
 
@@ -36,6 +40,15 @@ def cluster() -> None:
         if os.environ.get("EXPCTL_REQUIRE_SLURM") == "1":
             pytest.fail("the local Slurm cluster is not running (../shared/slurm-local/start.sh)")
         pytest.skip("no local Slurm cluster")
+    cpus = subprocess.run(
+        ["sinfo", "-h", "-o", "%C"], capture_output=True, text=True, timeout=30
+    ).stdout.split("/")[-1]
+    if os.environ.get("PYTEST_XDIST_WORKER") and int(cpus or 0) < CLUSTER_CPUS:
+        # the groups' jobs would queue behind each other's: PBT's trials must run at once
+        pytest.fail(
+            f"the local Slurm cluster has {cpus} CPUs; tests in parallel need {CLUSTER_CPUS}: "
+            "restart it with `bash .ci/setup --test` (SLURM_LOCAL_CPUS=4), or run with -n 0"
+        )
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -208,6 +221,7 @@ def _submit_slow(work: Path) -> tuple[str, Path]:
     return job, Path(re.search(r"run directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_launcher_slurm_preempted_by_signal_requeues_through_submitit(work: Path) -> None:
     job, run_dir = _submit_slow(work)
     _signal_when_running(
@@ -239,6 +253,7 @@ def _template_job(
     return job, work / "runs" / f"{name}-job{job}"
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_signal_to_sbatch_job_requeues_and_resumes(work: Path) -> None:
     """USR2 to a running job: it checkpoints, requeues and resumes. Before that, while it trains,
     a second launch on its run directory is refused naming the job, and changes nothing."""
@@ -259,6 +274,7 @@ def test_signal_to_sbatch_job_requeues_and_resumes(work: Path) -> None:
     )
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_scontrol_requeue_resumes_from_last_checkpoint(work: Path) -> None:
     job, run_dir = _template_job(work, "requeue", "train.max_epochs=6")
     _signal_when_running(
@@ -329,6 +345,7 @@ def _a_second_launch_is_refused(work: Path, job: str, run_dir: Path, name: str) 
             os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
     job, run_dir = _template_job(work, "killed", "train.max_epochs=6")
     _signal_when_running(job, run_dir, lambda: _kill_task(job, 1, b"expctl"))
@@ -337,6 +354,7 @@ def test_sigkill_of_one_task_requeues_the_job(work: Path) -> None:
     assert [s["restart"] for s in starts(run_dir)] == [0, 1]
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_launcher_slurm_requeues_when_a_task_is_killed(work: Path) -> None:
     job, run_dir = _submit_slow(work)
     _signal_when_running(job, run_dir, lambda: _kill_task(job, 1, b"submitit.core._submit"))
@@ -348,20 +366,24 @@ def test_launcher_slurm_requeues_when_a_task_is_killed(work: Path) -> None:
     assert "resumed from" in (run_dir / "train.log").read_text()
 
 
-# two CPUs a node and one task per node: this 2-minute job runs beside the group's other jobs
+# one task on each node: this 3-minute job (2 CPUs) runs beside the other groups' jobs
 @pytest.mark.xdist_group("slurm-timelimit")
 def test_time_limit_shorter_than_training_requeues_itself(work: Path) -> None:
     # slurmctld checks time limits every 30 s and sends the timed signal at the first check with at
-    # most (delay + 30 s) left: a 2-minute limit with USR2@60 signals 30-60 s into each run, after
-    # the tasks have started (a signal before any job step exists would be lost). 64 s of training
-    # cannot finish before that signal, so only a requeue can complete it.
+    # most (delay + 30 s) left: a 3-minute limit with USR2@90 signals 60-90 s into each run, after
+    # the tasks have started and set their handlers (a signal before any job step exists is lost;
+    # one before the handler kills the task: a start-up of 30 s is seen on a loaded 2-core
+    # machine). 96 s of training cannot finish before that signal, so only a requeue can complete
+    # it. Once requeued, steps take 0.02 s: the rest fits before the next signal (two runs, not
+    # three or four of ~40 s of start-up and requeue delay each on a loaded machine).
     job, run_dir = _template_job(
         work,
         "timelimit",
         "train.max_epochs=16",
         "launcher.max_requeues=10",
-        sbatch_args=("--time=2", "--signal=USR2@60"),
-        SLOW_STEP_S="0.5",
+        sbatch_args=("--time=3", "--signal=USR2@90"),
+        SLOW_STEP_S="0.75",
+        SLOW_STEP_S_REQUEUED="0.02",
         EXPCTL_MAX_REQUEUES="10",
     )
     assert wait_done(job, timeout=900) == "COMPLETED", (work / "timelimit.out").read_text()
@@ -423,6 +445,7 @@ def test_master_that_never_appears_fails_within_the_rendezvous_timeout(work: Pat
     assert took < 60
 
 
+@pytest.mark.xdist_group("slurm-requeue")
 def test_port_already_taken_fails_fast_on_srun(work: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -543,8 +566,8 @@ def test_pbt_on_slurm_a_trial_continues_as_a_copy_inside_its_job(work: Path) -> 
 
 def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
     """N short trials as one Slurm job array: every one ends completed, stopped or failed with its
-    reason (CI runs 8, two waves on the cluster's 4 CPUs; EXPCTL_LOAD_TRIALS=200 runs the full
-    load, ~10 min on 2 cores)."""
+    reason (CI runs 8, two waves of 4 (the array's throttle), beside the other groups' jobs;
+    EXPCTL_LOAD_TRIALS=200 runs the full load, ~10 min on 2 cores)."""
     from expctl import ledger
 
     n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "8"))
@@ -557,6 +580,7 @@ def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
         "train.max_steps=2",
         "launcher=slurm",
         "launcher.timeout_min=5",
+        "sweep.max_concurrent=4",
         cwd=work,
         timeout=600,
     )

@@ -70,12 +70,15 @@ def tiny_custom(input_shape: tuple[int, ...] = (20,), num_classes: int = 4, widt
 class Slow(Supervised):
     """Supervised, sleeping $SLOW_STEP_S (default 0.05 s) per step: time to signal a running job;
     twice as long while the learning rate is below $SLOW_LR_BELOW or above $SLOW_LR_ABOVE (a
-    trial that falls behind the others of a sweep)."""
+    trial that falls behind the others of a sweep). A Slurm job requeued at least once sleeps
+    $SLOW_STEP_S_REQUEUED instead, where set (the rest of a run cut short by its time limit)."""
 
     def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
         import time
 
         delay = float(os.environ.get("SLOW_STEP_S", "0.05"))
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
+            delay = float(os.environ.get("SLOW_STEP_S_REQUEUED", delay))
         lr = next(iter(ctx.optimizers.values())).param_groups[0]["lr"]
         if lr < float(os.environ.get("SLOW_LR_BELOW", "0")) or lr > float(
             os.environ.get("SLOW_LR_ABOVE", "inf")
