@@ -295,6 +295,9 @@ def test_multirun_runs_each_point(tiny: Path) -> None:
     assert "optim.lr=0.01" in proc.stdout and "optim.lr=0.1" in proc.stdout
 
 
+SMALL_VAL = ["data.val_split=256"]
+
+
 @pytest.mark.parametrize("preset", ["default", "fashion_resnet18", "linear_regression", "dcgan"])
 def test_example_presets_train(
     preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -315,8 +318,8 @@ def test_example_presets_train(
         assert set(models) == {"generator", "discriminator"} and "train/loss_g" in result.metrics
     elif preset == "linear_regression":
         assert "val/loss" in result.metrics and "val/acc" not in result.metrics
-    else:
-        again = expctl.evaluate(result.run_dir, which="last")
+    else:  # the other presets' eval on 256 held-out samples: ResNet-18 on 10k images took minutes
+        again = expctl.evaluate(result.run_dir, which="last", overrides=[] if whole else SMALL_VAL)
         assert again["step"] == 3 and "val/acc" in again
         if whole:  # the score reported is the saved weights' score
             assert again["val/acc"] == result["val/acc"], (again, result.metrics)
