@@ -37,18 +37,20 @@ def test_the_import_rule_fails_on_a_planted_import_of_slurm_in_the_loop(tmp_path
         REPO / "expctl", tmp_path / "expctl", ignore=shutil.ignore_patterns("__pycache__")
     )
     shutil.copy(REPO / "pyproject.toml", tmp_path)
-    train = tmp_path / "expctl" / "train.py"
-    train.write_text(train.read_text() + "\nimport expctl.slurm  # noqa\n")
+    train = tmp_path / "expctl" / "rank" / "train.py"
+    train.write_text(train.read_text() + "\nimport expctl.jobs.slurm  # noqa\n")
     proc = _lint(tmp_path)
     assert proc.returncode == 1, proc.stdout  # lint-imports: a broken contract
-    assert "BROKEN" in proc.stdout and "expctl.train -> expctl.slurm" in proc.stdout, proc.stdout
+    assert "BROKEN" in proc.stdout and "expctl.rank.train -> expctl.jobs.slurm" in proc.stdout, (
+        proc.stdout
+    )
 
 
 def test_exceptions_exit_codes_hooks_and_layout_import_without_torch() -> None:
     code = (
         "import sys\n"
         "from expctl.errors import CheckpointError, Preempted, RunError, UserError, EXIT_USER\n"
-        "import expctl.hooks, expctl.layout\n"
+        "import expctl.rank.hooks, expctl.layout\n"
         "heavy = [m for m in ('torch', 'hydra', 'omegaconf', 'optuna') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import cli_env
 
-from expctl import catalogue, confstore, registry
-from expctl.config import COMPONENT_KINDS
+from expctl import registry
+from expctl.builtin import catalogue
+from expctl.config import confstore
+from expctl.config.schema import COMPONENT_KINDS
 
 SECTION = {kind: section for section, kind in COMPONENT_KINDS.items()} | {"loggers": "logger"}
 

@@ -18,9 +18,10 @@ from conftest import TINY, cli_env, run_dirs, tree, wait_for
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import checkpoint, compose, rundir
-from expctl.config import Config
+from expctl.config import compose
+from expctl.config.schema import Config
 from expctl.errors import UserError
+from expctl.rank import checkpoint, rundir
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
