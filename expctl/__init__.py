@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from expctl import _moved
 from expctl.errors import UserError
 
 __version__ = "0.2.0.dev0"
+_moved.install()  # the module paths from before the wings, for one release
 __all__ = [
     "run",
     "load_model",

@@ -66,3 +66,37 @@ def test_sbatch_templates_use_the_exit_codes_of_expctl_errors() -> None:
             "EXIT_PREEMPTED": str(errors.EXIT_PREEMPTED),
         }, template.name
         assert re.search(r"-ne [23]\b|exit [23]\b", text) is None, f"{template.name}: a bare code"
+
+
+def test_the_module_paths_from_before_the_wings_import_for_one_release_with_a_warning() -> None:
+    """Every module's old path (`expctl.loggers`, `expctl.datasets.idx`) is the moved module
+    itself, with a DeprecationWarning at the line that imports it; no module of expctl imports
+    an old path (nor does `expctl --help`)."""
+    code = (
+        "import importlib, pkgutil, warnings\n"
+        "import expctl\n"
+        "from expctl._moved import MOVED\n"
+        "warnings.filterwarnings('error', category=DeprecationWarning, module=r'expctl\\b')\n"
+        "for m in pkgutil.walk_packages(expctl.__path__, 'expctl.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "warnings.resetwarnings()\n"
+        "for old in [*MOVED, 'datasets.idx']:\n"
+        "    with warnings.catch_warnings(record=True) as seen:\n"
+        "        warnings.simplefilter('always')\n"
+        "        exec(f'import expctl.{old}')  # a plain import statement, at line 1 of <string>\n"
+        "    got = importlib.import_module('expctl.' + old)\n"
+        "    new = 'expctl.' + MOVED.get(old, 'builtin.' + old)\n"
+        "    assert got is importlib.import_module(new) and got.__spec__.name == new, old\n"
+        "    assert [(w.category, w.filename) for w in seen] == [(DeprecationWarning, '<string>')]\n"
+        "    assert f'is {new} now' in str(seen[0].message), seen[0].message\n"
+        "from expctl.loggers import Logger\n"
+        "from expctl.builtin.loggers import Logger as New\n"
+        "assert Logger is New\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-m", "expctl", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
