@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from expctl import errors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +32,55 @@ def test_the_import_rule_holds() -> None:
     proc = _lint(REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout
+
+
+def _floors_in_architecture_md() -> list[list[str]]:
+    """The floors of ARCHITECTURE.md's "The import rule", top first, each a list of rooms."""
+    section = ARCHITECTURE.split("## The import rule", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```\n", 2)[1]
+    return [[room.strip() for room in line.split("|")] for line in block.splitlines() if line]
+
+
+def _module_map() -> dict[str, set[str]]:
+    """ARCHITECTURE.md's module map: folder (`expctl/`, `expctl/rank/`, ...) -> the rooms its
+    table names (`train.py`, `datasets/`)."""
+    section = ARCHITECTURE.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    rooms: dict[str, set[str]] = {}
+    for part in section.split("\n### ")[1:]:
+        folder = re.match(r"`([^`]+)`", part)
+        assert folder, part.splitlines()[0]
+        rows = [line.split("|")[1] for line in part.splitlines() if line.startswith("| `")]
+        rooms[folder[1]] = {name for row in rows for name in re.findall(r"`([^`]+)`", row)}
+    return rooms
+
+
+ARCHITECTURE = (REPO / "ARCHITECTURE.md").read_text()
+
+
+def test_architecture_md_floors_are_the_wings_contract_and_its_map_the_folders() -> None:
+    """The floors ARCHITECTURE.md draws are pyproject's `wings` contract, every wing and module of
+    expctl/ stands on one, and the module map names every module where it lies (no more, no
+    fewer): the page cannot drift from the code it describes."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (wings,) = [c for c in config["contracts"] if c.get("id") == "wings"]
+    contract = [[r.strip().removeprefix("expctl.") for r in f.split("|")] for f in wings["layers"]]
+    floors = _floors_in_architecture_md()
+    assert floors == contract, "ARCHITECTURE.md's floors differ from pyproject's wings contract"
+
+    package = REPO / "expctl"
+    folders = sorted(d for d in package.iterdir() if (d / "__init__.py").is_file())
+    wing_dirs = [d for d in folders if d.name != "conf"]  # conf/: YAML presets, no code
+    top = {f.stem for f in package.glob("*.py")} - {"__init__", "__main__"}
+    assert sorted(r for f in floors for r in f) == sorted(top | {d.name for d in wing_dirs})
+
+    found = {"expctl/": {f.name for f in package.glob("*.py")} | {d.name + "/" for d in folders}}
+    for wing in wing_dirs:
+        found[f"expctl/{wing.name}/"] = {f.name for f in wing.glob("*.py")} - {"__init__.py"} | {
+            d.name + "/" for d in wing.iterdir() if (d / "__init__.py").is_file()
+        }
+    found["expctl/"] -= {d.name + "/" for d in wing_dirs}
+    assert _module_map() == found
 
 
 def test_the_import_rule_fails_on_a_planted_import_of_slurm_in_the_loop(tmp_path: Path) -> None:
