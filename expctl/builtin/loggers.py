@@ -25,8 +25,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import importlib.util
+import io
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl.errors import UserError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, write_atomically
 from expctl.registry import get, register
 
 STATUSES = ("completed", "stopped", "preempted", "interrupted", "failed")
@@ -182,15 +182,11 @@ class CSV(Logger):
         """The whole file with every column seen so far, written atomically."""
         for row in self.rows:
             self.columns += [k for k in row if k not in self.columns]
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "w", newline="") as f:
-                writer = csv.DictWriter(f, self.columns or ["step", "epoch"])
-                writer.writeheader()
-                writer.writerows(self.rows)
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, self.columns or ["step", "epoch"])
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_atomically(self.path, text.getvalue())
 
 
 _MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}

@@ -26,7 +26,7 @@ from typing import Any
 from expctl.config.explain import parse_override
 from expctl.config.schema import HPARAM_SECTIONS, Config, PBTConfig
 from expctl.errors import UserError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, checkpoint_set
 
 FROZEN = "pbt"  # RUN_DIR/pbt/: the donor's checkpoint, linked when the trial decided to copy it
 
@@ -177,8 +177,7 @@ def freeze(donor: Path, mine: Path) -> Path | None:
         src = files[0]
         dst = folder / f"from_{donor.name}_{src.name}"
         try:
-            for suffix in ("", ".sha256", ".json"):
-                a, b = Path(f"{src}{suffix}"), Path(f"{dst}{suffix}")
+            for a, b in zip(checkpoint_set(src), checkpoint_set(dst), strict=True):
                 b.unlink(missing_ok=True)
                 if a.exists():
                     os.link(a, b)

@@ -37,7 +37,14 @@ import torch
 from expctl.config import schema as config
 from expctl.config.schema import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
-from expctl.layout import RunDir, write_atomically
+from expctl.layout import (
+    RunDir,
+    atomic_file,
+    checkpoint_digest,
+    checkpoint_scores,
+    checkpoint_set,
+    write_atomically,
+)
 
 if TYPE_CHECKING:
     from expctl.rank.build import Parts
@@ -110,7 +117,7 @@ def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> 
 
 def path_for(run_dir: Path, step: int) -> Path:
     """Where the checkpoint of `step` goes."""
-    return RunDir(run_dir).checkpoints / f"step_{step:09d}.pt"
+    return RunDir(run_dir).checkpoint(step)
 
 
 def save(
@@ -125,26 +132,21 @@ def save(
     """
     final = path_for(run_dir, int(payload["step"]))
     final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    digest_file = final.with_name(final.name + ".sha256")
-    scores_file = _scores_file(final)
+    _, digest_file, scores_file = checkpoint_set(final)
     existed = final.exists()
-    for stale in final.parent.glob(".step_*.tmp-*"):  # left by a process killed mid-write
+    for stale in RunDir(run_dir).checkpoint_temporaries():
         stale.unlink(missing_ok=True)
     try:
-        with open(tmp, "wb") as f:
+        with atomic_file(final, 0o640) as f:
             torch.save({"format": FORMAT, **payload}, f)
             f.flush()
-            os.fsync(f.fileno())
-        digest = f"{_sha256(tmp)}  {final.name}\n"
-        if existed:  # saved again (restored where it ended): never old weights, new checksum
-            digest_file.unlink(missing_ok=True)
-        else:
-            write_atomically(digest_file, digest)
-        record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
-        write_atomically(scores_file, json.dumps(record) + "\n")
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, final)
+            digest = f"{_sha256(Path(f.name))}  {final.name}\n"
+            if existed:  # saved again (restored where it ended): never old weights, new checksum
+                digest_file.unlink(missing_ok=True)
+            else:
+                write_atomically(digest_file, digest)
+            record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
+            write_atomically(scores_file, json.dumps(record) + "\n")
         if existed:
             write_atomically(digest_file, digest)
         _fsync_dir(final.parent)
@@ -152,7 +154,6 @@ def save(
         cause = e if isinstance(e, OSError) else e.__context__
         if not isinstance(cause, OSError):
             raise
-        tmp.unlink(missing_ok=True)
         if not existed:  # none of this step's files stays
             for file in (final, digest_file, scores_file):
                 file.unlink(missing_ok=True)
@@ -201,14 +202,13 @@ def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
                 problem,
             )
             continue
-        old.unlink(missing_ok=True)
-        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
-        _scores_file(old).unlink(missing_ok=True)
+        for file in checkpoint_set(old):
+            file.unlink(missing_ok=True)
 
 
 def unverified(path: Path) -> str | None:
     """Why the checksum beside checkpoint `path` does not prove it intact (None: it does)."""
-    digest_file = path.with_name(path.name + ".sha256")
+    digest_file = checkpoint_digest(path)
     try:
         expected = digest_file.read_text(errors="replace").split()[:1]
     except FileNotFoundError:
@@ -222,15 +222,11 @@ def unverified(path: Path) -> str | None:
     return None if expected == [actual] else "checksum mismatch"
 
 
-def _scores_file(path: Path) -> Path:
-    return path.with_name(path.name + ".json")
-
-
 def scores(path: Path) -> dict[str, float]:
     """The validation metrics of a checkpoint's weights ({} when none ran at its step, or for a
     checkpoint written before they were recorded)."""
     try:
-        record = json.loads(_scores_file(path).read_text())
+        record = json.loads(checkpoint_scores(path).read_text())
         return {str(k): float(v) for k, v in dict(record.get("val") or {}).items()}
     except (OSError, ValueError, TypeError, AttributeError):
         return {}
@@ -298,7 +294,7 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
     """A torch file's contents after checking the SHA-256 beside it, if any (weights_only)."""
-    digest_file = path.with_name(path.name + ".sha256")
+    digest_file = checkpoint_digest(path)
     if digest_file.is_file():
         try:
             expected = digest_file.read_text(errors="replace").split()[:1]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from typing import Any, TextIO
 
 from expctl.builtin import loggers as loggers_mod
 from expctl.errors import RunError
-from expctl.layout import RunDir
+from expctl.layout import RunDir, write_atomically
 
 log = logging.getLogger("expctl")
 
@@ -144,12 +143,9 @@ def truncate_metrics(run_dir: Path, rows: int | None, step: int) -> int:
     kept = whole[:rows] if rows is not None else [x for x in whole if _step(x) <= step]
     if len(kept) == len(lines):
         return 0
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        write_atomically(path, "".join(kept))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise write_failed(path, e) from None
     return len(lines) - len(kept)
 
@@ -319,13 +315,10 @@ def write_text(final: Path, text: str) -> None:
     Raises:
         RunError: the write failed (nothing is left under the final name).
     """
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
         final.parent.mkdir(mode=0o750, exist_ok=True)
-        tmp.write_text(text)
-        os.replace(tmp, final)
+        write_atomically(final, text)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise write_failed(final, e) from None
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import secrets
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,13 @@ from expctl import registry
 from expctl.config import schema as config_mod
 from expctl.config.schema import Config
 from expctl.errors import UserError
-from expctl.layout import RunDir, write_atomically
+from expctl.layout import (
+    RunDir,
+    checkpoint_scores,
+    checkpoint_step,
+    fresh_names,
+    write_atomically,
+)
 from expctl.rank.runlock import RunLock
 from expctl.rank.runlock import is_locked as is_locked  # read by `expctl status`
 
@@ -164,9 +168,8 @@ def _make(path: Path) -> bool:
 
 
 def _new_unique(root: Path, name: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for _ in range(100):
-        path = root / f"{name}-{stamp}-{secrets.token_hex(2)}"
+    for fresh in fresh_names(name):
+        path = root / fresh
         if _make(path):
             return path
     raise UserError(f"could not create a fresh run directory under {root}", "check run.root")
@@ -257,7 +260,7 @@ def _epochs_done(path: Path, step: int, epoch: int) -> int:
     newest = RunDir(path).checkpoint_files()
     if newest:
         try:
-            record = json.loads(Path(f"{newest[0]}.json").read_text())
+            record = json.loads(checkpoint_scores(newest[0]).read_text())
             if record.get("step") == step and isinstance(record.get("epoch"), int):
                 return int(record["epoch"])
         except (OSError, ValueError, AttributeError):
@@ -281,7 +284,7 @@ def _progress(path: Path) -> int | None:
     when it holds no run yet (a fresh directory, or one only created for a launch)."""
     newest = RunDir(path).checkpoint_files()
     if newest:
-        return int(newest[0].stem.removeprefix("step_"))
+        return checkpoint_step(newest[0])
     if not RunDir(path).metrics.is_file() or not RunDir(path).metrics.stat().st_size:
         return None
     rows = RunDir(path).metric_rows()
