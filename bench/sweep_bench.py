@@ -46,21 +46,39 @@ imports: [faulty]
 
 
 def sweep(cwd: Path, args: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
-    """`expctl run -m ARGS` in `cwd`; its wall time and stdout."""
+    """`expctl run -m ARGS` in `cwd`; its wall time and stdout, each line prefixed with the
+    seconds since the command started (`[  12.34] expctl: ...`)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [*EXPCTL, "run", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": _path(PLUGINS, REPO), **(env or {})},
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - t0
-    if proc.returncode:
-        raise SystemExit(
-            f"sweep failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    lines = []
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [*EXPCTL, "run", *args],
+            cwd=cwd,
+            env={**os.environ, "PYTHONPATH": _path(PLUGINS, REPO), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
         )
-    return wall, proc.stdout
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(f"[{time.perf_counter() - t0:8.2f}] {line}")
+        code = proc.wait()
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        if code:
+            raise SystemExit(
+                f"sweep failed ({code}):\n{''.join(lines)[-2000:]}\n{err.read()[-2000:]}"
+            )
+    return wall, "".join(lines)
+
+
+def timeline(stdout: str, wall: float) -> dict[str, float]:
+    """The driver's own time: from the command's start to its first trial's start, and from its
+    last trial's end to its exit."""
+    stamps = [(float(m[1]), m[2]) for m in re.finditer(r"^\[ *([0-9.]+)\] (.*)$", stdout, re.M)]
+    starts = [t for t, text in stamps if re.search(r"trial \d+ started", text)]
+    ends = [t for t, text in stamps if re.search(r"trial \d+ \w+ in [0-9.]+ s", text)]
+    return {"before_first_s": round(min(starts), 2), "after_last_s": round(wall - max(ends), 2)}
 
 
 def _path(*folders: Path) -> str:
@@ -96,6 +114,7 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(wall, 2),
         "ideal_s": round(ideal, 2),
         "ratio": round(wall / ideal, 3),
+        **timeline(out, wall),
     }
     print(
         f"{'trials':>6} {'at once':>7} {'trial s':>8} {'wall s':>7} {'ideal s':>8} {'wall/ideal':>10}"
@@ -103,6 +122,10 @@ def overhead(a: argparse.Namespace) -> dict[str, Any]:
     print(
         f"{row['trials']:>6} {n:>7} {row['trial_s_median']:>8} {row['wall_s']:>7} "
         f"{row['ideal_s']:>8} {row['ratio']:>10}"
+    )
+    print(
+        f"the driver's own: {row['before_first_s']} s before the first trial started, "
+        f"{row['after_last_s']} s after the last ended"
     )
     return row
 
@@ -239,6 +262,7 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
             label, extra, env = settings[key]
             wall, out = sweep(cwd, ["-m", *base, *extra], env)
             samples, train_s = _samples(cwd)
+            phases = {**_phases(cwd), **timeline(out, wall)}
             rows.append(
                 {
                     "setting": label,
@@ -250,6 +274,7 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
                     # the difference is its start-up (interpreter, CUDA, data) and final test
                     "trial_s_median": round(statistics.median(trial_times(out)), 2),
                     "train_s_median": round(statistics.median(train_s), 2),
+                    **phases,
                 }
             )
     first = rows[0]
@@ -262,6 +287,16 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
             f"{r['setting']:>14} {r['concurrent']:>7} {r['wall_s']:>7} {r['samples_per_s']:>10} "
             f"{first['wall_s'] / r['wall_s']:>9.2f}x {r['trial_s_median']:>8} {r['train_s_median']:>8}"
         )
+    print(
+        "s: the driver's start -> first trial started | last trial ended -> exit; a trial's "
+        "medians: config frozen -> its first log line (fork, CUDA, data, model) | -> first "
+        "logged step | last logged step -> result written"
+    )
+    for r in rows:
+        print(
+            f"{r['setting']:>14} {r['before_first_s']:>6} {r['after_last_s']:>6} | "
+            f"{r['setup_s']:>6} {r['first_steps_s']:>6} {r['end_s']:>6}"
+        )
     by = {r["key"]: r for r in rows}
     if "serial" in by and "one" in by:
         print(
@@ -272,6 +307,27 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
         ratio = by["quarter"]["samples_per_s"] / by["one"]["samples_per_s"]
         print(f"samples/s(0.25)/samples/s(1 each) = {ratio:.2f} (target >= 2)")
     return {"workload": a.workload, "trials": a.trials, "epochs": a.epochs, "rows": rows}
+
+
+def _phases(cwd: Path) -> dict[str, float]:
+    """Where a trial's time outside training goes, from its files' times (medians): its config
+    frozen by the driver -> its run's first log line (the process, CUDA, data, model) -> its first
+    logged step -> its last logged step -> its result.json."""
+    newest = max(cwd.glob("runs/*sweep*"), key=lambda p: p.stat().st_mtime)
+    setup, first, end = [], [], []
+    for trial in newest.glob("trial_*"):
+        line = (trial / "train.log").read_text().splitlines()[0]
+        stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        rows = [json.loads(x) for x in (trial / "metrics.jsonl").read_text().splitlines()]
+        times = [r["time"] for r in rows if "time" in r]
+        setup.append(stamp - (trial / "config.yaml").stat().st_mtime)
+        first.append(times[0] - stamp)
+        end.append((trial / "result.json").stat().st_mtime - times[-1])
+    return {
+        "setup_s": round(statistics.median(setup), 2),
+        "first_steps_s": round(statistics.median(first), 2),
+        "end_s": round(statistics.median(end), 2),
+    }
 
 
 def _samples(cwd: Path) -> tuple[float, list[float]]:

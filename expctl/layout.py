@@ -122,6 +122,49 @@ def atomic_file(path: Path, mode: int = 0o666, durable: bool = True) -> Iterator
         tmp.unlink(missing_ok=True)
 
 
+def kept_path(folder: str, source: Path, files: Iterable[Path]) -> Path | None:
+    """Where a value made from `files` is kept in the cache folder (`folder` in it): named by
+    `source` (one kept value per source) and stamped with each file's size, mtime, inode and
+    ctime (which nothing can set back); a file that is absent counts too. None: one cannot be
+    read."""
+    import hashlib
+
+    stamps = []
+    for f in files:
+        try:
+            st = f.stat()
+            stamps.append(f"{f}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
+        except FileNotFoundError:
+            stamps.append(f"{f}:-")
+        except OSError:
+            return None
+    name = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
+    stamp = hashlib.sha256("|".join(stamps).encode()).hexdigest()[:8]
+    return cache_dir() / folder / f"{name}-{stamp}"
+
+
+def read_kept(path: Path | None) -> Any:
+    """The value kept at `path` (`kept_path`), None when there is none."""
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def keep(path: Path | None, value: Any) -> None:
+    """Keep `value` at `path`, replacing what was kept for the same source, if JSON holds it as it
+    is (no tuples, no int keys)."""
+    if path is None:
+        return
+    text = json.dumps(value)
+    if json.loads(text) == value:
+        name = path.name.rsplit("-", 1)[0]
+        stale = list(path.parent.glob(f"{name}-*")) if path.parent.is_dir() else []
+        cache_write(path, [text.encode()], stale)
+
+
 def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
     """Write `path` whole or not at all (`atomic_file`).
 

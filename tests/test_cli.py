@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -234,6 +235,35 @@ def test_read_only_commands_import_no_torch(command: str, small_sweep: tuple[Pat
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "imported: []", proc.stdout
     assert len(proc.stdout.splitlines()) > 2, proc.stdout  # it printed what it read
+
+
+@pytest.mark.slow
+def test_sweep_table_of_an_ended_sweep_reads_no_journal_again_until_a_file_changes(
+    small_sweep: tuple[Path, str], tmp_path: Path
+) -> None:
+    cwd, sweep = small_sweep
+    copy = tmp_path / "copied"
+    shutil.copytree(sweep, copy)
+    heavy = ("optuna", "hydra", "omegaconf")
+
+    def table() -> tuple[str, str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", HEAVY_AFTER, ",".join(heavy), "sweep", "table", str(copy)],
+            cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        *shown, imported = proc.stdout.splitlines()
+        return "\n".join(shown), imported
+
+    first, imported = table()
+    assert imported != "imported: []"  # read from the journal
+    again, imported = table()
+    assert again == first
+    assert imported == "imported: []", "the trials ended: what was read of them is kept"
+    with open(copy / "trial_001" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "epoch": 1, "val/acc": 0.987654}\n')
+    changed, imported = table()
+    assert "0.9877" in changed and imported != "imported: []", changed
 
 
 def test_the_list_cache_key_changes_with_versions_and_sources(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import math
 import os
@@ -23,7 +22,7 @@ from expctl.config.schema import flatten
 from expctl.config.yamlfile import read_yaml
 from expctl.errors import UserError
 from expctl.inspect.status import STATES, not_a_run_hint, state
-from expctl.layout import RunDir, cache_dir, cache_write, metric_values
+from expctl.layout import RunDir, keep, kept_path, metric_values, read_kept
 
 log = logging.getLogger("expctl")
 
@@ -233,24 +232,12 @@ def _config(path: Path) -> dict[str, Any]:
     reading YAML safely (its size and aliases bounded, then OmegaConf's parser) takes 10-40 ms
     a file, and a run's frozen config rarely changes (a resume with another setting rewrites
     it), so `expctl runs` over a project's runs would spend seconds on it every time."""
-    import hashlib
-
-    try:
-        where, st = path.resolve(), path.stat()
-    except OSError:
-        return flatten(read_yaml(path, str(path)))  # its error names the file
-    name = hashlib.sha256(str(where).encode()).hexdigest()[:16]
-    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"  # ctime: not settable
-    kept = cache_dir() / "configs" / f"{name}-{hashlib.sha256(stamp.encode()).hexdigest()[:8]}"
-    with contextlib.suppress(OSError, ValueError):
-        config = json.loads(kept.read_text())
-        if isinstance(config, dict):
-            return config
-    config = flatten(read_yaml(path, str(path)))
-    text = json.dumps(config)
-    if json.loads(text) == config:  # JSON holds it as read (no int keys inside a list item)
-        stale = list(kept.parent.glob(f"{name}-*")) if kept.parent.is_dir() else []
-        cache_write(kept, [text.encode()], stale)
+    kept = kept_path("configs", path, [path]) if path.is_file() else None
+    config = read_kept(kept)
+    if isinstance(config, dict):
+        return config
+    config = flatten(read_yaml(path, str(path)))  # its error names the file
+    keep(kept, config)
     return config
 
 

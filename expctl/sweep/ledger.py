@@ -7,6 +7,8 @@ line of the error. It can be read while trials still run.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -21,12 +23,20 @@ from typing import Any
 
 from expctl.config import schema as config_mod
 from expctl.config.explain import parse_override
-from expctl.config.schema import SweepConfig
+from expctl.config.schema import PBTConfig, SweepConfig
 from expctl.errors import RunError, UserError
 from expctl.jobs import pbt
 from expctl.jobs.slurmstate import FINAL_STATES, job_states
 from expctl.jobs.study import open_study
-from expctl.layout import RunDir, SweepDir, metric_values, write_atomically
+from expctl.layout import (
+    RunDir,
+    SweepDir,
+    keep,
+    kept_path,
+    metric_values,
+    read_kept,
+    write_atomically,
+)
 
 log = logging.getLogger("expctl")
 
@@ -77,9 +87,17 @@ def settings(sweep_dir: Path) -> Any:
             "pass the folder `expctl run -m` printed",
         )
     trials = sweep.trials()
-    if trials:
-        return config_mod.load(trials[0].path).sweep
-    return SweepConfig()
+    if not trials:
+        return SweepConfig()
+    frozen = RunDir(trials[0].path).config
+    kept = kept_path("sweep-settings", frozen, [frozen])
+    values = read_kept(kept)
+    if isinstance(values, dict):
+        with contextlib.suppress(TypeError):  # kept by another version of expctl
+            return SweepConfig(**{**values, "pbt": PBTConfig(**values["pbt"])})
+    s = config_mod.load(trials[0].path).sweep
+    keep(kept, dataclasses.asdict(s))
+    return s
 
 
 def planned(spec: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
@@ -109,8 +127,19 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     started yet (`pending`)."""
     path = Path(sweep_dir)
     s = settings(path)
+    # a sweep whose trials all ended reads the same until a file below changes: what was read
+    # of it is kept (`sweep table` answers without Optuna's import and replay of the journal)
+    dirs_now = SweepDir(path).trials()
+    files = [SweepDir(path).journal, SweepDir(path).spec]
+    files += [f for r in dirs_now for f in (RunDir(r.path).metrics, RunDir(r.path).result)]
+    kept = kept_path("sweep-rows", path, files)
+    cached = read_kept(kept)
+    if isinstance(cached, list):
+        with contextlib.suppress(TypeError):  # kept by another version of expctl
+            return [Row(**r) for r in cached]
     latest: dict[int, Any] = {}
-    for t in _journal_trials(path, s):  # in attempt order: a retry comes after what it retries
+    trials, whole = _journal_trials(path, s)
+    for t in trials:  # in attempt order: a retry comes after what it retries
         latest[_number(t)] = t
     dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
@@ -119,18 +148,23 @@ def rows(sweep_dir: str | Path) -> list[Row]:
         spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
     except UserError as e:  # the trials the journal holds still show
         log.warning("%s: trials not started yet are not listed", e.message)
-        spec = {}
+        spec, whole = {}, False
     for n, (params, seed_idx) in enumerate(planned(spec)):
         if n not in latest:
             out.append(_unstarted(path, n, params, seed_idx, sampled=not spec.get("points")))
-    return sorted(out, key=lambda r: r.number)
+    out.sort(key=lambda r: r.number)
+    if whole and not any(r.status in ("pending", "running") for r in out):
+        keep(kept, [dataclasses.asdict(r) for r in out])
+    return out
 
 
-def _journal_trials(path: Path, s: SweepConfig) -> list[Any]:
-    """The journal's trials, with a warning for trial folders it holds no record of."""
+def _journal_trials(path: Path, s: SweepConfig) -> tuple[list[Any], bool]:
+    """The journal's trials, with a warning for trial folders it holds no record of; and
+    whether it was whole (no warning)."""
     journal = SweepDir(path).journal
     trials = read_study(path, s).get_trials(deepcopy=False)
-    if not journal.read_bytes().endswith(b"\n"):
+    whole = journal.read_bytes().endswith(b"\n")
+    if not whole:
         log.warning("%s: its last line is incomplete (being written, or truncated)", journal)
     # by name: the sweep may have been moved since the journal recorded its trials' paths
     recorded = {Path(t.user_attrs["run_dir"]).name for t in trials if "run_dir" in t.user_attrs}
@@ -139,7 +173,7 @@ def _journal_trials(path: Path, s: SweepConfig) -> list[Any]:
         log.warning(
             "%s holds no record of %s: the journal lost them", journal, ", ".join(missing[:5])
         )
-    return list(trials)
+    return list(trials), whole and not missing
 
 
 # what Optuna's replay of a damaged journal raises: a line not JSON, nested too deep, of another

@@ -184,7 +184,11 @@ def serve(req_fd: int, ev_fd: int, entry: Entry) -> None:
     from expctl.startup import paused_gc
 
     with paused_gc():
-        from expctl.jobs import launch  # noqa: F401 - torch, imported once for every trial
+        # torch, and torch._dynamo, which a trial's first optimizer imports (seconds: more than
+        # a short trial trains), imported once for every trial; neither starts a thread
+        import torch._dynamo  # noqa: F401
+
+        from expctl.jobs import launch  # noqa: F401
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
