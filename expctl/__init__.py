@@ -63,7 +63,8 @@ def evaluate(
 
 
 def sweep_results(sweep_dir: Any) -> Any:
-    """Every trial of a sweep: params, metrics, status, run directory (see expctl.sweep.results.load)."""
+    """Every trial of a sweep: params, metrics, status, run directory (see
+    expctl.sweep.results.load)."""
     from expctl.sweep.results import load  # no torch: reading a sweep trains nothing
 
     return load(sweep_dir)
@@ -85,8 +86,8 @@ def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """`expctl.Splits` and `expctl.DataInfo`, the dataset contract (see expctl.builtin.data), imported
-    on first use (they need torch)."""
+    """`expctl.Splits` and `expctl.DataInfo`, the dataset contract (see expctl.builtin.data),
+    imported on first use (they need torch)."""
     if name in ("Splits", "DataInfo"):
         from expctl.builtin import data
 

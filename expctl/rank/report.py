@@ -265,8 +265,9 @@ class Reporter:
             self._send({"epoch": payload.get("epoch", 0), **news}, int(payload.get("step", 0)))
 
     def close(self, status: str = "failed") -> None:
-        """End the bar, close the loggers with the run's `status` (`expctl.builtin.loggers.STATUSES`)
-        and the files (after a failed write, quietly: the error is on its way)."""
+        """End the bar, close the loggers with the run's `status`
+        (`expctl.builtin.loggers.STATUSES`) and the files (after a failed write, quietly: the
+        error is on its way)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
