@@ -290,9 +290,11 @@ def _speaks(e: UserError | RunError, command: str) -> bool:
 
 def _run(args: argparse.Namespace) -> int:
     if args.multirun:
+        from expctl.startup import ending
         from expctl.sweep import multirun as sweep
 
         outcome = sweep.multirun(args.config, args.overrides, repeat=args.repeat)
+        ending()
         return EXIT_FAILED if outcome.failed else 0  # it printed "N of M trial(s) failed: ..."
     if args.repeat:
         raise UserError(
@@ -360,9 +362,12 @@ def _sweep(args: argparse.Namespace) -> int:
 
         print(plots.plot(args.sweep_dir).describe())
     else:
+        from expctl.startup import ending
         from expctl.sweep import multirun as sweep
 
-        return EXIT_FAILED if sweep.resume(args.sweep_dir).failed else 0
+        outcome = sweep.resume(args.sweep_dir)
+        ending()
+        return EXIT_FAILED if outcome.failed else 0
     return 0
 
 

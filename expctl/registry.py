@@ -36,7 +36,7 @@ _SECTIONS = {
     "loggers": "logger",
 }
 LOGGER_RUNTIME = ("run_dir", "start_step")  # what expctl passes a logger that asks for it
-_BUILTIN_MODULES = (
+BUILTIN_MODULES = (
     "expctl.builtin.models",
     "expctl.builtin.tvmodels",
     *(f"expctl.builtin.datasets.{m}" for m in ("idx", "vision", "images", "arrays", "synthetic")),
@@ -196,7 +196,7 @@ def load_builtins() -> None:
     if _loaded:
         return
     _loaded = True
-    for mod in () if _DESCRIBED else _BUILTIN_MODULES:  # described: imported when called
+    for mod in () if _DESCRIBED else BUILTIN_MODULES:  # described: imported when called
         importlib.import_module(mod)
     from importlib.metadata import entry_points
 
@@ -228,14 +228,14 @@ def describe_builtins(described: Iterable[tuple[str, Entry, str]]) -> None:
 def builtin_entries() -> list[tuple[str, Entry, str]]:
     """Every entry expctl's own modules register (kind, entry, module), those their providers
     add included: what `describe_builtins` takes (plugins are not loaded)."""
-    for mod in _BUILTIN_MODULES:
+    for mod in BUILTIN_MODULES:
         importlib.import_module(mod)
     out = []
     for kind, reg in _REGISTRIES.items():
         _provide(kind)
         for name, entry in sorted(reg.entries.items()):
             origin = _ORIGINS.get((kind, name), "")
-            if origin in _BUILTIN_MODULES:
+            if origin in BUILTIN_MODULES:
                 out.append((kind, entry, origin))
     return out
 

@@ -4,6 +4,8 @@ completing read of them is the same as from their modules, without importing tor
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,11 +63,15 @@ print("imported:", sorted(m for m in ("torch", "hydra") if m in sys.modules))
 """
 
 
-def _expctl(cache: Path, *args: str) -> tuple[str, int, list[str]]:
-    """Output, exit code and what was imported of torch and Hydra."""
+def _expctl(cache: Path, *args: str, path: str = "") -> tuple[str, int, list[str]]:
+    """Output, exit code and what was imported of torch and Hydra (`path`: first on
+    PYTHONPATH)."""
+    env = cli_env(EXPCTL_CACHE_DIR=str(cache))
+    env["PYTHONPATH"] = f"{path}{os.pathsep}{env['PYTHONPATH']}" if path else env["PYTHONPATH"]
     proc = subprocess.run(
         [sys.executable, "-c", LOADED, *args],
-        env=cli_env(EXPCTL_CACHE_DIR=str(cache)),
+        env=env,
+        cwd=cache.parent,  # not the checkout: `-c` puts the working directory first
         capture_output=True,
         text=True,
         timeout=600,
@@ -75,30 +81,75 @@ def _expctl(cache: Path, *args: str) -> tuple[str, int, list[str]]:
     return "\n".join(out), int(code[5:]), json.loads(imported[10:].replace("'", '"'))
 
 
+def _unshipped(tmp_path: Path) -> str:
+    """A copy of the expctl package without its shipped description (as for torch versions it
+    was not made for), for PYTHONPATH."""
+    copy = tmp_path / "unshipped"
+    shutil.copytree(
+        Path(catalogue.__file__).parents[1],  # the package, of which catalogue is in builtin/
+        copy / "expctl",
+        ignore=shutil.ignore_patterns("__pycache__", catalogue.SHIPPED.name),
+    )
+    return str(copy)
+
+
+def test_the_shipped_description_is_this_source_trees() -> None:
+    shipped = json.loads(catalogue.SHIPPED.read_text())
+    key = catalogue.shipped_key()
+    versions = {k: v for k, v in key.items() if k != "sources"}
+    if {k: shipped["made_from"][k] for k in versions} != versions:
+        pytest.skip(f"made for {shipped['made_from']}, the versions CI pins; here {versions}")
+    fresh = json.loads(json.dumps([catalogue.encode(*b) for b in registry.builtin_entries()]))
+    hint = "describe them again: python -m expctl.builtin.catalogue"
+    assert shipped["entries"] == fresh, hint
+    assert shipped["made_from"] == key, hint
+
+
+@pytest.mark.slow
+def test_first_use_after_install_reads_the_shipped_description(tmp_path: Path) -> None:
+    """A fresh cache folder, or one that cannot be made: the first list, show, completion and
+    help answer from the description shipped in the package, without torch."""
+    if catalogue._shipped() is None:
+        pytest.skip("the shipped description was made for other versions (see the test above)")
+    for cache in (tmp_path / "cache", tmp_path / "not-a-folder"):
+        if cache.name == "not-a-folder":
+            cache.write_text("")
+        words, code, imported = _expctl(cache, "_words")
+        assert code == 0 and imported == [] and "model=resnet18" in words.splitlines()
+        helped, code, imported = _expctl(cache, "run", "--help")
+        assert code == 0 and imported == [] and "background" not in helped
+        listed, code, imported = _expctl(cache, "list", "models")
+        assert code == 0 and imported == [] and "resnet18" in listed
+        shown, code, imported = _expctl(cache, "show", "model=resnet18")
+        assert code == 0 and imported == ["hydra"] and "width_per_group: 64" in shown
+
+
 @pytest.mark.slow
 def test_first_use_describes_in_the_background_then_nothing_loads_torch(tmp_path: Path) -> None:
-    """A fresh cache folder: help and completion say what they know without torch and start
-    the description; `list` waits for it; from then on list, show, help and completion import
-    no torch and print what the modules themselves give (a cache folder that cannot be made)."""
+    """Without a shipped description that fits, with a fresh cache folder: help and completion
+    say what they know without torch and start the description; `list` waits for it; from then
+    on list, show, help and completion import no torch and print what the modules themselves
+    give (a cache folder that cannot be made)."""
     cache, none = tmp_path / "cache", tmp_path / "not-a-folder"
     none.write_text("")
-    words, code, imported = _expctl(cache, "_words")
+    pkg = _unshipped(tmp_path)
+    words, code, imported = _expctl(cache, "_words", path=pkg)
     assert code == 1 and imported == [], "not all words yet: the shell asks again"
     assert "launcher=local" in words and "model=resnet18" not in words
-    helped, code, imported = _expctl(cache, "run", "--help")
+    helped, code, imported = _expctl(cache, "run", "--help", path=pkg)
     assert code == 0 and imported == [] and "described in the background" in helped
     for args in (["list"], ["show", "model=resnet18", "logger=[csv]"]):
-        described, code, imported = _expctl(cache, *args)
+        described, code, imported = _expctl(cache, *args, path=pkg)
         assert code == 0 and imported == (["hydra"] if args[0] == "show" else []), args
-        real, code, imported = _expctl(none, *args)
+        real, code, imported = _expctl(none, *args, path=pkg)
         assert (code, described) == (0, real) and "torch" in imported, args
-    words, code, imported = _expctl(cache, "_words")
+    words, code, imported = _expctl(cache, "_words", path=pkg)
     assert code == 0 and imported == []
     wanted = {"model=resnet18", "logger=csv", "train.step=gan", "logger.wandb.mode="}
     assert wanted <= set(words.splitlines())
-    helped, _, imported = _expctl(cache, "run", "--help")
+    helped, _, imported = _expctl(cache, "run", "--help", path=pkg)
     assert imported == [] and "resnet18" in helped and "background" not in helped
-    mine, code, imported = _expctl(cache, "list", "models", "--import", "faulty")
+    mine, code, imported = _expctl(cache, "list", "models", "--import", "faulty", path=pkg)
     assert code == 0 and "tiny_custom" in mine and "resnet18" in mine and "torch" in imported
     script, _, _ = _expctl(cache, "completion", "bash")
     (tmp_path / "expctl.bash").write_text(script)

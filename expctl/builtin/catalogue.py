@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -53,13 +54,18 @@ def snapshot_file() -> Path:
 
 
 def describe(wait: bool = True) -> bool:
-    """Serve the built-in components from the snapshot (True), starting a background process
-    that makes it when there is none. `wait`: wait for that process (a note on a terminal);
-    False when it fails, then the caller imports the components itself (`registry.get`)."""
+    """Serve the built-in components from the snapshot (True): this environment's, else the
+    one shipped with expctl when it describes this environment, else one a background process
+    makes. `wait`: wait for that process (a note on a terminal); False when it fails, then the
+    caller imports the components itself (`registry.get`)."""
     if registry.builtins_known():
         return True
     path = snapshot_file()
     described = _read(path)
+    shipped = _shipped() if described is None else None
+    if shipped is not None:
+        write(path, shipped)  # this environment's from now on
+        described = [decode(d) for d in shipped]
     if described is None:
         if not start(path) or not wait or not _wait(path):
             return False
@@ -68,6 +74,60 @@ def describe(wait: bool = True) -> bool:
             return False
     registry.describe_builtins(described)
     return True
+
+
+# The snapshot shipped in the package, made for the versions CI pins (.ci/constraints.txt):
+# after `pip install`, the first command that reads the components does not wait for torch's
+# import. It holds what it was made from; a test checks that it is this source tree's.
+SHIPPED = Path(__file__).with_name("catalogue.json")
+
+
+def shipped_key() -> dict[str, str]:
+    """What the shipped snapshot must have been made from to describe this environment: the
+    Python minor version, torch's and torchvision's versions, and the contents of the modules
+    that register the built-in components (and of those that describe them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": "{}.{}".format(*sys.version_info[:2])}
+    for dist in ("torch", "torchvision"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = ""
+    digest = hashlib.sha256()
+    describing = (
+        "expctl.builtin.catalogue",
+        "expctl.registry",
+        "expctl.builtin.checks",
+        "expctl.builtin.datasets.tensors",
+    )
+    for module in (*registry.BUILTIN_MODULES, *describing):
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            return {}
+        digest.update(module.encode() + b"\0" + Path(spec.origin).read_bytes())
+    out["sources"] = digest.hexdigest()
+    return out
+
+
+def _shipped() -> list[dict[str, Any]] | None:
+    """The shipped snapshot's entries, when it describes this environment."""
+    try:
+        shipped = json.loads(SHIPPED.read_text())
+        if shipped["made_from"] and shipped["made_from"] == shipped_key():
+            return list(shipped["entries"])
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    return None
+
+
+def write_shipped() -> None:
+    """Describe this environment's components into the package (`python -m expctl.builtin.catalogue`),
+    for the versions CI pins."""
+    entries = [encode(*described) for described in registry.builtin_entries()]
+    lines = ",\n".join(json.dumps(e) for e in entries)  # an entry a line: diffs show what changed
+    made_from = json.dumps(shipped_key())
+    SHIPPED.write_text(f'{{"made_from": {made_from},\n"entries": [\n{lines}\n]}}\n')
 
 
 def listing(kinds: Sequence[str]) -> str:
@@ -386,3 +446,7 @@ class _Opaque:
 def _opaque(text: str, type_name: str) -> _Opaque:
     cls = type(type_name, (_Opaque,), {})
     return cls(text)
+
+
+if __name__ == "__main__":
+    write_shipped()

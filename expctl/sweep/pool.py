@@ -56,6 +56,7 @@ class Pool:
         self._waiting: list[Proc] = []  # asked to start, pid not yet known
         self._buf = b""
         self._sel = selectors.DefaultSelector()
+        self._environ = dict(os.environ)  # the zygote's; a trial gets what changed since too
         if threading.active_count() == 1 and hasattr(os, "fork"):
             self._fork_zygote(entry)
         else:  # another thread may hold a lock a fork would copy: a fresh interpreter
@@ -100,9 +101,10 @@ class Pool:
 
     def start(self, p: Proc) -> None:
         """Ask the zygote for a process; its pid arrives with `wait`."""
+        changed = {k: v for k, v in os.environ.items() if self._environ.get(k) != v}
         request = {
             "argv": p.argv,
-            "env": p.env,
+            "env": {**changed, **p.env},
             "cores": list(p.cores),
             "output": str(p.output),
         }
@@ -161,10 +163,14 @@ class Pool:
                 os.killpg(p.pid or 0, signum)
 
     def close(self) -> None:
-        """Kill what still runs and end the zygote."""
+        """Kill what still runs and end the zygote (once: a second call does nothing)."""
+        if self._requests.closed:
+            return
         self.signal(signal.SIGKILL)
         with contextlib.suppress(OSError):
             self._requests.close()
+        with contextlib.suppress(OSError):  # it may still be importing torch, started early
+            os.kill(self._zygote_pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(self._zygote_pid, 0)
         self._sel.close()

@@ -38,7 +38,6 @@ from expctl.errors import (
     RunError,
     UserError,
 )
-from expctl.jobs.exploit import continue_as_copy
 from expctl.jobs.study import (
     SHARE_ENV,
     TrialRef,
@@ -343,7 +342,8 @@ def trial_main(argv: Sequence[str]) -> int:
     process_is_the_run()
     print(f"{HEADER} {request['where']}".rstrip(), flush=True)
     try:
-        from expctl.jobs import launch
+        from expctl.jobs import launch  # torch: a trial's, never its driver's
+        from expctl.jobs.exploit import continue_as_copy  # torch's checkpoints
 
         cfg = config_mod.load(request["run_dir"])
         origin = Launch.from_json(Path(request["launch"]).read_text())
