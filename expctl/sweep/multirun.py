@@ -40,6 +40,7 @@ from expctl.rank import rundir
 from expctl.rank.provenance import Launch
 from expctl.sweep import ledger, results
 from expctl.sweep.ledger import Best
+from expctl.sweep.pool import Pool
 from expctl.sweep.space import MAX_VALUES, Dimension, check_values, grid, parse_space
 
 log = logging.getLogger("expctl")
@@ -216,6 +217,25 @@ def multirun(
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
     notes: list[str] = []
     space = plan(config_file, overrides, notes)  # every point is valid before anything exists
+    if space.base.launcher.name == "slurm":
+        return _multirun(config_file, overrides, space, notes, repeat, None)
+    from expctl.sweep import trials  # lazy: `sweep table` never needs it
+
+    pool = trials.forker()  # it imports torch while the sweep is made
+    try:
+        return _multirun(config_file, overrides, space, notes, repeat, pool)
+    finally:
+        pool.close()
+
+
+def _multirun(
+    config_file: str | None,
+    overrides: Sequence[str],
+    space: Plan,
+    notes: list[str],
+    repeat: int | None,
+    pool: Pool | None,
+) -> Outcome:
     base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
     repeat = s.repeat if repeat is None else repeat
@@ -268,7 +288,7 @@ def multirun(
         f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
         flush=True,
     )
-    return run_trials(sweep_dir, base, origin=origin, planned=planned)
+    return run_trials(sweep_dir, base, origin=origin, planned=planned, pool=pool)
 
 
 def _check_size(configurations: int, repeat: int) -> None:
@@ -375,6 +395,7 @@ def run_trials(
     todo: list[Slot] | None = None,
     origin: Launch | None = None,
     planned: snapshot.Plan | None = None,
+    pool: Pool | None = None,
 ) -> Outcome:
     """Run the sweep's (remaining) trials: one after another here, or as a Slurm job array (whose
     trials have not ended when this returns: none counts as failed).
@@ -383,6 +404,7 @@ def run_trials(
         origin: the command that runs them (`expctl run -m`, `sweep resume`), pinned.
         planned: the code snapshot of a Slurm sweep, checked before the sweep was created
             (None: planned here, once the trials' `imports:` are imported).
+        pool: the local trials' forker, started early (None: started here).
     """
     origin = origin or Launch.here(None).pin()
     if todo is None:
@@ -416,7 +438,7 @@ def run_trials(
         (cfg,) = _trial_configs(sweep_dir, base, [slot], study)
         return trials.with_share(cfg, use.share)
 
-    trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep)
+    trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(ledger.best(sweep_dir)), flush=True)

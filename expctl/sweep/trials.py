@@ -79,6 +79,13 @@ def machine(base: Config) -> resources.Machine:
     return resources.Machine.here(gpus)
 
 
+def forker() -> Pool:
+    """The trials' processes' forker (a zygote that imports torch and torch._dynamo: seconds on
+    a GPU machine), started now: a sweep's driver starts it once its points are composed (the
+    `imports:` modules loaded), so that it loads while the driver makes the sweep."""
+    return Pool(trial_main)
+
+
 def plan_for(base: Config, trials: int) -> resources.Plan:
     s = base.sweep
     ranks = base.launcher.nproc if base.launcher.name == "local" else 1
@@ -101,16 +108,18 @@ def run_local(
     make_config: Callable[[Any], Config],
     origin: Launch,
     settings: SweepConfig,
+    pool: Pool | None = None,
 ) -> None:
     """Run the trials `todo` (each made into a frozen trial config by `make_config`, when it
-    starts) side by side as `plan` allows; returns when all ended.
+    starts) side by side as `plan` allows; returns when all ended. `pool`: the trials' forker,
+    if one was started early (`forker`); it is closed here.
 
     Raises:
         Interrupted: Ctrl-C or SIGTERM stopped the sweep (its trials at a checkpoint).
         RunError: the sweep's journal could not be written (a full disk): trials stopped.
     """
     print(f"expctl: {plan.describe()}", flush=True)
-    driver = Driver(sweep_dir, plan, make_config, settings)
+    driver = Driver(sweep_dir, plan, make_config, settings, pool)
     try:
         SweepDir(sweep_dir).launch.write_text(origin.to_json())
         driver.run(deque(todo))
@@ -142,6 +151,7 @@ class Driver:
         plan: resources.Plan,
         make_config: Callable[[Any], Config],
         settings: SweepConfig,
+        pool: Pool | None = None,
     ) -> None:
         self.sweep_dir, self.plan, self.make_config = sweep_dir, plan, make_config
         self.settings = settings
@@ -149,7 +159,7 @@ class Driver:
         self.running: dict[int, Running] = {}
         self.board = Board(sys.stdout, sweep_dir)
         self.stop = _Stop()
-        self.pool = Pool(trial_main)
+        self.pool = pool or forker()
 
     def run(self, queue: deque[Any]) -> None:
         """Start trials as their shares free up (a freed share starts the next trial at once;
