@@ -26,8 +26,9 @@ def score(run_dir: Path) -> tuple[int, int]:
     the run's own numerics (precision, batch size, memory format): bf16 on a GPU can flip an
     argmax when any of them differs."""
     import expctl
-    from expctl import config, registry
-    from expctl.build import resolve_precision
+    from expctl import registry
+    from expctl.config import schema as config
+    from expctl.rank.build import resolve_precision
 
     cfg = config.load(run_dir)
     registry.import_user_modules(cfg.imports)

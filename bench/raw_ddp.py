@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
     import torch
 
-    from expctl.datasets.idx import fashion_mnist
-    from expctl.datasets.synthetic import synthetic
+    from expctl.builtin.datasets.idx import fashion_mnist
+    from expctl.builtin.datasets.synthetic import synthetic
 
     if args.data == "fashion":
         splits = fashion_mnist(root=args.root)
@@ -41,7 +41,7 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.utils.data.T
 
 def make_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """The network by expctl's name for it, built by the same builder expctl uses."""
-    from expctl import models
+    from expctl.builtin import models
 
     if name == "mlp":
         return models.mlp(input_shape=input_shape, num_classes=num_classes)

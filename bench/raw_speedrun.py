@@ -17,9 +17,9 @@ import torch
 
 
 def main() -> None:
-    from expctl.data import augment
-    from expctl.datasets.idx import fashion_mnist
-    from expctl.models import speednet
+    from expctl.builtin.data import augment
+    from expctl.builtin.datasets.idx import fashion_mnist
+    from expctl.builtin.models import speednet
 
     p = argparse.ArgumentParser()
     p.add_argument("--root", default=None)

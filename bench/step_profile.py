@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from expctl import register
-from expctl.steps import Supervised
+from expctl.builtin.steps import Supervised
 
 FROM = int(os.environ.get("PROFILE_FROM", "60"))
 STEPS = int(os.environ.get("PROFILE_STEPS", "20"))

@@ -1,7 +1,7 @@
 """What starting a rank's DataLoader workers costs, by start method (issue 28, DESIGN.md trap 13).
 
 A rank that forks while another of its threads runs can hang the child, so expctl forks its
-workers once, before any thread exists (`expctl/reader.py`). The alternatives start workers that
+workers once, before any thread exists (`expctl/builtin/reader.py`). The alternatives start workers that
 do not inherit the forking process's threads: `forkserver` (a server interpreter forks them) and
 `spawn` (a fresh interpreter each). Measured here in a process that imported torch and expctl
 (what a rank holds), on samples made in `__getitem__`:
@@ -64,7 +64,7 @@ def _first_batch(loader: DataLoader[Any]) -> float:
 
 def one(method: str, workers: int) -> dict[str, float]:
     """In this process: start and pass times of `method` (seconds)."""
-    import expctl.train  # noqa: F401  (what a rank has imported before its workers start)
+    import expctl.rank.train  # noqa: F401  (what a rank has imported before its workers start)
 
     loader = _loader(method, workers)
     out = {"start": _first_batch(loader), "pass": _first_batch(loader)}

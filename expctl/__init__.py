@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from expctl import _moved
 from expctl.errors import UserError
 
 __version__ = "0.2.0.dev0"
+_moved.install()  # the module paths from before the wings, for one release
 __all__ = [
     "run",
     "load_model",
@@ -61,16 +63,17 @@ def evaluate(
 
 
 def sweep_results(sweep_dir: Any) -> Any:
-    """Every trial of a sweep: params, metrics, status, run directory (see expctl.results.load)."""
-    from expctl.results import load  # no torch: reading a sweep trains nothing
+    """Every trial of a sweep: params, metrics, status, run directory (see
+    expctl.sweep.results.load)."""
+    from expctl.sweep.results import load  # no torch: reading a sweep trains nothing
 
     return load(sweep_dir)
 
 
 def runs(*roots: Any) -> Any:
     """Every run directory under `roots` (default: runs), sweep trials included: status, the
-    config keys that differ, final and best metrics, wall time (see expctl.compare.load)."""
-    from expctl.compare import load  # no torch: reading runs trains nothing
+    config keys that differ, final and best metrics, wall time (see expctl.inspect.compare.load)."""
+    from expctl.inspect.compare import load  # no torch: reading runs trains nothing
 
     return load(roots or ("runs",))
 
@@ -83,10 +86,10 @@ def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """`expctl.Splits` and `expctl.DataInfo`, the dataset contract (see expctl.data), imported
-    on first use (they need torch)."""
+    """`expctl.Splits` and `expctl.DataInfo`, the dataset contract (see expctl.builtin.data),
+    imported on first use (they need torch)."""
     if name in ("Splits", "DataInfo"):
-        from expctl import data
+        from expctl.builtin import data
 
         return getattr(data, name)
     raise AttributeError(f"module 'expctl' has no attribute {name!r}")

@@ -15,12 +15,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from expctl import compose, launch, registry
-from expctl import config as config_mod
+from expctl import registry
+from expctl.config import compose
+from expctl.config import schema as config_mod
 from expctl.errors import UserError, did_you_mean
-from expctl.launch import Result
+from expctl.jobs import launch
+from expctl.jobs.launch import Result
 from expctl.layout import RunDir
-from expctl.provenance import Launch
+from expctl.rank.provenance import Launch
 
 
 def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = True) -> Result:
@@ -125,7 +127,7 @@ def load_model(
     Raises:
         UserError: no run directory or no such loadable checkpoint.
     """
-    from expctl import checkpoint as ckpt  # lazy: torch loads only when a model does
+    from expctl.rank import checkpoint as ckpt  # lazy: torch loads only when a model does
 
     if checkpoint is not None and which is not None:
         raise UserError(
@@ -166,8 +168,8 @@ def evaluate(
     Raises:
         UserError: not a run, no such checkpoint or split, a bad override.
     """
-    from expctl import checkpoint as ckpt  # lazy: torch loads only when a model does
-    from expctl.rank import Evaluation
+    from expctl.rank import checkpoint as ckpt  # lazy: torch loads only when a model does
+    from expctl.rank.entry import Evaluation
 
     overrides = override_list(overrides)
     run = RunDir(Path(run_dir).expanduser().absolute())

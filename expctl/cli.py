@@ -176,7 +176,8 @@ class _GroupsHelp(argparse.Action):
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: object
     ) -> None:
         parser.print_help()
-        from expctl import catalogue, completion
+        from expctl import completion
+        from expctl.builtin import catalogue
 
         described = catalogue.describe(wait=False)  # never torch: what is described, else less
         try:
@@ -201,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     if args.command in ("status", "sweep", "runs", "diff", "show", "list", "eval"):
-        from expctl.report import warnings_to_stderr
+        from expctl.rank.report import warnings_to_stderr
 
         warnings_to_stderr()
     try:
@@ -216,14 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sweep":
             return _sweep(args)
         if args.command == "status":
-            from expctl.status import status
+            from expctl.inspect.status import status
 
             print(status(args.run_dir))
             return 0
         if args.command == "runs":
             return _runs(args)
         if args.command == "diff":
-            from expctl import compare
+            from expctl.inspect import compare
 
             print(compare.diff(args.run_a, args.run_b))
             return 0
@@ -233,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(completion.completion_script(_parser(), args.shell))
             return 0
         if args.command == "_words":  # what completion offers for KEY=VALUE (hidden)
-            from expctl import catalogue, completion
+            from expctl import completion
+            from expctl.builtin import catalogue
 
             described = catalogue.describe(wait=False)
             print("\n".join(completion.completion_words(described)))
@@ -242,12 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from expctl.startup import paused_gc
 
             with paused_gc():
-                from expctl import launch  # torch
+                from expctl.jobs import launch  # torch
 
             launch.worker(args.run_dir, args.evaluation, args.config, args.launch)
             return 0
         if args.command == "_zygote":
-            from expctl import pool, trials
+            from expctl.sweep import pool, trials
 
             return pool.zygote_main(trials.trial_main)
         _parser().print_help()
@@ -288,8 +290,8 @@ def _speaks(e: UserError | RunError, command: str) -> bool:
 
 def _run(args: argparse.Namespace) -> int:
     if args.multirun:
-        from expctl import sweep
         from expctl.startup import ending
+        from expctl.sweep import multirun as sweep
 
         outcome = sweep.multirun(args.config, args.overrides, repeat=args.repeat)
         ending()
@@ -342,7 +344,7 @@ def _sweep(args: argparse.Namespace) -> int:
             f"expctl sweep table {given[0]} ... {args.sweep_dir}",
         )
     if args.action == "table":  # reads files only: no torch (pyproject's contracts)
-        from expctl import results
+        from expctl.sweep import results
 
         if args.json:
             print(results.to_json(results.load(args.sweep_dir).select(args.sort, args.filter)))
@@ -352,16 +354,16 @@ def _sweep(args: argparse.Namespace) -> int:
         else:
             print(results.table(args.sweep_dir, args.sort, args.filter))
     elif args.action == "best":
-        from expctl import ledger
+        from expctl.sweep import ledger
 
         print(ledger.best(args.sweep_dir).describe())
     elif args.action == "plot":
-        from expctl import plots
+        from expctl.sweep import plots
 
         print(plots.plot(args.sweep_dir).describe())
     else:
-        from expctl import sweep
         from expctl.startup import ending
+        from expctl.sweep import multirun as sweep
 
         outcome = sweep.resume(args.sweep_dir)
         ending()
@@ -370,7 +372,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from expctl import compare, tables
+    from expctl import tables
+    from expctl.inspect import compare
 
     wanted = [c.strip() for c in (args.columns or "").split(",") if c.strip()]
     if args.json or args.csv:
@@ -386,7 +389,9 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from expctl import catalogue, compose, config
+    from expctl.builtin import catalogue
+    from expctl.config import compose
+    from expctl.config import schema as config
     from expctl.dist import detect
     from expctl.startup import paused_gc
 
@@ -405,7 +410,8 @@ def _show(args: argparse.Namespace) -> int:
     if cfg.launcher.name == "slurm":  # rendered before anything is printed: it may refuse
         from pathlib import Path
 
-        from expctl import rundir, slurm
+        from expctl.jobs import slurm
+        from expctl.rank import rundir
 
         run_dir = rundir.deterministic_dir(cfg, None)
         if run_dir is None:
@@ -418,7 +424,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from expctl import catalogue, registry
+    from expctl import registry
+    from expctl.builtin import catalogue
 
     catalogue.describe()  # expctl's own without torch; --import modules and plugins on top
     registry.import_user_modules(args.imports)

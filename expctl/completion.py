@@ -16,9 +16,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from expctl import config as schema
-from expctl import explain
-from expctl.compose import GROUPS, LOGGER, PRESETS, group_options
+from expctl.config import explain, schema
+from expctl.config.compose import GROUPS, LOGGER, PRESETS, group_options
 from expctl.errors import UserError
 from expctl.registry import KINDS, names
 
@@ -72,7 +71,8 @@ def completion_words(described: bool = True) -> list[str]:
 
 
 def _logger_keys(name: str) -> list[str]:
-    from expctl import confstore, registry
+    from expctl import registry
+    from expctl.config import confstore
 
     return list(confstore.node_defaults(LOGGER, registry.get("loggers", name)))
 

@@ -32,10 +32,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from expctl.errors import UserError
 
@@ -62,28 +63,63 @@ def cache_key(versions: Iterable[str], files: Iterable[Path]) -> str:
 
 
 def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ()) -> None:
-    """Write a cache file atomically (a temporary file in its folder, then renamed) and remove
-    `stale` older versions of it. A cache that cannot be written is no error: the temporary file
-    is removed whatever fails (a full disk, a signal's exception), and the caller makes the
-    content again next time."""
-    import tempfile
-
-    tmp: Path | None = None
+    """Write a cache file atomically (`atomic_file`, not flushed to disk: a lost cache is made
+    again) and remove `stale` older versions of it. A cache that cannot be written is no error:
+    the temporary file is removed whatever fails (a full disk, a signal's exception), and the
+    caller makes the content again next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
-            tmp = Path(f.name)
+        with atomic_file(path, durable=False) as f:
             for chunk in chunks:
                 f.write(chunk)
-        os.replace(tmp, path)
         for old in stale:
-            if old != path and old.suffix != ".tmp":
+            if old != path and not is_temporary(old):
                 old.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def _temporary(path: Path) -> Path:
+    """Where `atomic_file` writes `path` before it is whole: hidden beside it, this process's."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
+
+
+def is_temporary(path: Path) -> bool:
+    """Whether `path` is a file `atomic_file` has not finished."""
+    return path.name.startswith(".") and ".tmp-" in path.name
+
+
+def temporaries(folder: Path, name: str = "*") -> list[Path]:
+    """The unfinished files of `folder` whose final names match `name` (a glob): what a process
+    killed mid-write left."""
+    return sorted(folder.glob(f".{name}.tmp-*"))
+
+
+@contextmanager
+def atomic_file(path: Path, mode: int = 0o666, durable: bool = True) -> Iterator[BinaryIO]:
+    """A file written to whole or not at all, the one way expctl replaces a file: the block
+    writes a temporary file in the same folder, which then is flushed to disk (unless not
+    `durable`) and renamed over `path`. A reader (or a crash, or a full disk) never finds a
+    half-written or empty file under the name; the temporary file is removed whatever fails,
+    and `path` stays as it was when the block raises.
+
+    Args:
+        mode: the new file's permissions, less the umask.
+        durable: fsync before the rename (a cache that can be made again need not).
+
+    Raises:
+        OSError: the write failed (`path` is as it was).
+    """
+    tmp = _temporary(path)
+    try:
+        with open(tmp, "xb", opener=lambda p, flags: os.open(p, flags, mode)) as f:
+            yield f  # f.name: the temporary file's path
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
     finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def kept_path(folder: str, source: Path, files: Iterable[Path]) -> Path | None:
@@ -130,9 +166,7 @@ def keep(path: Path | None, value: Any) -> None:
 
 
 def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
-    """Write `path` whole or not at all: a temporary file in its folder, flushed to disk, then
-    renamed over it. A reader (or a crash, or a full disk) never leaves a half-written or empty
-    file under the name; the temporary file is removed whatever fails.
+    """Write `path` whole or not at all (`atomic_file`).
 
     Args:
         mode: the new file's permissions, less the umask.
@@ -140,16 +174,8 @@ def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
     Raises:
         OSError: the write failed (`path` is as it was).
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with open(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path, mode) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
@@ -355,11 +381,53 @@ class RunDir:
         """Where the run's ``imports:`` modules were found (see `read_imports`)."""
         return read_imports(self.imports)
 
+    def checkpoint(self, step: int) -> Path:
+        """Where the checkpoint of `step` goes (`checkpoint_set` names the files beside it)."""
+        return self.checkpoints / f"{_STEP}{step:09d}{_PT}"
+
+    def checkpoint_temporaries(self) -> list[Path]:
+        """Checkpoint files (and the files beside them) a process killed mid-write left."""
+        return temporaries(self.checkpoints, f"{_STEP}*") if self.checkpoints.is_dir() else []
+
     def checkpoint_files(self) -> list[Path]:
         """The checkpoint files, newest first."""
         if not self.checkpoints.is_dir():
             return []
-        return sorted(self.checkpoints.glob("step_*.pt"), reverse=True)
+        return sorted(self.checkpoints.glob(f"{_STEP}*{_PT}"), reverse=True)
+
+
+def fresh_names(prefix: str, tries: int = 100) -> Iterator[str]:
+    """Names for a new run or sweep directory, PREFIX-YYYYmmdd-HHMMSS-XXXX, another random
+    suffix each: the caller makes the first that does not exist yet (`mkdir`, atomic)."""
+    import secrets
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for _ in range(tries):
+        yield f"{prefix}-{stamp}-{secrets.token_hex(2)}"
+
+
+_STEP, _PT = "step_", ".pt"  # checkpoints/step_000001234.pt: sorted by name is sorted by step
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a checkpoint file holds, from its name."""
+    return int(checkpoint.name.removeprefix(_STEP).removesuffix(_PT))
+
+
+def checkpoint_digest(checkpoint: Path) -> Path:
+    """The SHA-256 of a checkpoint's file, beside it (`sha256sum -c` reads it)."""
+    return checkpoint.with_name(checkpoint.name + ".sha256")
+
+
+def checkpoint_scores(checkpoint: Path) -> Path:
+    """The step, epoch and validation metrics of a checkpoint's weights, beside it."""
+    return checkpoint.with_name(checkpoint.name + ".json")
+
+
+def checkpoint_set(checkpoint: Path) -> tuple[Path, Path, Path]:
+    """A checkpoint's files: its weights, their SHA-256, the validation metrics of its weights."""
+    return checkpoint, checkpoint_digest(checkpoint), checkpoint_scores(checkpoint)
 
 
 def _damaged_spec(path: Path, why: str) -> UserError:

@@ -37,12 +37,12 @@ _SECTIONS = {
 }
 LOGGER_RUNTIME = ("run_dir", "start_step")  # what expctl passes a logger that asks for it
 BUILTIN_MODULES = (
-    "expctl.models",
-    "expctl.tvmodels",
-    *(f"expctl.datasets.{m}" for m in ("idx", "vision", "images", "arrays", "synthetic")),
-    "expctl.optim",
-    "expctl.steps",
-    "expctl.loggers",
+    "expctl.builtin.models",
+    "expctl.builtin.tvmodels",
+    *(f"expctl.builtin.datasets.{m}" for m in ("idx", "vision", "images", "arrays", "synthetic")),
+    "expctl.builtin.optim",
+    "expctl.builtin.steps",
+    "expctl.builtin.loggers",
 )
 
 
@@ -220,7 +220,7 @@ def describe_builtins(described: Iterable[tuple[str, Entry, str]]) -> None:
         return
     for kind, entry, module in described:
         reg = _REGISTRIES[canonical_kind(kind)]
-        if entry.name not in reg.entries:  # registered for real meanwhile (expctl.loggers)
+        if entry.name not in reg.entries:  # registered for real meanwhile (expctl.builtin.loggers)
             reg.add(entry)
             _DESCRIBED[(reg.kind, entry.name)] = (entry, module)
 

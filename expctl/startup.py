@@ -60,7 +60,7 @@ def ending() -> None:
     """Say that this process ends now (a sweep's driver, its sweep done): what it made is left
     to the operating system. Python's collections at exit would walk every object that torch,
     torch._dynamo and Optuna made (1-2 s on a small machine, after the sweep's last line); none
-    of them needs collecting. Not for a process that goes on (a notebook's `expctl.sweep`)."""
+    of them needs collecting. Not for a process that goes on (a notebook's `expctl.sweep.multirun`)."""
     gc.freeze()
 
 

@@ -345,8 +345,8 @@ def synthetic_accuracy(run_dir: Path, split: str = "val", **data: object) -> flo
     import torch
 
     import expctl
-    from expctl import config
-    from expctl.datasets.synthetic import synthetic
+    from expctl.builtin.datasets.synthetic import synthetic
+    from expctl.config import schema as config
 
     splits = synthetic(**{**config.load(run_dir).data.args, **data})
     x, y = (splits.train if split == "train" else splits.val).tensors
@@ -438,7 +438,7 @@ def image_tree(root: Path, classes: int = 3, per_class: int = 12, seed: int = 0)
 
 COMPOSE_RESNET = """
 import sys
-from expctl import compose
+from expctl.config import compose
 from expctl.errors import UserError
 print(compose.compose(None, ["model=resnet18", "model.name=resnet50"]).model.args)
 print("torchvision" in sys.modules)

@@ -15,8 +15,10 @@ from conftest import cli_env, synthetic_accuracy
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import checkpoint, config, registry
+from expctl import registry
+from expctl.config import schema as config
 from expctl.layout import RunDir
+from expctl.rank import checkpoint
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from expctl import compose, config, yamlfile
+from expctl.config import compose, yamlfile
+from expctl.config import schema as config
 from expctl.errors import UserError
 
 
@@ -73,7 +74,7 @@ def _idx_gz(path: Path, dims: tuple[int, ...], body: int, extra_mib: int = 0) ->
 def test_a_gzip_bomb_is_read_only_as_far_as_its_header_declares(tmp_path: Path) -> None:
     """A small .gz whose stream goes on past what its header declares (48 MiB here, GiBs in
     the wild) is refused after reading the declared bytes, never read whole."""
-    from expctl.datasets import idx as data
+    from expctl.builtin.datasets import idx as data
 
     path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", (10, 28, 28), 7840, extra_mib=48)
     assert path.stat().st_size < 1 << 20
@@ -98,7 +99,7 @@ def test_a_gzip_bomb_is_read_only_as_far_as_its_header_declares(tmp_path: Path) 
 def test_an_idx_header_beyond_fashion_mnist_is_refused_before_reading(
     tmp_path: Path, dims: tuple[int, ...], expected: str
 ) -> None:
-    from expctl.datasets import idx as data
+    from expctl.builtin.datasets import idx as data
 
     path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", dims, 16)
     with pytest.raises(UserError, match=expected) as e:
@@ -107,7 +108,7 @@ def test_an_idx_header_beyond_fashion_mnist_is_refused_before_reading(
 
 
 def test_the_real_fashion_mnist_files_are_read_whole() -> None:
-    from expctl.datasets import idx as data
+    from expctl.builtin.datasets import idx as data
 
     try:
         files = data.find_idx("fashion_mnist", None)
@@ -121,7 +122,7 @@ def test_the_real_fashion_mnist_files_are_read_whole() -> None:
 def test_a_gz_is_decoded_once_then_read_from_its_checked_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from expctl.datasets import idx as data
+    from expctl.builtin.datasets import idx as data
 
     monkeypatch.setenv("EXPCTL_CACHE_DIR", str(tmp_path / "cache"))
     path = _idx_gz(tmp_path / "train-images-idx3-ubyte.gz", (10, 28, 28), 7840)
@@ -151,7 +152,7 @@ def test_a_cache_write_that_fails_midway_leaves_no_temporary_file(tmp_path: Path
         "from pathlib import Path\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
-        "from expctl.datasets import idx\n"
+        "from expctl.builtin.datasets import idx\n"
         f"x = idx.read_idx(Path({str(path)!r}), idx.IDX_SHAPES['train_x'])\n"
         "print(tuple(x.shape))\n"
     )

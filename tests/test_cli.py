@@ -12,7 +12,8 @@ import pytest
 from conftest import TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import catalogue, cli
+from expctl import cli
+from expctl.builtin import catalogue
 
 
 def test_help_imports_neither_torch_nor_hydra() -> None:
@@ -273,7 +274,7 @@ def test_the_list_cache_key_changes_with_versions_and_sources(
     src = tmp_path / "expctl"
     src.mkdir()
     (src / "models.py").write_text("x = 1\n")
-    monkeypatch.setattr(catalogue, "__file__", str(src / "catalogue.py"))
+    monkeypatch.setattr(catalogue, "__file__", str(src / "builtin" / "catalogue.py"))
     first = catalogue.key()
     assert catalogue.key() == first
     (src / "models.py").write_text("x = 22\n")

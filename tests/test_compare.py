@@ -15,8 +15,9 @@ from conftest import SMALL, cli_env
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import cli, rundir, tables
+from expctl import cli, tables
 from expctl.errors import UserError
+from expctl.rank import rundir
 
 BASE = ["run", *SMALL, "train.device=cpu", "sched=none", "train.max_steps=4"]
 WIDE = cli_env(COLUMNS="400")  # every column fits: the tests read them all

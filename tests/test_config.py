@@ -14,7 +14,9 @@ from conftest import TINY, cli_env
 from conftest import expctl as run_cli
 from omegaconf import MISSING, OmegaConf
 
-from expctl import compose, config, confstore, registry, yamlfile
+from expctl import registry
+from expctl.config import compose, confstore, yamlfile
+from expctl.config import schema as config
 from expctl.errors import UserError
 
 

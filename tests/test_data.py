@@ -15,11 +15,11 @@ import torch
 from conftest import expctl, image_tree, run_dirs
 from torch.utils.data import Dataset
 
-from expctl.data import Loading, TrainBatches, ahead, check_splits, val_batches
-from expctl.datasets.arrays import arrays
-from expctl.datasets.idx import fashion_mnist, find_idx
-from expctl.datasets.images import CorruptImage, ImageFiles, image_folder
-from expctl.datasets.vision import cifar10
+from expctl.builtin.data import Loading, TrainBatches, ahead, check_splits, val_batches
+from expctl.builtin.datasets.arrays import arrays
+from expctl.builtin.datasets.idx import fashion_mnist, find_idx
+from expctl.builtin.datasets.images import CorruptImage, ImageFiles, image_folder
+from expctl.builtin.datasets.vision import cifar10
 from expctl.errors import UserError
 
 CPU = torch.device("cpu")

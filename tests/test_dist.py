@@ -193,8 +193,8 @@ def test_the_ranks_of_a_node_split_its_cores(
 
     import torch
 
-    from expctl import compose
-    from expctl.build import pick_device
+    from expctl.config import compose
+    from expctl.rank.build import pick_device
 
     if omp is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

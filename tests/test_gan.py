@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from expctl import registry
-from expctl.steps import StepContext
+from expctl.builtin.steps import StepContext
 
 LATENT, BATCH, STEPS = 16, 16, 4
 ADAM = {"lr": 2e-4, "betas": (0.5, 0.999)}

@@ -19,7 +19,7 @@ import conftest
 import pytest
 from conftest import cli_env, expctl, run_dirs
 
-from expctl import report
+from expctl.rank import report
 
 # 32 samples in batches of 8: 4 steps an epoch, 8 in all; a train event every 2 steps
 RUN = ["run", *conftest.SMALL, "train.device=cpu", "sched=none", "train.max_epochs=2"]
@@ -126,7 +126,7 @@ import json
 from pathlib import Path
 
 from expctl import register
-from expctl.loggers import Logger
+from expctl.builtin.loggers import Logger
 
 
 @register("loggers", "recorder")

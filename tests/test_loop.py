@@ -13,17 +13,19 @@ from typing import Any
 import conftest
 import pytest
 
-from expctl import compose, rank, register
-from expctl.build import build
-from expctl.data import Splits
-from expctl.datasets.synthetic import synthetic
+from expctl import register
+from expctl.builtin.data import Splits
+from expctl.builtin.datasets.synthetic import synthetic
+from expctl.builtin.steps import Supervised
+from expctl.config import compose
 from expctl.dist import DistEnv
 from expctl.errors import Preempted
-from expctl.hooks import Chain, Hooks
 from expctl.layout import RunDir
-from expctl.metrics import evaluate
-from expctl.steps import Supervised
-from expctl.train import TrainState
+from expctl.rank import entry as rank
+from expctl.rank.build import build
+from expctl.rank.hooks import Chain, Hooks
+from expctl.rank.metrics import evaluate
+from expctl.rank.train import TrainState
 
 SMALL = [
     *conftest.SMALL,
@@ -229,7 +231,7 @@ def test_a_nonfinite_gradient_anywhere_is_found(bad: float | None) -> None:
     """train.on_nan=skip asks whether every gradient is finite (torch's public norm API)."""
     import torch
 
-    from expctl.steps import StepContext
+    from expctl.builtin.steps import StepContext
 
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     params[0].grad = torch.full((3,), 1e30)  # large but finite: never mistaken for overflow

@@ -96,14 +96,15 @@ def test_submitit_make_sbatch_string_still_takes_what_expctl_passes() -> None:
     """slurm.render prints the exact sbatch script through submitit's private
     `submitit.slurm.slurm._make_sbatch_string` (no public function renders it): pyproject bounds
     submitit below 1.6, and this test says when a newer submitit renamed or reshaped it."""
-    from expctl import compose, slurm
+    from expctl.config import compose
+    from expctl.jobs import slurm
 
     assert _requirements()["submitit"].specifier.contains("1.6") is False, "keep the upper bound"
     import submitit.slurm.slurm as submitit_slurm
 
     fn = getattr(submitit_slurm, "_make_sbatch_string", None)
     assert callable(fn), (
-        "submitit.slurm.slurm._make_sbatch_string is gone: expctl.slurm.render needs another "
+        "submitit.slurm.slurm._make_sbatch_string is gone: expctl.jobs.slurm.render needs another "
         "way to render the sbatch script"
     )
     cfg = compose.compose(
@@ -125,10 +126,10 @@ def test_submitit_make_sbatch_string_still_takes_what_expctl_passes() -> None:
     unknown = sorted(passed - set(params))
     assert not unknown, (
         f"submitit.slurm.slurm._make_sbatch_string no longer takes {unknown}: "
-        "update expctl.slurm.parameters/render"
+        "update expctl.jobs.slurm.parameters/render"
     )
     assert importlib.util.find_spec("submitit.core._submit") is not None, (
-        "submitit.core._submit is gone: expctl.slurm.render writes the command that runs it"
+        "submitit.core._submit is gone: expctl.jobs.slurm.render writes the command that runs it"
     )
     script = slurm.render(cfg, Path("/RUN_DIR"))
     assert "#SBATCH --partition=p" in script and "#SBATCH --gpus-per-node=2" in script
@@ -219,6 +220,6 @@ def test_the_wheel_installs_and_trains_without_the_source_tree(tmp_path: Path) -
     assert "name: dcgan" in proc.stdout
     assert json.loads((work / "r" / "result.json").read_text())["step"] == 2
     modules = json.loads(proc.stdout.split("MODULES ", 1)[1])
-    assert "expctl.datasets.synthetic" in modules
+    assert "expctl.builtin.datasets.synthetic" in modules
     outside = {n: f for n, f in modules.items() if f and not f.startswith(site)}
     assert not outside, f"expctl modules loaded from outside the install: {outside}"

@@ -14,9 +14,10 @@ import pytest
 from conftest import cli_env
 from conftest import expctl as run_cli
 
-from expctl import compose, exploit, pbt
-from expctl.config import PBTConfig
+from expctl.config import compose
+from expctl.config.schema import PBTConfig
 from expctl.errors import UserError
+from expctl.jobs import exploit, pbt
 
 # ---------------------------------------------------------------------------------------------
 # decisions: pure
@@ -152,8 +153,8 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
     step with the new learning rate in force (train.hparam_schedule)."""
     import torch
 
-    from expctl import checkpoint
-    from expctl.config import CheckpointConfig
+    from expctl.config.schema import CheckpointConfig
+    from expctl.rank import checkpoint
 
     a, b = tiny.parent / "a", tiny.parent / "b"
     run_cli("run", "-C", str(tiny), f"run.dir={a}", "train.max_epochs=2", cwd=tiny.parent)
@@ -187,7 +188,7 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
     assert (mine["step"], mine["epoch"], mine["batch"]) == (32, 2, 0)
     assert mine["metrics_rows"] == len(rows_b.splitlines()), "B's history is kept"
     assert frozen.exists(), "the donor's frozen state stays until the copy is recorded"
-    from expctl import config
+    from expctl.config import schema as config
 
     frozen_cfg = config.load(b)  # what the sweep writes for a copy: its new values from the step
     train = dataclasses.replace(
@@ -300,7 +301,7 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
     ],
 )
 def test_a_population_of_lists_is_the_grid_as_written(space: list[str], points: list) -> None:
-    from expctl import sweep
+    from expctl.sweep import multirun as sweep
 
     plan = sweep.plan(None, ["data=synthetic", "sched=none", "sweep.scheduler=pbt", *space], [])
     assert plan.points == points
@@ -338,7 +339,7 @@ def test_a_copy_cut_short_by_a_killed_driver_is_finished_by_resume(tmp_path: Pat
     """The driver dies (SIGKILL) once a trial has made the donor's checkpoint its own but before
     the copy is recorded: `sweep resume` finishes the copy (explored values, lineage, the frozen
     state gone) instead of resuming the donor's weights under the trial's old values."""
-    from expctl import ledger
+    from expctl.sweep import ledger
 
     (tmp_path / "toy.yml").write_text(TOY)
     args = ["sweep.scheduler=pbt", "sweep.n_trials=4", "sweep.max_concurrent=4"]

@@ -16,9 +16,11 @@ from conftest import SNAPMOD, TINY, cli_env, git, user_repo
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import api, compose, snapshot
+from expctl import api
+from expctl.config import compose
 from expctl.errors import UserError
-from expctl.provenance import Launch
+from expctl.jobs import snapshot
+from expctl.rank.provenance import Launch
 
 
 def provenance(run_dir: Path) -> dict:

@@ -98,7 +98,7 @@ def test_imports_are_searched_after_site_packages_and_nothing_without_them(
 def test_the_config_files_folder_reaches_workers_outside_pythonpath(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from expctl import compose
+    from expctl.config import compose
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv(registry.IMPORT_PATH, "")
@@ -131,7 +131,8 @@ def test_every_torchvision_model_builds_from_its_config_node(name: str) -> None:
     no argument the builder also sets is passed twice. Built on the meta device: no memory."""
     import torch
 
-    from expctl import config, confstore
+    from expctl.config import confstore
+    from expctl.config import schema as config
 
     entry = registry.get("models", name)
     own = config.framework_keys("model")
@@ -148,7 +149,7 @@ def test_every_torchvision_model_builds_from_its_config_node(name: str) -> None:
 
 def _facts(entry: registry.Entry) -> object:
     """Everything composing, checking and listing read from a model's entry."""
-    from expctl import confstore
+    from expctl.config import confstore
 
     params = entry.parameters().values()
     return (
@@ -167,7 +168,7 @@ def test_the_torchvision_signature_cache_describes_each_model_as_torchvision_doe
     """Each classifier's entry rebuilt from the cache's JSON equals the one made from
     torchvision's class: parameters (kind, default and its type, annotation), what `expctl
     list` prints, which null arguments the builder sets, the config node."""
-    from expctl import tvmodels
+    from expctl.builtin import tvmodels
 
     specs = json.loads(json.dumps(tvmodels._torchvision_specs()))
     assert "resnet18" in specs["models"] and "vit_b_16" in specs["imported"]
@@ -207,7 +208,7 @@ def test_the_signature_cache_keeps_the_newest_eight_versions(
 ) -> None:
     """Environments sharing a cache folder (other torchvision versions) keep theirs: writing a
     new version removes only what is older than the newest seven others."""
-    from expctl import tvmodels
+    from expctl.builtin import tvmodels
 
     for i in range(10):
         old = tmp_path / f"torchvision-old{i}.json"

@@ -13,7 +13,7 @@ import conftest
 import pytest
 
 from expctl.errors import RunError
-from expctl.report import Reporter, setup_logging
+from expctl.rank.report import Reporter, setup_logging
 
 FULL = Path("/dev/full")  # every write fails with ENOSPC
 

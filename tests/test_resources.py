@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from expctl.errors import UserError
-from expctl.resources import Allocator, Machine, plan
+from expctl.sweep.resources import Allocator, Machine, plan
 
 
 def machine(cores: int, gpus: int) -> Machine:
@@ -119,10 +119,10 @@ def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_pat
     import json
     import time
 
-    from expctl import trials
-    from expctl.pool import Proc
-    from expctl.resources import Slot
-    from expctl.study import TrialRef
+    from expctl.jobs.study import TrialRef
+    from expctl.sweep import trials
+    from expctl.sweep.pool import Proc
+    from expctl.sweep.resources import Slot
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -158,7 +158,7 @@ def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_pat
 def test_out_of_memory_on_a_shared_gpu_names_the_setting_that_packed_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from expctl.study import SHARE_ENV, failure_text
+    from expctl.jobs.study import SHARE_ENV, failure_text
 
     class OutOfMemoryError(RuntimeError):  # torch's, by name: the ledger imports no torch
         pass

@@ -18,9 +18,10 @@ from conftest import TINY, cli_env, run_dirs, tree, wait_for
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import checkpoint, compose, rundir
-from expctl.config import Config
+from expctl.config import compose
+from expctl.config.schema import Config
 from expctl.errors import UserError
+from expctl.rank import checkpoint, rundir
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -481,3 +482,27 @@ def test_a_user_error_in_local_workers_is_said_once(tiny: Path) -> None:
     assert proc.stderr.count("expctl: error:") == 1, proc.stderr
     assert "its model 'model' does not match" in proc.stderr
     assert not (tiny.parent / "b").exists()
+
+
+def test_atomic_file_replaces_a_file_whole_or_leaves_it_as_it_was(tmp_path: Path) -> None:
+    """The one atomic writer (`layout.atomic_file`): a reader sees the old file until the block
+    ends, a block that fails leaves the old file and no temporary one, and the new file gets the
+    mode asked for (less the umask)."""
+    import stat
+
+    from expctl import layout
+
+    target = tmp_path / "result.json"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError), layout.atomic_file(target) as f:
+        f.write(b"half")
+        raise RuntimeError("killed mid-write")
+    assert target.read_text() == "old\n" and list(tmp_path.iterdir()) == [target]
+    with layout.atomic_file(target, 0o640) as f:
+        f.write(b"new\n")
+        assert target.read_text() == "old\n"
+        assert layout.temporaries(tmp_path, target.name) == [Path(f.name)]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.read_text() == "new\n" and layout.temporaries(tmp_path) == []
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640 & ~umask

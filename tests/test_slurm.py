@@ -479,7 +479,7 @@ def test_port_already_taken_fails_fast_on_srun(work: Path) -> None:
 
 
 def test_sweep_on_slurm_is_a_job_array_and_the_table_follows_it(work: Path) -> None:
-    from expctl import ledger
+    from expctl.sweep import ledger
 
     proc = run_cli(
         "run",
@@ -568,7 +568,7 @@ def test_many_trials_in_one_sweep_lose_none(work: Path) -> None:
     """N short trials as one Slurm job array: every one ends completed, stopped or failed with its
     reason (CI runs 8, two waves of 4 (the array's throttle), beside the other groups' jobs;
     EXPCTL_LOAD_TRIALS=200 runs the full load, ~10 min on 2 cores)."""
-    from expctl import ledger
+    from expctl.sweep import ledger
 
     n = int(os.environ.get("EXPCTL_LOAD_TRIALS", "8"))
     proc = run_cli(

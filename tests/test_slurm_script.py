@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
-from expctl import compose, slurm
+from expctl.config import compose
 from expctl.errors import UserError
+from expctl.jobs import slurm
 
 
 def test_rendered_sbatch_script_matches_the_expected_one(tmp_path: Path) -> None:

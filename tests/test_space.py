@@ -12,9 +12,11 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from expctl import compose, space, sweep
+from expctl.config import compose
+from expctl.config.explain import parse_override
 from expctl.errors import UserError
-from expctl.explain import parse_override
+from expctl.sweep import multirun as sweep
+from expctl.sweep import space
 
 # what glob() picks from, for both: config group -> its options, sorted (as Hydra lists them)
 OPTIONS = {"model": ["cnn", "linear", "mlp", "resnet18"], "experiment": ["debug", "default"]}

@@ -78,9 +78,9 @@ def test_only_a_process_that_ends_with_its_one_rank_run_freezes_at_the_first_opt
 
     code = (
         "import gc, sys\n"
-        "from expctl import startup, compose, rank\n"
+        "from expctl import startup\nfrom expctl.config import compose\nfrom expctl.rank import entry as rank\n"
         "from expctl.dist import DistEnv\n"
-        "from expctl.hooks import Hooks\n"
+        "from expctl.rank.hooks import Hooks\n"
         f"if {says}: startup.process_is_the_run()\n"
         "assert not startup.freeze_for_this_run(True)\n"
         "gc.unfreeze()\n"

@@ -22,7 +22,9 @@ import pytest
 from conftest import SMALL, TINY, cli_env
 from conftest import expctl as run_cli
 
-from expctl import cli, config, ledger
+from expctl import cli
+from expctl.config import schema as config
+from expctl.sweep import ledger
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -404,7 +406,7 @@ def _wait_for(what: str, ready: Any, timeout: float = 180.0) -> None:
 
 
 def _trial_pid(trial_dir: Path) -> int:
-    from expctl.study import TrialRef, attrs_of
+    from expctl.jobs.study import TrialRef, attrs_of
 
     ref = TrialRef.read(trial_dir)
     assert ref is not None
@@ -614,8 +616,8 @@ def test_a_disk_that_fills_during_a_sweep_stops_it_in_one_line_and_resume_finish
 def test_a_trial_asked_by_a_driver_that_died_is_lost_and_resumed(tiny: Path) -> None:
     """A trial the journal holds as pending (asked, its folder not made yet) whose driver is gone
     is `lost`, not pending for ever: `sweep resume` runs it."""
-    from expctl import config
-    from expctl.study import open_study
+    from expctl.config import schema as config
+    from expctl.jobs.study import open_study
 
     proc = run_cli(
         "run", "-C", str(tiny), "-m", "optim.lr=0.1", "train.max_steps=2", cwd=tiny.parent
@@ -769,7 +771,7 @@ def test_a_three_parameter_tpe_sweep_plots_every_view(
 
     import matplotlib.figure
 
-    from expctl import plots
+    from expctl.sweep import plots
 
     figures = []
     save = matplotlib.figure.Figure.savefig
@@ -792,8 +794,8 @@ def test_the_progress_plot_stays_legible_with_50_trials() -> None:
     import optuna
     from optuna.visualization.matplotlib import plot_intermediate_values
 
-    from expctl import plots
-    from expctl.config import SweepConfig
+    from expctl.config.schema import SweepConfig
+    from expctl.sweep import plots
 
     def study(n: int) -> optuna.Study:
         s = optuna.create_study()

@@ -14,8 +14,10 @@ from conftest import cli_env, run_dirs, wait_for, workers_of
 from conftest import expctl as run_cli
 
 import expctl
-from expctl import checkpoint, config, registry
-from expctl.build import check_sync_batchnorm
+from expctl import registry
+from expctl.config import schema as config
+from expctl.rank import checkpoint
+from expctl.rank.build import check_sync_batchnorm
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -446,7 +448,7 @@ def test_ddp_skips_the_buffer_broadcast_only_for_batchnorm_statistics() -> None:
     with any other buffer keeps DDP's broadcast, since its forward may read it."""
     from torchvision.models import resnet18
 
-    from expctl.build import _batchnorm_buffers_only
+    from expctl.rank.build import _batchnorm_buffers_only
 
     class Offset(torch.nn.Module):
         def __init__(self) -> None:

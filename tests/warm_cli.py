@@ -81,13 +81,13 @@ if __name__ == "__main__":
     import torch.distributed  # noqa: F401
 
     import expctl.cli  # noqa: F401
-    import expctl.compose  # noqa: F401
-    import expctl.launch  # noqa: F401
-    import expctl.sweep  # noqa: F401
+    import expctl.config.compose  # noqa: F401
+    import expctl.jobs.launch  # noqa: F401
+    import expctl.sweep.multirun  # noqa: F401
     from expctl import registry
 
     registry.load_builtins()
     # Hydra's first composition builds its grammar and config repository (~2 s here); every
     # child composes again from its own files and arguments, as in-process tests do
-    expctl.compose.compose(None, [])
+    expctl.config.compose.compose(None, [])
     serve()

@@ -158,8 +158,8 @@ def test_pruning_never_deletes_a_checkpoint_it_cannot_verify(
 ) -> None:
     """keep=2: the checkpoint that falls out of the window is deleted only once its checksum
     proves it intact; one that fails stays, with a warning, until it is checked again."""
-    from expctl import checkpoint
-    from expctl.config import CheckpointConfig
+    from expctl.config.schema import CheckpointConfig
+    from expctl.rank import checkpoint
 
     ck = CheckpointConfig(keep=2)
     weights = {"model": {"w": torch.arange(4.0)}}

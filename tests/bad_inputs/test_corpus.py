@@ -624,9 +624,9 @@ def _damaged_sweeps(tmp_path: Path, good: Path) -> None:
 
 def _sweep_not_started(path: Path) -> None:
     """A grid sweep over optim.lr=0.1,0.2 whose driver stopped before its first trial."""
-    from expctl.config import SweepConfig
+    from expctl.config.schema import SweepConfig
+    from expctl.jobs.study import open_study
     from expctl.layout import SweepDir
-    from expctl.study import open_study
 
     path.mkdir()
     points = [{"optim.lr": "0.1"}, {"optim.lr": "0.2"}]

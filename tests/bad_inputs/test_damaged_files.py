@@ -89,7 +89,7 @@ def test_a_damaged_torchvision_signature_cache_is_made_again(
     one made from torchvision (no traceback, no model hidden), and the file is written again.
     A fresh process writes the cache; each damaged copy is then read where a process reads it,
     when torchvision's models register (here: torchvision stays imported, ~8 s a process)."""
-    from expctl import tvmodels
+    from expctl.builtin import tvmodels
 
     first = conftest.compose_resnet(tmp_path)
     (cache,) = tmp_path.glob("torchvision-*.json")
@@ -120,7 +120,7 @@ def test_a_damaged_torchvision_signature_cache_is_made_again(
 
 def _compose_resnet() -> list[str]:
     """conftest.COMPOSE_RESNET's first and third line, in this process."""
-    from expctl import compose
+    from expctl.config import compose
     from expctl.errors import UserError
 
     args = str(compose.compose(None, ["model=resnet18", "model.name=resnet50"]).model.args)

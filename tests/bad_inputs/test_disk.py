@@ -125,7 +125,7 @@ def test_sweep_best_on_a_full_disk_is_one_line_and_leaves_no_partial_best_yml(
 @pytest.mark.parametrize("where", [".", "metrics.jsonl", "tb/events.out", "eval/val.json"])
 def test_a_failed_write_names_the_run_directory_to_resume(where: str, tmp_path: Path) -> None:
     """Whatever file (or the folder itself) a full disk stopped, the hint names the run."""
-    from expctl.report import write_failed
+    from expctl.rank.report import write_failed
 
     run = tmp_path / "runs" / "r"
     run.mkdir(parents=True)

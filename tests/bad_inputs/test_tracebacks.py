@@ -70,7 +70,7 @@ def test_tensorboard_writer_thread_on_a_full_disk_prints_no_traceback(
 ) -> None:
     """The writer thread's OSError (here: its event file replaced by a folder) is not printed
     by the thread; the training thread's next write raises it, for expctl to report once."""
-    from expctl.loggers import TensorBoard
+    from expctl.builtin.loggers import TensorBoard
 
     printed: list[Any] = []
     monkeypatch.setattr(threading, "excepthook", printed.append)  # what would be printed

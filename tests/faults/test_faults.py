@@ -20,7 +20,7 @@ import conftest as base
 import pytest
 import torch
 
-from expctl import checkpoint
+from expctl.rank import checkpoint
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import os
 import signal
 
 from expctl import register
-from expctl.steps import Supervised
+from expctl.builtin.steps import Supervised
 
 
 @register("steps", "kill_driver_after_transplant")
@@ -16,7 +16,7 @@ class KillDriverAfterTransplant(Supervised):
     recorded: a copy cut short. Only with $KILL_AFTER_TRANSPLANT set."""
 
     def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
-        from expctl import exploit
+        from expctl.jobs import exploit
 
         real = exploit.transplant
         if os.environ.get("KILL_AFTER_TRANSPLANT") and not getattr(real, "_kills", False):
@@ -241,7 +241,7 @@ class _Made:
 
             time.sleep(10_000)
         if _hit("BAD_AT_SAMPLE", key):
-            from expctl.datasets.images import CorruptImage
+            from expctl.builtin.datasets.images import CorruptImage
 
             raise CorruptImage(
                 f"sample {key} of rank {os.environ.get('RANK', '0')} cannot be decoded"

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from expctl import DataInfo, Splits, register
-from expctl.steps import Supervised
+from expctl.builtin.steps import Supervised
 
 ENABLED: list[bool] = []  # gc.isenabled() at each call of train_step
 COLLECTED: list[

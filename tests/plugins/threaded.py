@@ -9,7 +9,7 @@ import threading
 import time
 
 from expctl import register
-from expctl.steps import Supervised
+from expctl.builtin.steps import Supervised
 
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 

@@ -1,0 +1,413 @@
+"""Start the ranks of a run: inline (this process), local (torch's elastic agent), or Slurm, and
+hand each rank the hooks of its job (`hooks_for`): job records and requeues (`JobHooks`), and a
+sweep trial's pruning and bookkeeping (`study.TrialHooks`).
+
+The launching process has already composed and validated the config; `local` and `slurm` create
+the run directory here and hand its path to the workers, which read RUN_DIR/config.yaml.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from expctl import registry
+from expctl.config import schema as config_mod
+from expctl.config.schema import Config
+from expctl.dist import DistEnv, detect
+from expctl.errors import (
+    EXIT_FAILED,
+    EXIT_PREEMPTED,
+    EXIT_TERMINATED,
+    EXIT_USER,
+    Interrupted,
+    Preempted,
+    Reported,
+    RunError,
+    UserError,
+)
+from expctl.jobs import exploit, slurm, snapshot, study
+from expctl.layout import RunDir
+from expctl.rank import entry as rank
+from expctl.rank import rundir
+from expctl.rank.build import check_sync_batchnorm
+from expctl.rank.entry import Evaluation
+from expctl.rank.hooks import Chain, Hooks
+from expctl.rank.provenance import Launch
+from expctl.startup import WORKER_MAIN
+
+log = logging.getLogger("expctl")
+
+
+@dataclass
+class Result:
+    """What a finished run returns: its directory and final metrics (as in result.json)."""
+
+    run_dir: Path
+    metrics: dict[str, Any] = field(default_factory=dict)
+    job_id: str | None = None  # launcher=slurm
+
+    def __getitem__(self, key: str) -> Any:
+        return self.metrics[key]
+
+
+def visible_gpus(cfg: Config) -> int:
+    """GPUs this process would train on (0 for train.device=cpu or no CUDA)."""
+    if cfg.train.device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def launch(
+    cfg: Config,
+    wait: bool = True,
+    evaluation: Evaluation | None = None,
+    origin: Launch | None = None,
+) -> Result:
+    """Run `cfg` with its launcher; launcher=slurm returns once submitted unless `wait`.
+    With `evaluation`, the ranks score a checkpoint of the run `cfg.run.dir` instead of training
+    (inline or local; the result is RUN_DIR/eval/NAME.json). `origin`: the command this launch
+    comes from, for RUN_DIR/provenance.json (default: this process's)."""
+    origin = origin or Launch.here(None)
+    gpus = visible_gpus(cfg)
+    env = detect(os.environ, gpus_per_node=gpus if "SLURM_STEP_ID" in os.environ else None)
+    if env.distributed and cfg.launcher.name != "inline":
+        raise UserError(
+            f"launcher={cfg.launcher.name} inside a job that already has {env.world_size} ranks ({env.source})",
+            "drop the launcher override: each rank of this job trains inline",
+        )
+    if cfg.launcher.name == "local":
+        return _local(cfg, env, gpus, evaluation, origin)
+    if cfg.launcher.name == "slurm" and evaluation is not None:
+        raise UserError(
+            "expctl eval does not submit Slurm jobs (launcher=slurm)",
+            "evaluate here with launcher=inline or launcher=local, or inside an allocation: "
+            "srun expctl eval RUN_DIR launcher=inline",
+        )
+    if cfg.launcher.name == "slurm":
+        return _slurm(cfg, wait, origin)
+    return inline(cfg, env, gpus, evaluation, origin)
+
+
+def _slurm(cfg: Config, wait: bool, origin: Launch) -> Result:
+    slurm.parameters(cfg)  # reject bad values before anything else
+    origin = origin.pin()  # the job records the code as it is now, not when it starts
+    planned = snapshot.plan(cfg, origin)
+    slurm.check_cluster(cfg)
+    frozen, held = rundir.create(cfg, None)
+    if held is not None:  # the job's rank 0 takes it: here it only proved no launch trains it
+        held.release()
+    run_dir = Path(str(frozen.run.dir))
+    try:
+        if planned is not None:
+            origin = dataclasses.replace(
+                origin, snapshot=snapshot.copy(planned, RunDir(run_dir).code)
+            )
+        job_id = slurm.submit(frozen, SlurmTask(str(run_dir), origin))
+    except UserError:
+        snapshot.discard(origin.snapshot)
+        rundir.discard_if_unstarted(run_dir)
+        raise
+    print(f"expctl: submitted job {job_id}; run directory {run_dir}", flush=True)
+    print(f"expctl: follow it with `expctl status {run_dir}`", flush=True)
+    if not wait:
+        return Result(run_dir, {}, job_id)
+    state = slurm.wait(job_id)
+    metrics = RunDir(run_dir).read_result()
+    if not metrics:
+        raise RuntimeError(
+            f"job {job_id} ended {state} without a result; see {run_dir}/slurm/ and train.log"
+        )
+    return Result(run_dir, metrics, job_id)
+
+
+def inline(
+    cfg: Config,
+    env: DistEnv,
+    gpus: int,
+    evaluation: Evaluation | None = None,
+    origin: Launch | None = None,
+) -> Result:
+    """Train (or evaluate) in this process, as one rank of whatever job `env` describes."""
+    if gpus and env.local_world_size > gpus:
+        raise UserError(
+            f"{env.local_world_size} ranks on this node but {gpus} GPU(s)",
+            f"start at most {gpus} ranks per node",
+        )
+    if evaluation is not None:
+        return Result(*rank.evaluate(cfg, env, evaluation))
+    run_dir, metrics = train_rank(cfg, env, origin=origin)
+    return Result(run_dir, metrics)
+
+
+def _local(
+    cfg: Config, env: DistEnv, gpus: int, evaluation: Evaluation | None, origin: Launch
+) -> Result:
+    """Train (or evaluate) with `launcher.nproc` workers on this machine."""
+    n = cfg.launcher.nproc
+    if gpus and n > gpus:
+        raise UserError(
+            f"launcher.nproc={n} but this machine has {gpus} GPU(s): ranks would share a GPU",
+            f"use launcher.nproc={gpus} or fewer, or train.device=cpu",
+        )
+    if cfg.train.sync_batchnorm:
+        check_sync_batchnorm(n, "cuda" if gpus else "cpu")  # here, before workers start
+    held = None
+    with contextlib.ExitStack() as stack:
+        if evaluation is None:
+            frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
+            run_dir = Path(str(frozen.run.dir))
+            launch_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "launch.json"
+            launch_file.write_text(origin.to_json())
+            args = ["--launch", str(launch_file)]
+            print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
+            if held is not None:
+                stack.callback(held.release)
+        else:  # the run is only read: the workers' config goes to a temporary file
+            run_dir = Path(str(cfg.run.dir))
+            frozen_eval = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "eval.yaml"
+            frozen_eval.write_text(config_mod.to_yaml(cfg))
+            args = ["--eval", evaluation.to_json(), "--config", str(frozen_eval)]
+        try:
+            _start_workers(cfg, run_dir, args)
+        except SystemExit as e:  # a worker's user error: nothing of this launch stays
+            if evaluation is None and held is not None and e.code == EXIT_USER:
+                rundir.abandon(held)
+            raise
+    if evaluation is not None:
+        record = json.loads(RunDir(run_dir).eval_result(evaluation.name).read_text())
+        return Result(run_dir, record)
+    return Result(run_dir, RunDir(run_dir).read_result())
+
+
+def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
+    """`launcher.nproc` workers of `python -c WORKER_MAIN _worker RUN_DIR ARGS` through torch's
+    elastic agent, restarted up to `launcher.max_restarts` times."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    n = cfg.launcher.nproc
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=n,
+        run_id=f"expctl-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        rdzv_configs={"timeout": int(cfg.launcher.rdzv_timeout)},
+        max_restarts=cfg.launcher.max_restarts,
+        monitor_interval=0.2,
+    )
+    quiet = _WorkersSpeakForThemselves()
+    agent_logs = [logging.getLogger(f"torch.distributed.elastic.{n}") for n in AGENT_LOGS]
+    for agent_log in agent_logs:
+        agent_log.addFilter(quiet)
+    try:
+        elastic_launch(lc, sys.executable)("-c", WORKER_MAIN, "_worker", str(run_dir), *args)
+    except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
+        if e.sigval == signal.SIGINT:
+            raise Interrupted(f"run the same command with run.dir={run_dir}") from None
+        if e.sigval == signal.SIGTERM:  # the workers took it as a stop signal, and saved
+            raise Preempted(_STOPPED.format("SIGTERM", run_dir), EXIT_TERMINATED) from None
+        raise RunError(f"stopped by {e.sigval.name}; the run is in {run_dir}") from None
+    except ChildFailedError as e:
+        codes = {rank: failure.exitcode for rank, failure in e.failures.items()}
+        raise _failure(codes, cfg.launcher.max_restarts, run_dir) from None
+    finally:
+        for agent_log in agent_logs:
+            agent_log.removeFilter(quiet)
+
+
+AGENT_LOGS = ("multiprocessing.api", "agent.server.api")
+SPOKE = (EXIT_FAILED, EXIT_USER, EXIT_PREEMPTED, EXIT_TERMINATED)  # a worker printed why
+_STOPPED = "stopped by {}; its checkpoints are kept: run the same command with run.dir={} to resume"
+
+
+def _failure(codes: dict[int, int], restarts: int, run_dir: Path) -> Exception:
+    """What the launcher says of failed workers (rank -> exit code): where one printed its
+    error (1 or 2), nothing more; where they stopped at a checkpoint, how to resume; else which
+    rank died of what, for a worker that could not say it (killed, or the interpreter died)."""
+    # the agent sends SIGTERM to the workers left after the first failure: not a cause
+    died = {r: c for r, c in codes.items() if c not in (*SPOKE, -signal.SIGTERM)}
+    if not died and all(c == -signal.SIGTERM for c in codes.values()):
+        died = codes
+    if died:
+        rank = min(died)
+        code = died[rank]
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        return RunError(
+            f"local worker rank {rank} {how} after {restarts} restart(s); the run is in {run_dir}"
+        )
+    if all(c in (EXIT_PREEMPTED, EXIT_TERMINATED) for c in codes.values()):
+        code = max(codes.values())
+        return Preempted(_STOPPED.format(_signal_of(code), run_dir), code)
+    code = EXIT_USER if EXIT_USER in codes.values() else EXIT_FAILED
+    return Reported(f"local workers failed (exit code {code}; their error is above)", code)
+
+
+def _signal_of(code: int) -> str:
+    return "SIGTERM" if code == EXIT_TERMINATED else "the stop signal"
+
+
+class _WorkersSpeakForThemselves(logging.Filter):
+    """Drops torch's agent's lines that follow a worker's own words: "failed (exitcode: N)"
+    where the worker printed its error or its stop (`SPOKE`: the output ends with its error and
+    hint), "Sending process N closing signal SIGTERM" (written after every failure, before the
+    agent says why) and "Received N death signal" (a Ctrl-C or SIGTERM that expctl's last line
+    names). A worker killed outright keeps the agent's line, and gets expctl's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        spoke = any(f"(exitcode: {code})" in text for code in SPOKE)
+        return not spoke and "closing signal" not in text and "death signal" not in text
+
+
+def worker(
+    run_dir: str,
+    evaluation: str | None = None,
+    config: str | None = None,
+    launch_file: str | None = None,
+) -> None:
+    """Entry point of one local worker: read the frozen config, detect the rank, train (or
+    evaluate: `evaluation` as `Evaluation.to_json`, with the config file `config`); the launch it
+    belongs to is in `launch_file` (`Launch.to_json`)."""
+    _die_with_the_launcher()
+    cfg = config_mod.load(run_dir, Path(config) if config else None)
+    env = dataclasses.replace(detect(os.environ), source="local")  # the agent speaks torchrun's
+    if evaluation is not None:
+        rank.evaluate(cfg, env, Evaluation.from_json(evaluation))
+        return
+    origin = Launch.from_json(Path(launch_file).read_text()) if launch_file else None
+    train_rank(cfg, env, under_agent=True, origin=origin)
+
+
+def _die_with_the_launcher() -> None:
+    """A local worker ends when its launcher does, even by SIGKILL: torch's agent starts workers
+    in sessions of their own, and an orphan would train on beside the next launch (the launcher
+    holds the run's lock). Linux's PR_SET_PDEATHSIG; elsewhere workers outlive a killed agent."""
+    import ctypes
+    import ctypes.util
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
+
+
+def train_rank(
+    cfg: Config, env: DistEnv, under_agent: bool = False, origin: Launch | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Train this rank of `cfg` with the hooks of its job, as an attempt of launch `origin`."""
+    hooks = hooks_for(cfg, env, under_agent)
+    return rank.main(cfg, env, hooks, lock=not under_agent, origin=origin)
+
+
+def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
+    """The hooks of a rank: Slurm job records and requeues, and a sweep trial's bookkeeping.
+
+    Args:
+        under_agent: a worker of a local launch, which torch's agent may restart: the sweep
+            driver, not the worker, records the trial's failure.
+    """
+    hooks: list[Hooks] = []
+    run_dir = rundir.deterministic_dir(cfg, env.run_id)
+    if env.job_id and run_dir is not None:
+        hooks.append(JobHooks(env, run_dir, cfg.launcher.max_requeues))
+    ref = study.TrialRef.read(cfg.run.dir) if env.is_main else None  # rank 0 speaks for a trial
+    if ref is not None and study.is_open(ref, cfg.sweep):
+        hooks.append(
+            study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent, cfg.train.max_epochs)
+        )
+    elif ref is not None:  # re-run or continued after its sweep recorded it: a run of its own
+        log.info(
+            "%s was trial %d of the sweep in %s, which recorded its end: this run is not recorded "
+            "there",
+            cfg.run.dir,
+            ref.number,
+            ref.sweep_dir,
+        )
+    return Chain(*hooks)
+
+
+class JobHooks(Hooks):
+    """A rank of a Slurm job: rank 0 records the job's start and stop in RUN_DIR/jobs.jsonl and,
+    after the stop checkpoint, requeues the job (`scontrol requeue`); it resumes from that
+    checkpoint. Under submitit (launcher=slurm) a failed rank requeues the job too (every
+    surviving rank asks, Slurm takes the first request); sbatch templates do that in the script."""
+
+    def __init__(self, env: DistEnv, run_dir: Path, max_requeues: int) -> None:
+        self.env, self.run_dir, self.max_requeues = env, run_dir, max_requeues
+
+    def on_start(self, run_dir: Path) -> None:
+        if self.env.is_main and self.env.job_id:
+            slurm.record_job(
+                run_dir,
+                {
+                    "job_id": self.env.job_id,
+                    "event": "started",
+                    "restart": self.env.restart_count,
+                    "world_size": self.env.world_size,
+                    "source": self.env.source,
+                },
+            )
+
+    def on_stop(self, step: int, signame: str) -> None:
+        if not self.env.is_main or not self.env.job_id:
+            return
+        slurm.record_job(
+            self.run_dir, {"job_id": self.env.job_id, "event": "stopped", "step": step}
+        )
+        slurm.requeue(self.env.job_id, self.env.restart_count, self.max_requeues)
+
+    def on_failure(self, error: BaseException, returning: bool) -> bool:
+        if self.env.source != "submitit" or not self.run_dir.is_dir():
+            return returning
+        return slurm.requeue_after_failure(self.env, self.run_dir, error, self.max_requeues)
+
+
+class SlurmTask:
+    """What each task of a launcher=slurm job runs: train the frozen config of `run_dir`, as an
+    attempt of the launch `origin` that submitted it, with the `imports:` modules of its code
+    snapshot (`snapshot.py`) when it has one.
+
+    submitit calls `checkpoint` when it catches the stop signal itself (outside training): the
+    same task runs again after the requeue and resumes from the newest checkpoint.
+    """
+
+    def __init__(self, run_dir: str, origin: Launch | None = None) -> None:
+        self.run_dir, self.origin = run_dir, origin
+
+    def __call__(self) -> dict[str, Any]:
+        registry.search_working_dir_last()  # submitit's `python -m` put the submission folder first
+        if self.origin is not None and self.origin.snapshot is not None:
+            registry.search_first(self.origin.snapshot["paths"])
+        cfg = config_mod.load(self.run_dir)
+        cfg = exploit.continue_as_copy(cfg) or cfg  # requeued while a PBT copy was under way
+        while True:
+            _, metrics = train_rank(cfg, detect(os.environ), origin=self.origin)
+            copy = exploit.continue_as_copy(cfg)  # PBT: go on as a copy of a better trial
+            if copy is None:
+                return metrics
+            cfg = copy
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(SlurmTask(self.run_dir, self.origin))

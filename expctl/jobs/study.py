@@ -1,0 +1,343 @@
+"""A sweep's Optuna study: opening it on the journal file, and what trials write to it.
+
+A trial knows it is one from RUN_DIR/trial.json (`TrialRef`: its sweep and the number of its
+attempt in the study), never from the user's config. `TrialHooks` is its one bookkeeping path,
+local and Slurm alike: rank 0 marks it running, reports each validation to the study (and to
+the pruner, ASHA / median, when one is set) and records how it ended with `finish`. The sweep driver only marks trials pending and records a failure that no
+rank could (a worker that never started).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from expctl.config.schema import SweepConfig
+from expctl.jobs import pbt
+from expctl.layout import RunDir, SweepDir
+from expctl.rank.hooks import Hooks
+
+log = logging.getLogger("expctl")
+STUDY = "expctl"
+
+
+def make_pruner(s: SweepConfig) -> Any:
+    """Optuna's pruner for the sweep settings (ASHA = asynchronous successive halving)."""
+    import optuna
+
+    if s.pruner == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=s.grace, reduction_factor=s.reduction
+        )
+    if s.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=s.grace)
+    return optuna.pruners.NopPruner()
+
+
+def _sampler(s: SweepConfig, offset: int = 0) -> Any:
+    import optuna
+
+    seed = (s.seed + offset) % 2**32  # NumPy's range, which Optuna's samplers seed
+    if s.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
+    """The sweep's Optuna study on its journal file."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = _storage(sweep_dir)
+    direction: Any = "maximize" if s.mode == "max" else "minimize"
+    if create:
+        return optuna.create_study(
+            storage=storage,
+            study_name=STUDY,
+            direction=direction,
+            sampler=_sampler(s),
+            pruner=make_pruner(s),
+        )
+    study = optuna.load_study(storage=storage, study_name=STUDY, pruner=make_pruner(s))
+    # a sampler made anew with the same seed would draw the same "random" point every time the
+    # study is reopened (once per local trial): offset the seed by the trials already asked
+    study.sampler = _sampler(s, offset=len(study.get_trials(deepcopy=False)))
+    return study
+
+
+def _storage(sweep_dir: Path) -> Any:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(SweepDir(sweep_dir).journal)))
+
+
+@dataclass(frozen=True)
+class TrialRef:
+    """Which attempt of a sweep trial a run directory holds (RUN_DIR/trial.json, written by the
+    sweep): `number` is the attempt's in the Optuna study; the trial's own number is its
+    directory's (a retry of trial_001 is a later attempt)."""
+
+    sweep_dir: str
+    number: int
+
+    def write(self, run_dir: Path) -> None:
+        data = {"sweep_dir": str(Path(self.sweep_dir).absolute()), "number": self.number}
+        RunDir(run_dir).trial.write_text(json.dumps(data) + "\n")
+
+    @staticmethod
+    def read(run_dir: str | Path | None) -> TrialRef | None:
+        """The trial `run_dir` holds, or None for a run outside any sweep."""
+        if run_dir is None or not RunDir(run_dir).trial.is_file():
+            return None
+        try:
+            data = json.loads(RunDir(run_dir).trial.read_text())
+            here = Path(run_dir).absolute().parent
+            # a trial lies in its sweep's directory: where that is now, if the sweep was moved
+            sweep_dir = here if SweepDir(here).journal.is_file() else Path(data["sweep_dir"])
+            return TrialRef(str(sweep_dir), int(data["number"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("%s is damaged: this run is not recorded in a sweep", RunDir(run_dir).trial)
+            return None
+
+    def trial_id(self, storage: Any) -> int:
+        study_id = storage.get_study_id_from_name(STUDY)
+        return int(storage.get_trial_id_from_study_id_trial_number(study_id, self.number))
+
+
+def mark(ref: TrialRef, status: str, **attrs: Any) -> None:
+    """Record a trial's status (and other attributes) in the ledger."""
+    storage = _storage(Path(ref.sweep_dir))
+    trial_id = ref.trial_id(storage)
+    for k, v in {"status": status, **attrs}.items():
+        storage.set_trial_user_attr(trial_id, k, v)
+
+
+def population(sweep_dir: Path, s: SweepConfig) -> dict[int, dict[str, float]]:
+    """PBT's population: each running trial's score at each budget point it reached (by its
+    directory's number)."""
+    latest: dict[int, Any] = {}
+    for t in open_study(sweep_dir, s).get_trials(deepcopy=False):
+        number = SweepDir.number_of(t.user_attrs.get("run_dir", ""))
+        if number is not None:
+            latest[number] = t
+    return {
+        n: {b: float(v) for b, v in (t.user_attrs.get("pbt_scores") or {}).items()}
+        for n, t in latest.items()
+        if t.user_attrs.get("status") == "running"
+    }
+
+
+def attrs_of(ref: TrialRef) -> dict[str, Any]:
+    """The attributes the ledger holds for a trial's attempt (status, overrides, ...)."""
+    storage = _storage(Path(ref.sweep_dir))
+    return dict(storage.get_trial(ref.trial_id(storage)).user_attrs)
+
+
+def trial_params(ref: TrialRef) -> dict[str, Any]:
+    """The values the study drew for a trial's attempt (as the ledger keeps them: override text)."""
+    storage = _storage(Path(ref.sweep_dir))
+    return dict(storage.get_trial(ref.trial_id(storage)).params)
+
+
+def _current_params(run_dir: Path) -> dict[str, Any] | None:
+    """A PBT trial's searched values now: its last copy's, else those it was drawn with."""
+    ref = TrialRef.read(run_dir)
+    if ref is None:
+        return None
+    lineage = attrs_of(ref).get("lineage") or []
+    return dict(lineage[-1]["params"]) if lineage else pbt.typed(trial_params(ref))
+
+
+def is_open(ref: TrialRef, s: SweepConfig) -> bool:
+    """Whether the study has not yet recorded how the trial ended (False when the sweep's
+    journal is gone, or has no such trial)."""
+    if not SweepDir(ref.sweep_dir).journal.is_file():
+        return False
+    trials = open_study(Path(ref.sweep_dir), s).get_trials(deepcopy=False)
+    return ref.number < len(trials) and not trials[ref.number].state.is_finished()
+
+
+SHARE_ENV = "EXPCTL_TRIAL_SHARE"  # trials that may share this trial's GPU (set by the driver)
+
+
+def failure_text(error: BaseException) -> str:
+    """How the ledger says why a trial failed: its error's first line; running out of GPU
+    memory on a shared GPU says which setting packed it there."""
+    shared = int(os.environ.get(SHARE_ENV, "1") or 1)
+    if type(error).__name__ == "OutOfMemoryError" and shared > 1:
+        return (
+            f"CUDA out of memory on a GPU shared by up to {shared} trials: give each trial more "
+            "of it (raise sweep.gpus_per_trial) or lower data.batch_size"
+        )
+    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
+
+
+def finish(
+    ref: TrialRef, s: SweepConfig, metrics: dict[str, Any], error: BaseException | None = None
+) -> None:
+    """Tell the study how the trial ended: completed, stopped (pruned) or failed."""
+    import optuna
+
+    study = open_study(Path(ref.sweep_dir), s)
+    number = ref.number
+    ended = {"ended": time.time(), "epoch": metrics.get("epoch"), "step": metrics.get("step")}
+    if error is not None:
+        text = failure_text(error)
+        mark(ref, "failed", error=text, **ended)
+        study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    elif metrics.get("status") == "stopped":
+        mark(ref, "stopped", **ended)
+        study.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+    else:
+        value = metrics.get(s.metric)
+        if value is None:
+            mark(ref, "failed", error=f"no metric {s.metric!r} in the result", **ended)
+            study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            return
+        _report_last(study, ref, s, metrics, float(value))
+        mark(ref, "completed", **ended)
+        study.tell(number, float(value), skip_if_finished=True)
+
+
+def _report_last(
+    study: Any, ref: TrialRef, s: SweepConfig, metrics: dict[str, Any], value: float
+) -> None:
+    """The final metric as the trial's last intermediate value, unless a validation at that
+    budget reported it: a trial that ended inside an epoch (train.max_steps) has a point too."""
+    import optuna
+
+    budget = metrics.get(s.budget)
+    trial = study.get_trials(deepcopy=False)[ref.number]
+    if trial.state.is_finished() or not isinstance(budget, int):
+        return
+    if budget not in trial.intermediate_values:
+        optuna.trial.Trial(study, ref.trial_id(_storage(Path(ref.sweep_dir)))).report(value, budget)
+
+
+class TrialHooks(Hooks):
+    """A sweep trial inside its run: rank 0 marks it running, reports each validation to the
+    pruner and records how it ended. `record_failures`: False in the workers of a local launch,
+    whose agent may restart them (the sweep driver records the failure once it is final)."""
+
+    def __init__(
+        self,
+        ref: TrialRef,
+        s: SweepConfig,
+        is_main: bool,
+        record_failures: bool = True,
+        last_epoch: int | None = None,
+    ) -> None:
+        self.ref, self.s, self.is_main, self.record_failures = ref, s, is_main, record_failures
+        self.last_epoch = last_epoch  # PBT: no copy at the run's last validation (it is done)
+        self._study: Any = None
+        self._trial_id = -1
+        self._run_dir = Path()
+        self._scores: dict[str, float] = {}  # PBT: this trial's score at each budget point
+        self._judged = -1  # PBT: the budget point this trial was last compared at
+        self._copies = False  # PBT: the run stops to continue from another trial's checkpoint
+
+    def on_start(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
+        if self.is_main:
+            mark(self.ref, "running", started=time.time())
+            if self.s.scheduler == "pbt":  # a copy goes on: its scores so far stay its own
+                attrs = attrs_of(self.ref)
+                self._scores = dict(attrs.get("pbt_scores") or {})
+                self._judged = int(attrs.get("pbt_judged", -1))
+
+    def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
+        """Report the metric to the study (every trial: `sweep plot` draws it), then ask the
+        pruner, if any, whether to stop."""
+        value = metrics.get(self.s.metric)
+        if not self.is_main or value is None:
+            return False
+        import optuna
+
+        if self._study is None:
+            storage = _storage(Path(self.ref.sweep_dir))
+            self._study = optuna.load_study(
+                storage=storage, study_name=STUDY, pruner=make_pruner(self.s)
+            )
+            self._trial_id = self.ref.trial_id(storage)
+        trial = optuna.trial.Trial(self._study, self._trial_id)
+        with warnings.catch_warnings():  # a PBT copy may report a step again: Optuna keeps one
+            warnings.simplefilter("ignore")
+            trial.report(float(value), epoch if self.s.budget == "epoch" else step)
+        if self.s.scheduler == "pbt":
+            return self._pbt(float(value), epoch, epoch if self.s.budget == "epoch" else step)
+        stop = self.s.pruner != "none" and bool(trial.should_prune())
+        if stop:
+            log.info("sweep: this trial stopped early at epoch %d (%s)", epoch, self.s.pruner)
+        return stop
+
+    def _pbt(self, value: float, epoch: int, budget: int) -> bool:
+        """Population Based Training: record the score at this budget point; every
+        `pbt.interval` epochs (not at the last), stop to continue from a better trial's
+        checkpoint when this one is in the bottom quantile of the running trials scored at the
+        newest budget point it shares with another (trials compare at equal training; a trial
+        ahead of the others is compared where they have caught up, not never)."""
+        self._scores[str(budget)] = value
+        me = SweepDir.number_of(self._run_dir)
+        last = self.last_epoch is not None and epoch >= self.last_epoch
+        if epoch % self.s.pbt.interval or last or me is None:
+            mark(self.ref, "running", pbt_scores=self._scores)
+            return False
+        others = population(Path(self.ref.sweep_dir), self.s)
+        others.pop(me, None)
+        shared = [
+            b
+            for b in self._scores
+            if int(b) > self._judged and any(b in scores for scores in others.values())
+        ]
+        if not shared:
+            mark(self.ref, "running", pbt_scores=self._scores)
+            return False
+        at = max(shared, key=int)
+        self._judged = int(at)
+        mark(self.ref, "running", pbt_scores=self._scores, pbt_judged=self._judged)
+        scores = {n: s[at] for n, s in others.items() if at in s}
+        scores[me] = value = self._scores[at]
+        budget = int(at)
+        rng = pbt.rng_for(self.s.seed, me, budget)
+        donor = pbt.decide(me, scores, self.s.pbt.quantile, self.s.mode, rng)
+        if donor is None:
+            return False
+        frozen = pbt.freeze(SweepDir(self.ref.sweep_dir).trial(donor).path, self._run_dir)
+        if frozen is None:  # the donor has no checkpoint yet
+            return False
+        decision = {
+            "from_trial": donor,
+            "checkpoint": str(frozen),
+            "time": time.time(),
+            # what explore perturbs (Ray Tune's PBT): the donor's values, as they made its weights
+            "params": _current_params(SweepDir(self.ref.sweep_dir).trial(donor).path),
+        }
+        mark(self.ref, "copying", pbt_next=decision)
+        log.info(
+            "pbt: %s=%.4g is in the bottom %g of %d trials at %s %d: continuing from trial %d",
+            self.s.metric,
+            value,
+            self.s.pbt.quantile,
+            len(scores),
+            self.s.budget,
+            budget,
+            donor,
+        )
+        self._copies = True
+        return True
+
+    def on_end(self, metrics: dict[str, Any]) -> None:
+        if self.is_main and not self._copies:  # a PBT copy goes on: its trial has not ended
+            finish(self.ref, self.s, metrics)
+
+    def on_failure(self, error: BaseException, returning: bool) -> bool:
+        if self.is_main and self.record_failures and not returning:
+            finish(self.ref, self.s, {}, error=error)
+        return False

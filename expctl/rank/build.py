@@ -1,0 +1,414 @@
+"""Assemble the training parts from the frozen config: registries -> data, models (DDP),
+optimizers, schedulers, loss and step. Runtime objects never copy config keys."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from expctl import registry
+from expctl.builtin.data import Loading, Reader, Splits, TrainBatches, auto_workers, check_splits
+from expctl.builtin.steps import StepContext
+from expctl.config.schema import Config
+from expctl.dist import DistEnv, usable_cores
+from expctl.errors import UserError
+from expctl.startup import freeze_for_this_run, paused_gc
+
+log = logging.getLogger("expctl")
+
+
+@dataclass
+class Parts:
+    """Everything the loop needs, built identically on every rank."""
+
+    models: dict[str, nn.Module]  # unwrapped: what checkpoints save
+    ctx: StepContext  # holds the DDP-wrapped / compiled models the step calls
+    schedulers: dict[str, Any]
+    step: Any
+    splits: Splits
+    batches: TrainBatches
+    total_steps: int  # optimizer steps of the whole run
+    model_args: dict[str, Any]  # what the model factory got, data-inferred values included
+    sched_interval: str = "epoch"  # when the schedulers step: each "epoch" or each "step"
+    sched_monitor: str | None = None  # ... or after each validation, on this metric
+    sched_length: int | None = None  # the run's length the schedule was built for, if it was
+    val_batch_size: int = 256  # batch size of validation and test
+    limit_val_batches: int | None = None  # validations: this many batches per rank (debug runs)
+    reader: Reader | None = None  # the DataLoader workers of the streamed splits
+
+    def close(self) -> None:
+        """End the DataLoader workers."""
+        if self.reader is not None:
+            self.reader.close()
+
+
+def pick_device(cfg: Config, env: DistEnv) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is asked for (or auto and present), else cpu."""
+    want = cfg.train.device
+    _cpu_threads(env)
+    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(
+            "train.device=cuda but no CUDA device is visible", "use train.device=auto or cpu"
+        )
+    device = torch.device("cuda", env.local_rank % max(1, torch.cuda.device_count()))
+    torch.cuda.set_device(device)
+    _cuda_defaults()
+    return device
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` is bf16 autocast on a CUDA device that supports it, fp32 elsewhere."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "32"
+
+
+def _cuda_defaults() -> None:
+    """Fast defaults on CUDA: cuDNN picks the fastest kernels for our fixed shapes; fp32
+    matmuls and convolutions may use TF32 (what autocast-free fp32 runs would otherwise lose)."""
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def _cpu_threads(env: DistEnv) -> None:
+    """Split the cores this process may use (its affinity: a sweep trial's share) between the
+    ranks of this node, unless OMP_NUM_THREADS says otherwise (torchrun sets it to 1; torch's
+    agent, which `launcher=local` uses, sets nothing). On GPUs too: each rank's intra-op pool
+    would otherwise start a thread per core, N ranks x all cores (the raw loop under torchrun ran
+    one per rank beside expctl's 64 on 4 x H200); a trial pinned to 2 of 64 cores, 64 threads."""
+    import os
+
+    cores = usable_cores()
+    narrowed = cores < (os.cpu_count() or cores)
+    if (env.local_world_size > 1 or narrowed) and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, cores // env.local_world_size))
+
+
+def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
+    """Build data, models, optimizers, schedulers, loss and step for this rank."""
+    registry.import_user_modules(cfg.imports)
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    splits = _splits(cfg, device)
+    loading = _loading(cfg, env, device, splits)
+    reader = _reader(splits, loading, cfg.train.seed, env.rank)
+    try:
+        return _build(cfg, env, device, splits, loading, reader)
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+
+
+def _reader(splits: Splits, loading: Loading, seed: int, rank: int) -> Reader | None:
+    """The DataLoader workers of the streamed splits, forked now: no thread of this process
+    runs yet (see reader.py), and the model is not yet in memory to be copied."""
+    streamed = {
+        name: ds
+        for name in ("train", "val", "test")
+        if (ds := getattr(splits, name)) is not None and not isinstance(ds, TensorDataset)
+    }
+    if not streamed:
+        return None
+    reader = Reader(streamed, loading, seed, rank)
+    reader.start()
+    return reader
+
+
+def _build(
+    cfg: Config,
+    env: DistEnv,
+    device: torch.device,
+    splits: Splits,
+    loading: Loading,
+    reader: Reader | None,
+) -> Parts:
+    models, model_args = _models(cfg, splits)
+    if cfg.train.sync_batchnorm and env.distributed:
+        models = _sync_batchnorm(models, env, device)
+    elif cfg.train.sync_batchnorm:
+        log.info("train.sync_batchnorm: one rank, so BatchNorm is left as it is")
+    for m in models.values():
+        m.to(device)
+    channels_last = _channels_last(cfg, models, device)
+    if channels_last:
+        for m in models.values():
+            m.to(memory_format=torch.channels_last)
+    resident = cfg.data.device_resident is True or (
+        cfg.data.device_resident == "auto" and device.type == "cuda"
+    )
+    batches = TrainBatches(
+        splits.train,
+        cfg.data.batch_size,
+        env.rank,
+        env.world_size,
+        cfg.train.seed,
+        device,
+        loading=loading,
+        resident=resident,
+        augment=cfg.data.augment,
+        reader=reader,
+    )
+    total_steps = _total_steps(cfg, batches.steps_per_epoch)
+    with paused_gc(freeze=freeze_for_this_run(env.distributed)):  # it imports torch._dynamo
+        optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
+    per_epoch = max(1, batches.steps_per_epoch // cfg.train.grad_accum)
+    epochs = cfg.train.max_epochs or -(-total_steps // per_epoch)  # max_steps alone: as it takes
+    schedulers, sched_length = _schedulers(cfg, optimizers, total_steps, epochs)
+    loss_fn = _make(
+        "loss", cfg.loss.name, registry.get("losses", cfg.loss.name).factory, **cfg.loss.args
+    )
+    loss_fn = loss_fn.to(device)
+    wrapped = {k: _wrap(cfg, m, env, device) for k, m in models.items()}
+    precision = resolve_precision(cfg.train.precision, device)
+    amp = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[precision]
+    scaler = torch.amp.GradScaler(device.type) if precision == "16" else None
+    ctx = StepContext(
+        models=wrapped,
+        optimizers=optimizers,
+        loss_fn=loss_fn,
+        device=device,
+        amp_dtype=amp,
+        scaler=scaler,
+        grad_accum=cfg.train.grad_accum,
+        grad_clip=cfg.train.grad_clip,
+        channels_last=channels_last,
+        skip_nonfinite=cfg.train.on_nan == "skip",
+    )
+    torch.manual_seed(cfg.train.seed + env.rank)  # dropout & co differ per rank
+    step = registry.get("steps", cfg.train.step).factory()
+    missing = [m for m in getattr(step, "requires", ()) if m not in models]
+    if missing:
+        raise UserError(
+            f"train.step={cfg.train.step} trains models {', '.join(step.requires)}, but model "
+            f"'{cfg.model.name}' gives {', '.join(models)}",
+            "pick a model that gives them (e.g. model=dcgan for train.step=gan)",
+        )
+    return Parts(
+        models,
+        ctx,
+        schedulers,
+        step,
+        splits,
+        batches,
+        total_steps,
+        model_args,
+        sched_interval=cfg.sched.interval,
+        sched_monitor=cfg.sched.monitor,
+        sched_length=sched_length,
+        val_batch_size=cfg.data.val_batch_size or cfg.data.batch_size,
+        limit_val_batches=cfg.train.limit_val_batches,
+        reader=reader,
+    )
+
+
+def _splits(cfg: Config, device: torch.device) -> Splits:
+    """The dataset's splits, as its factory returns them (checked against the contract)."""
+    entry = registry.get("datasets", cfg.data.name)
+    runtime = {"device": device} if "device" in entry.runtime else {}
+    made = _make("data", cfg.data.name, entry.factory, **cfg.data.args, **runtime)
+    return check_splits(cfg.data.name, made)
+
+
+def _loading(cfg: Config, env: DistEnv, device: torch.device, splits: Splits) -> Loading:
+    d = cfg.data
+    workers = d.num_workers if d.num_workers is not None else auto_workers(env.local_world_size)
+    pin = d.pin_memory if d.pin_memory != "auto" else device.type == "cuda"
+    pin = pin and getattr(splits.train, "pin_memory", True)  # e.g. not lists of encoded files
+    if not d.persistent_workers and env.is_main:
+        log.warning(
+            "data.persistent_workers=false is ignored: a rank's DataLoader workers are started "
+            "once and kept for the run (forking them later, while threads run, can hang)"
+        )
+    return Loading(workers, bool(pin), d.prefetch_factor, d.timeout)
+
+
+def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a registered factory; a value it rejects is the config's fault, not a crash."""
+    try:
+        return factory(*args, **kwargs)
+    except UserError:
+        raise
+    except (ValueError, TypeError, RuntimeError) as e:
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        text = " ".join(str(e).split())[:200]
+        raise UserError(
+            f"{section} '{name}' rejected its arguments ({shown}): {text}",
+            f"fix the {section}.* values; `expctl list` shows what '{name}' takes",
+        ) from None
+
+
+def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str, Any]]:
+    entry = registry.get("models", cfg.model.name)
+    args = dict(cfg.model.args)
+    params = entry.parameters()
+    info = splits.info
+    inferred = {
+        "in_channels": info.input_shape[0] if info.input_shape else None,
+        "input_shape": tuple(info.input_shape),
+        "num_classes": info.num_classes,
+    }
+    for key in entry.inferred:  # null (or absent): from the data, else the factory's default
+        if args.get(key) is None and key in params and inferred.get(key) is not None:
+            args[key] = inferred[key]
+        elif args.get(key) is None:
+            args.pop(key, None)
+    built = _make("model", cfg.model.name, entry.factory, **args)
+    models = built if isinstance(built, dict) else {"model": built}
+    for name, m in models.items():
+        if not isinstance(m, nn.Module):
+            raise UserError(
+                f"model={cfg.model.name}: the model factory returned {type(m).__name__} for "
+                f"'{name}', not a torch.nn.Module",
+                "a model factory returns its nn.Module (or {name: nn.Module} for several models)",
+            )
+        _check_image_size(cfg.model.name, m, info.input_shape)
+    return models, args
+
+
+def _check_image_size(name: str, model: nn.Module, shape: tuple[int, ...]) -> None:
+    """A model built for one image size (torchvision's ViT: `image_size`) and data of another:
+    said before training, not as an assertion deep in its first forward."""
+    size = getattr(model, "image_size", None)
+    if not isinstance(size, int) or len(shape) != 3 or tuple(shape[1:]) == (size, size):
+        return
+    raise UserError(
+        f"model={name} takes {size} x {size} images; the data gives {shape[1]} x {shape[2]}",
+        f"give it {size} x {size} images (data=image_folder data.image_size={size}), or pick a "
+        "model that takes any size (e.g. model=resnet18)",
+    )
+
+
+def check_sync_batchnorm(world_size: int, device_type: str) -> None:
+    """Refuse train.sync_batchnorm where torch's SyncBatchNorm cannot run (its forward raises
+    on CPU tensors).
+
+    Raises:
+        UserError: several ranks train on something other than CUDA.
+    """
+    if world_size > 1 and device_type != "cuda":
+        raise UserError(
+            f"train.sync_batchnorm=true, but torch's SyncBatchNorm runs only on GPUs and these "
+            f"{world_size} ranks train on {device_type}",
+            "set train.sync_batchnorm=false for CPU runs, or train on GPUs (train.device=cuda)",
+        )
+
+
+def _sync_batchnorm(
+    models: dict[str, nn.Module], env: DistEnv, device: torch.device
+) -> dict[str, nn.Module]:
+    """train.sync_batchnorm: BatchNorm layers normalise with the statistics of the global batch."""
+    check_sync_batchnorm(env.world_size, device.type)
+    converted = {k: nn.SyncBatchNorm.convert_sync_batchnorm(m) for k, m in models.items()}
+    layers = sum(isinstance(x, nn.SyncBatchNorm) for m in converted.values() for x in m.modules())
+    log.info(
+        "train.sync_batchnorm: %d BatchNorm layer(s) use the statistics of all %d ranks",
+        layers,
+        env.world_size,
+    )
+    return converted
+
+
+def _channels_last(cfg: Config, models: dict[str, nn.Module], device: torch.device) -> bool:
+    if cfg.train.channels_last != "auto":
+        return bool(cfg.train.channels_last)
+    has_conv = any(isinstance(x, nn.Conv2d) for m in models.values() for x in m.modules())
+    return device.type == "cuda" and has_conv
+
+
+def _total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    if steps_per_epoch < cfg.train.grad_accum:
+        raise UserError(
+            f"train.grad_accum={cfg.train.grad_accum} needs {cfg.train.grad_accum} batches per "
+            f"epoch on each worker, but the data gives {steps_per_epoch}",
+            "lower train.grad_accum or data.batch_size, or use more data",
+        )
+    per_epoch = max(1, steps_per_epoch // cfg.train.grad_accum)
+    t = cfg.train
+    by_epochs = per_epoch * t.max_epochs if t.max_epochs is not None else None
+    steps = [n for n in (by_epochs, t.max_steps) if n is not None]  # validation: one at least
+    return min(steps)
+
+
+def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    entry = registry.get("optimizers", cfg.optim.name)
+    args = dict(cfg.optim.args)
+    accepted = inspect.signature(entry.factory).parameters
+    if (
+        device.type == "cuda"
+        and "fused" in accepted
+        and args.get("fused") is None
+        and args.get("foreach") is None
+    ):
+        args["fused"] = True  # one kernel for the whole update
+    opt: torch.optim.Optimizer = _make(
+        "optim", cfg.optim.name, entry.factory, model.parameters(), **args
+    )
+    probe = [torch.zeros(1, device=device, requires_grad=True)]
+    for i, later in enumerate(cfg.train.hparam_schedule):  # values it would reject mid-run
+        if later.get("optim"):
+            where = f"train.hparam_schedule[{i}].optim"
+            _make(where, cfg.optim.name, entry.factory, probe, **{**args, **later["optim"]})
+    return opt
+
+
+def _schedulers(
+    cfg: Config, optimizers: dict[str, torch.optim.Optimizer], total_steps: int, epochs: int
+) -> tuple[dict[str, Any], int | None]:
+    """The schedulers, and the run's length they were built for (None: they do not know it)."""
+    if cfg.sched.name is None:
+        return {}, None
+    entry = registry.get("schedulers", cfg.sched.name)
+    args = dict(cfg.sched.args)
+    length = total_steps if cfg.sched.interval == "step" else epochs
+    inferred = [k for k in ("total_steps", "T_max") if k in entry.inferred and args.get(k) is None]
+    for key in inferred:  # the run's length, in the unit of sched.interval
+        args[key] = length
+    made = {
+        k: _make("sched", str(cfg.sched.name), entry.factory, opt, **args)
+        for k, opt in optimizers.items()
+    }
+    return made, length if inferred else None
+
+
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _batchnorm_buffers_only(model: nn.Module) -> bool:
+    """Whether every buffer is a BatchNorm running statistic. DDP's default broadcasts rank 0's
+    buffers before every forward (one collective per step); a training forward never reads these
+    (BatchNorm normalises by the batch), rank 0's evolve the same either way, and the loop gives
+    every rank rank 0's before it validates or saves (`sync_buffers`): so the broadcast is
+    skipped. Any other buffer may be read by the forward, and keeps DDP's default."""
+    owners = {name.rpartition(".")[0] for name, _ in model.named_buffers(remove_duplicate=False)}
+    modules = dict(model.named_modules(remove_duplicate=False))
+    return all(isinstance(modules.get(o), _BATCHNORMS) for o in owners)
+
+
+def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
+    out: nn.Module = model
+    if env.distributed and any(p.requires_grad for p in model.parameters()):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        sync = not _batchnorm_buffers_only(model)
+        # torch >= 2.13 names it forward_sync_buffers (buffers still synced once at init);
+        # broadcast_buffers, its older name, is deprecated there
+        newer = "forward_sync_buffers" in inspect.signature(DDP).parameters
+        flag: dict[str, Any] = {"forward_sync_buffers" if newer else "broadcast_buffers": sync}
+        out = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            **flag,
+        )
+    if cfg.train.compile:
+        out = torch.compile(out, mode=cfg.train.compile_mode)  # type: ignore[assignment]
+    return out

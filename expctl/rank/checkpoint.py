@@ -1,0 +1,484 @@
+"""The checkpoint format: one file per save, written atomically, checked by SHA-256, loaded safely.
+
+``RUN_DIR/checkpoints/step_000001234.pt`` holds a dict:
+
+    format: 1, step, epoch, batch (micro-batches done in `epoch`), world_size,
+    models / optimizers / schedulers: {name: state_dict}, scaler: state_dict | None,
+    rng: [per-rank RNG states], val / train: last validation / train metrics,
+    early_best / early_stall: early stopping's best value and validations without improvement,
+    train_s: training time of all attempts so far, sched_length: the run's length the schedule
+    was built for (null: it does not depend on it),
+    metrics_rows: rows of metrics.jsonl written before it (the rest are logged again on resume),
+    window: [per-rank sums of the train metrics since the last train row, and their count]
+
+next to ``step_000001234.pt.sha256`` and ``step_000001234.pt.json``: ``{"step", "epoch",
+"val"}``, the validation metrics of exactly these weights (``{}`` when no validation ran at
+that step), which rank checkpoints by ``checkpoint.monitor``. Loading uses
+``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary pickled
+objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import pickle
+import random
+import warnings
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from expctl.config import schema as config
+from expctl.config.schema import CheckpointConfig
+from expctl.errors import CheckpointError, UserError
+from expctl.layout import (
+    RunDir,
+    atomic_file,
+    checkpoint_digest,
+    checkpoint_scores,
+    checkpoint_set,
+    write_atomically,
+)
+
+if TYPE_CHECKING:
+    from expctl.rank.build import Parts
+
+FORMAT = 1
+log = logging.getLogger("expctl")
+
+
+def capture(
+    parts: Parts, state: dict[str, Any], rng: list[dict[str, Any]], metrics_rows: int
+) -> dict[str, Any]:
+    """The checkpoint payload of a run at `state` (`TrainState.state_dict()`: step, epoch, batch,
+    val, train), with every rank's RNG state and the number of metrics.jsonl rows logged so far."""
+    return {
+        **state,
+        "world_size": len(rng),
+        "model_args": parts.model_args,
+        "models": {k: m.state_dict() for k, m in parts.models.items()},
+        "optimizers": {k: o.state_dict() for k, o in parts.ctx.optimizers.items()},
+        "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
+        "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
+        "rng": rng,
+        "metrics_rows": metrics_rows,
+        "sched_length": parts.sched_length,
+    }
+
+
+def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> dict[str, Any]:
+    """Load a payload into the built parts and this rank's RNG; return where training stood
+    (for `TrainState.load_state_dict`: the payload without its state dicts).
+
+    Raises:
+        ValueError: the checkpoint's models or optimizers do not match the built ones.
+    """
+    targets = [
+        *((f"model '{n}'", parts.models.get(n), sd) for n, sd in payload["models"].items()),
+        *(
+            (f"optimizer '{n}'", parts.ctx.optimizers.get(n), sd)
+            for n, sd in payload["optimizers"].items()
+        ),
+        *(
+            (f"scheduler '{n}'", parts.schedulers[n], sd)
+            for n, sd in (payload.get("schedulers") or {}).items()
+            if n in parts.schedulers
+        ),
+    ]
+    if parts.ctx.scaler is not None and payload.get("scaler"):
+        targets.append(("grad scaler", parts.ctx.scaler, payload["scaler"]))
+    for what, target, sd in targets:
+        if target is None:
+            raise ValueError(f"its {what} is not part of this config")
+        try:
+            target.load_state_dict(sd)
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise ValueError(
+                f"its {what} does not match: {' '.join(str(e).split())[:240]}"
+            ) from None
+    rng = payload.get("rng") or []
+    if len(rng) == world_size:
+        set_rng_state(rng[rank])
+    else:
+        log.warning(
+            "checkpoint written by %d rank(s), now %d: RNG streams restart from the seed",
+            len(rng),
+            world_size,
+        )
+    heavy = ("models", "optimizers", "schedulers", "scaler", "rng")
+    return {k: v for k, v in payload.items() if k not in heavy}
+
+
+def path_for(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` goes."""
+    return RunDir(run_dir).checkpoint(step)
+
+
+def save(
+    run_dir: Path, payload: dict[str, Any], ck: CheckpointConfig, scores: dict[str, float]
+) -> Path:
+    """Write `payload` atomically (temporary file, fsync, checksum, rename) with `scores`, the
+    validation metrics of these weights ({} if none); keep the newest `ck.keep`, or with
+    `ck.monitor` the best `ck.keep` by it plus the newest.
+
+    Raises:
+        CheckpointError: the write failed; no partial file is left under a checkpoint name.
+    """
+    final = path_for(run_dir, int(payload["step"]))
+    final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    _, digest_file, scores_file = checkpoint_set(final)
+    existed = final.exists()
+    for stale in RunDir(run_dir).checkpoint_temporaries():
+        stale.unlink(missing_ok=True)
+    try:
+        with atomic_file(final, 0o640) as f:
+            torch.save({"format": FORMAT, **payload}, f)
+            f.flush()
+            digest = f"{_sha256(Path(f.name))}  {final.name}\n"
+            if existed:  # saved again (restored where it ended): never old weights, new checksum
+                digest_file.unlink(missing_ok=True)
+            else:
+                write_atomically(digest_file, digest)
+            record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
+            write_atomically(scores_file, json.dumps(record) + "\n")
+        if existed:
+            write_atomically(digest_file, digest)
+        _fsync_dir(final.parent)
+    except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        if not existed:  # none of this step's files stays
+            for file in (final, digest_file, scores_file):
+                file.unlink(missing_ok=True)
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({cause.strerror or cause}); "
+            "the previous checkpoint is intact"
+        ) from e
+    _prune(run_dir, ck)
+    return final
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
+    """Delete the checkpoints `ck.keep` does not keep, each only once its checksum is verified:
+    one that fails (damaged, or its .sha256 edited) may hold the only copy of its weights."""
+    files = list_checkpoints(run_dir)
+    if ck.monitor is None:
+        kept = set(files[: ck.keep])
+    else:
+        kept = {*files[:1], *ranked(files, ck.monitor, ck.mode)[: ck.keep]}
+    for old in files:
+        if old in kept:
+            continue
+        problem = unverified(old)
+        if problem is not None:
+            log.warning(
+                "checkpoint %s is kept beyond checkpoint.keep=%d: %s; it is never deleted "
+                "unverified (remove it yourself once you know it is not needed)",
+                old,
+                ck.keep,
+                problem,
+            )
+            continue
+        for file in checkpoint_set(old):
+            file.unlink(missing_ok=True)
+
+
+def unverified(path: Path) -> str | None:
+    """Why the checksum beside checkpoint `path` does not prove it intact (None: it does)."""
+    digest_file = checkpoint_digest(path)
+    try:
+        expected = digest_file.read_text(errors="replace").split()[:1]
+    except FileNotFoundError:
+        return f"it has no {digest_file.name}"
+    except OSError as e:
+        return f"cannot read {digest_file.name} ({e.strerror or e})"
+    try:
+        actual = _sha256(path)
+    except OSError as e:
+        return f"cannot read it ({e.strerror or e})"
+    return None if expected == [actual] else "checksum mismatch"
+
+
+def scores(path: Path) -> dict[str, float]:
+    """The validation metrics of a checkpoint's weights ({} when none ran at its step, or for a
+    checkpoint written before they were recorded)."""
+    try:
+        record = json.loads(checkpoint_scores(path).read_text())
+        return {str(k): float(v) for k, v in dict(record.get("val") or {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def ranked(files: list[Path], monitor: str, mode: str) -> list[Path]:
+    """The checkpoints scored on `monitor`, best first (newest first among equals)."""
+    scored = [(v, p) for p in files if math.isfinite(v := scores(p).get(monitor, math.nan))]
+    scored.sort(key=lambda vp: vp[0] if mode == "min" else -vp[0])
+    return [p for _, p in scored]
+
+
+def pick(
+    run_dir: Path, which: str | None = None, map_location: str | torch.device = "cpu"
+) -> tuple[Path, dict[str, Any]]:
+    """A run's checkpoint, loaded: `best` (by the run's checkpoint.monitor), `last` (the newest
+    that loads), or a checkpoint file's path; None: best when the run monitors a metric, else last.
+
+    Raises:
+        UserError: not a run, no such checkpoint, or a best without a monitor.
+    """
+    if which not in (None, "best", "last"):
+        try:
+            return Path(which), load(Path(which), map_location)
+        except (OSError, ValueError) as e:
+            raise UserError(
+                f"checkpoint {which}: {e}", "pass best, last or the path of a .pt checkpoint"
+            ) from None
+    ck = config.load(run_dir).checkpoint
+    which = which or ("best" if ck.monitor else "last")
+    files = list_checkpoints(run_dir)
+    if which == "best":
+        if ck.monitor is None:
+            raise UserError(
+                f"{run_dir} was trained without checkpoint.monitor: it has no best checkpoint",
+                "use which=last (its newest), or train with checkpoint.monitor=val/acc",
+            )
+        files = ranked(files, ck.monitor, ck.mode)
+    found = _first_valid(files, map_location)
+    if found is None:
+        scored = f" scored on {ck.monitor}" if which == "best" else ""
+        raise UserError(
+            f"{run_dir}: no loadable checkpoint{scored}",
+            "train the run first, or pass the path of a checkpoint",
+        )
+    return found
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints of a run, newest first."""
+    return RunDir(run_dir).checkpoint_files()
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load one checkpoint after checking its SHA-256 (weights_only: no arbitrary unpickling).
+
+    Raises:
+        ValueError: the file is corrupt, truncated, or not an expctl checkpoint.
+    """
+    payload = _read(path, map_location)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
+    return payload
+
+
+def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """A torch file's contents after checking the SHA-256 beside it, if any (weights_only)."""
+    digest_file = checkpoint_digest(path)
+    if digest_file.is_file():
+        try:
+            expected = digest_file.read_text(errors="replace").split()[:1]
+            matches = expected == [_sha256(path)]
+        except OSError as e:  # a folder in its place, a read error
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+        if not matches:
+            raise ValueError(f"checksum mismatch for {path}")
+    try:
+        with warnings.catch_warnings():  # torch's note on another pickle protocol: see the error
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # not its advice to load with weights_only=False
+        if not zipfile.is_zipfile(path):
+            raise ValueError(f"cannot read {path}: not a torch.save file of tensors") from None
+        text = " ".join(str(e).split()).split("WeightsUnpickler error:", 1)[-1]
+        why = text.split(". ")[0].split(" Check the documentation")[0].strip()[:200]
+        raise ValueError(
+            f"cannot read {path}: it holds objects other than tensors and plain containers ({why})"
+        ) from None
+    except Exception as e:
+        text = " ".join(str(e).split())[:200]  # one line: torch's messages span several
+        raise ValueError(f"cannot read {path}: {type(e).__name__}: {text}") from None
+    return payload
+
+
+def newest_valid(
+    run_dir: Path, map_location: str | torch.device = "cpu"
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, skipping corrupt ones with a warning naming each."""
+    return _first_valid(list_checkpoints(run_dir), map_location)
+
+
+def resume_point(
+    run_dir: Path, map_location: str | torch.device = "cpu"
+) -> tuple[Path, dict[str, Any]] | None:
+    """The run's newest checkpoint, loaded, where it continues (None: it has none yet).
+
+    Raises:
+        UserError: the newest checkpoint does not load (damaged, or its .sha256 edited): the
+            run neither starts over nor falls back to an older one on its own; the error says
+            which older one is intact.
+    """
+    files = list_checkpoints(run_dir)
+    if not files:
+        return None
+    try:
+        return files[0], load(files[0], map_location)
+    except ValueError as e:
+        problem = e
+    intact = next((p for p in files[1:] if unverified(p) is None), None)
+    raise UserError(
+        f"run.dir={run_dir}: its newest checkpoint does not load ({problem}); the run is not "
+        "started over",
+        f"if it is damaged, move {files[0]}* elsewhere to continue from {intact.name}, or start "
+        "a new run in another run.dir"
+        if intact is not None
+        else "restore its checkpoints from a copy, or start a new run in another run.dir (no "
+        "older checkpoint of it is intact)",
+    )
+
+
+def _first_valid(
+    paths: list[Path], map_location: str | torch.device
+) -> tuple[Path, dict[str, Any]] | None:
+    for path in paths:
+        try:
+            return path, load(path, map_location)
+        except ValueError as e:
+            log.warning("skipping checkpoint %s: %s", path.name, e)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# weights only: checkpoint.init and `expctl eval`
+# ---------------------------------------------------------------------------------------------
+
+
+def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Model weights by model name from an expctl checkpoint, a run directory (`pick`'s
+    default) or a plain state-dict file (torch.save(model.state_dict()): the one model's).
+
+    Raises:
+        UserError: the file cannot be read or holds no weights for these models.
+    """
+    if source.is_dir():
+        return dict(pick(source)[1]["models"])
+    try:
+        found = _read(source)
+    except ValueError as e:
+        raise UserError(str(e), "give an expctl checkpoint or a torch.save'd state dict") from None
+    if isinstance(found, dict) and found.get("format") == FORMAT:
+        return dict(found["models"])
+    if not isinstance(found, dict) or not all(isinstance(v, torch.Tensor) for v in found.values()):
+        raise UserError(
+            f"{source} holds neither an expctl checkpoint nor a state dict of tensors",
+            "save the weights with torch.save(model.state_dict(), PATH)",
+        )
+    if len(names) != 1:
+        raise UserError(
+            f"{source} is one state dict, but this config has models {', '.join(names)}",
+            "start from an expctl checkpoint that holds each model",
+        )
+    if found and all(k.startswith("module.") for k in found):  # saved from a DDP wrapper
+        found = {k.removeprefix("module."): v for k, v in found.items()}
+    return {names[0]: dict(found)}
+
+
+def put_weights(
+    models: dict[str, Any], weights: dict[str, dict[str, torch.Tensor]], strict: bool
+) -> list[str]:
+    """Load `weights` into `models`: every tensor whose name and shape fit. Returns what did not
+    fit, one entry per kind and model (missing, unexpected, other shape); with `strict`, loads
+    nothing unless everything fits.
+
+    Raises:
+        ValueError: `strict` and something did not fit (what, in one line).
+    """
+    unfit, fitting = [], {}
+    for name, model in models.items():
+        own, theirs = model.state_dict(), weights.get(name, {})
+        fitting[name] = {k: v for k, v in theirs.items() if k in own and _fits(own[k], v)}
+        reshaped = [
+            f"{k} {list(v.shape)} there, {list(own[k].shape)} here"
+            for k, v in theirs.items()
+            if k in own and k not in fitting[name]
+        ]
+        for kind, keys in (
+            ("missing", [k for k in own if k not in theirs]),
+            ("unexpected", [k for k in theirs if k not in own]),
+            ("other shape", reshaped),
+        ):
+            if keys:
+                more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+                unfit.append(f"model '{name}' {kind} {len(keys)}: {', '.join(keys[:3])}{more}")
+    unfit += [f"model '{n}' unexpected: not in this config" for n in weights if n not in models]
+    if strict and unfit:
+        raise ValueError("; ".join(unfit))
+    for name, model in models.items():
+        model.load_state_dict(fitting[name], strict=False)
+    return unfit
+
+
+def _fits(own: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Same shape; a lazy layer's parameter not yet made (nn.LazyLinear) takes its shape from
+    the weights loaded into it."""
+    return torch.nn.parameter.is_lazy(own) or own.shape == theirs.shape
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG state, per rank
+# ---------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch CPU, CUDA, Python, NumPy) in weights_only-safe types."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (
+            kind,
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            pos,
+            has_gauss,
+            cached,
+        )
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))

@@ -1,0 +1,462 @@
+"""Every rank runs `main(cfg, env, hooks)`: environment, process group, run directory agreement,
+build, restore, then `train.fit`, then teardown.
+
+It reads the frozen config it is given and never re-enters Hydra. What the launcher or a sweep
+must do around the run (job records, requeues, trial bookkeeping) reaches it only as `hooks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from expctl.config.schema import Config, TrainConfig, monitors, redacted
+from expctl.dist import DistEnv, apply_env, init_process_group
+from expctl.errors import EXIT_PREEMPTED, Interrupted, Preempted, RunError, UserError
+from expctl.layout import RunDir
+from expctl.rank import checkpoint, provenance, rundir
+from expctl.rank.build import Parts, build, pick_device, resolve_precision
+from expctl.rank.control import Control, StopFlag
+from expctl.rank.hooks import Hooks
+from expctl.rank.metrics import evaluate as score
+from expctl.rank.provenance import Launch
+from expctl.rank.report import Reporter, setup_logging, truncate_metrics, write_json
+from expctl.rank.train import Loop, TrainState, check_monitors, finished, fit
+
+log = logging.getLogger("expctl")
+
+
+def main(
+    cfg: Config,
+    env: DistEnv,
+    hooks: Hooks | None = None,
+    lock: bool = True,
+    origin: Launch | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Train on this rank; returns the run directory and final metrics (rank 0 writes result.json).
+
+    Args:
+        lock: rank 0 holds the run directory's lock while it trains (False: the process that
+            started this worker holds it).
+        origin: the launch this attempt belongs to, for RUN_DIR/provenance.json (default: this
+            process's command).
+    """
+    hooks = hooks or Hooks()
+    device = _prepare(cfg, env)
+    state = TrainState()
+    held: rundir.RunLock | None = None
+    try:
+        with _process_group(cfg, env, device) as ctl, _one_voice(ctl, env, state):
+            cfg, held = _agree_run_dir(cfg, env, ctl, lock)
+            run_dir = Path(str(cfg.run.dir))
+            setup_logging(run_dir, env.is_main, env.rank)
+            try:
+                with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
+                    parts = build(cfg, env, device)
+                with contextlib.closing(parts):  # its DataLoader workers end here
+                    rows = _restore(cfg, env, parts, state, run_dir)
+                    check_monitors(_monitors(cfg, run_dir), parts, env)
+                    hooks.on_start(run_dir)
+                    stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
+                    if stored is not None:
+                        return run_dir, _completed(stored, state, hooks, run_dir)
+                    if env.is_main:
+                        provenance.record(run_dir, origin or Launch.here(None), env)
+                    return run_dir, _train(
+                        cfg, env, parts, state, ctl, hooks, run_dir, rows, device
+                    )
+            except UserError:  # a bad value or file, met before anything was saved: leave nothing
+                if env.is_main:
+                    setup_logging(None, True)  # release train.log
+                    if held is not None:
+                        rundir.abandon(held)  # config.yaml as it was; what it made, removed
+                    else:
+                        rundir.discard_if_unstarted(run_dir)
+                raise
+    except Preempted as e:
+        if env.is_main:
+            log.warning("stop signal: checkpoint of step %d saved in %s", state.step, cfg.run.dir)
+        if e.code == EXIT_PREEMPTED:  # launcher.signal: the job comes back (SIGTERM: it ends)
+            hooks.on_stop(state.step, cfg.launcher.signal)
+        raise Preempted(
+            f"{e}; checkpoint saved: run the same command with run.dir={cfg.run.dir} to resume",
+            e.code,
+        ) from None
+    except KeyboardInterrupt:
+        if cfg.run.dir is None or not env.is_main:
+            raise
+        raise Interrupted(f"run the same command with run.dir={cfg.run.dir}") from None
+    except Exception as e:
+        hooks.on_failure(e, False)
+        raise
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _prepare(cfg: Config, env: DistEnv) -> Any:
+    """The config's environment variables, and the device this rank computes on."""
+    apply_env(cfg.env, frozenset(k[4:] for k in cfg.interpolations if k.startswith("env.")))
+    return pick_device(cfg, env)
+
+
+@contextlib.contextmanager
+def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
+    """The ranks' process group (nccl on CUDA, else gloo) and control group, torn down on
+    leaving."""
+    ln = cfg.launcher
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    try:
+        store = init_process_group(env, backend, ln.rdzv_timeout, ln.collective_timeout)
+        yield Control(env, store)
+    finally:
+        if env.distributed:
+            import torch.distributed as dist  # torch is loaded by now; kept off `import expctl`
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+# what a rank's collective raises when a peer's process ended (gloo, NCCL)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ncclRemote")
+
+
+@contextlib.contextmanager
+def _one_voice(ctl: Control, env: DistEnv, state: TrainState) -> Iterator[None]:
+    """One line for a failure, whichever rank met it: the first rank to fail prints its error
+    (`quiet` marks the others'), and a rank whose peer's process ended says only that, in one
+    line (none under the local launcher, which reports a peer that died without a word)."""
+    try:
+        yield
+    except (UserError, RunError) as e:
+        e.quiet = not ctl.first_to_fail()
+        raise
+    except RuntimeError as e:
+        if not env.distributed or not any(s in str(e) for s in PEER_GONE):
+            raise
+        lost = RunError(
+            f"rank {env.rank}: another rank's process ended near step {state.step + 1} "
+            "(its own output says why)"
+        )
+        lost.quiet = env.source == "local"
+        raise lost from None
+
+
+def _train(
+    cfg: Config,
+    env: DistEnv,
+    parts: Parts,
+    state: TrainState,
+    ctl: Control,
+    hooks: Hooks,
+    run_dir: Path,
+    rows: int | None,
+    device: Any,
+) -> dict[str, Any]:
+    """Fit from the restored state."""
+    dropped = truncate_metrics(run_dir, rows, state.step) if env.is_main else 0
+    if dropped:
+        log.info(
+            "%s: dropped %d row(s) logged after step %d, where training continues",
+            RunDir.METRICS,
+            dropped,
+            state.step,
+        )
+    rep = Reporter(
+        run_dir,
+        env.is_main,
+        parts.total_steps,
+        start_step=state.step,
+        loggers=cfg.logger,
+        samples_per_step=cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
+    )
+    status = "failed"
+    try:
+        rep.log_config(cfg.to_dict())  # environment interpolations unresolved: no secret leaves
+        _log_start(cfg, env, parts, state, run_dir, device)
+        stop = StopFlag(cfg.launcher.signal, ctl)
+        result = _fit(cfg, env, parts, state, ctl, Loop(env, ctl, rep, stop, hooks, run_dir))
+        status = str(result["status"])
+    except Preempted:
+        status = "preempted"
+        raise
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        rep.close(status)
+    hooks.on_end(result)
+    return result
+
+
+def _fit(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, loop: Loop
+) -> dict[str, Any]:
+    """`train.fit`; a collective that timed out becomes one line naming the silent ranks."""
+    try:
+        return fit(cfg.train, cfg.checkpoint, parts, state, loop)
+    except RuntimeError as e:
+        if not env.distributed or "timed out" not in str(e).lower():
+            raise
+        hung = ctl.unresponsive(state.step)
+        who = f"rank {', '.join(map(str, hung))}" if hung else "another rank"
+        raise RunError(
+            f"rank {env.rank}: {who} stopped responding near step {state.step + 1}: a collective "
+            f"waited launcher.collective_timeout={cfg.launcher.collective_timeout:g} s"
+        ) from None
+    finally:
+        loop.stop.close()
+
+
+def _completed(
+    stored: dict[str, Any], state: TrainState, hooks: Hooks, run_dir: Path
+) -> dict[str, Any]:
+    """The stored result of a run restored where it completed: nothing is trained or written."""
+    log.info(
+        "run %s already completed (%s): nothing to train; its results are in %s",
+        run_dir,
+        state.where(),
+        RunDir(run_dir).result,
+    )
+    hooks.on_end(stored)
+    return stored
+
+
+def _log_start(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir: Path, device: Any
+) -> None:
+    log.info(
+        "run %s | %s x %d rank(s) on %s%s | precision %s | global batch %d (%d per rank x %d accum)"
+        " | %d steps left (%s) | %s%s",
+        run_dir,
+        launcher_name(env),
+        env.world_size,
+        device,
+        f" via {env.master_addr}:{env.master_port}" if env.distributed else "",
+        resolve_precision(cfg.train.precision, device),
+        cfg.data.batch_size * env.world_size * cfg.train.grad_accum,
+        cfg.data.batch_size,
+        cfg.train.grad_accum,
+        parts.total_steps - state.step,
+        _ends(cfg.train, parts),
+        parts.batches.describe(),
+        f" | validation limited to {parts.limit_val_batches} batch(es) per rank"
+        if parts.limit_val_batches
+        else "",
+    )
+
+
+def _ends(t: TrainConfig, parts: Parts) -> str:
+    """Which limit ends the run: max_steps=400, or max_epochs=3 x 31 steps (before max_steps)."""
+    if t.max_steps is not None and parts.total_steps == t.max_steps:
+        return f"max_steps={t.max_steps}"
+    per_epoch = max(1, parts.batches.steps_per_epoch // t.grad_accum)
+    later = f", before max_steps={t.max_steps}" if t.max_steps is not None else ""
+    return f"max_epochs={t.max_epochs} x {per_epoch} steps{later}"
+
+
+def _monitors(cfg: Config, run_dir: Path) -> dict[str, str]:
+    """The metrics this run acts on (see config.monitors) and, for a sweep's trial, the
+    validation metric the sweep ranks by: a typo there fails the trial before it trains."""
+    names = monitors(cfg)
+    if RunDir(run_dir).trial.exists() and cfg.sweep.metric.startswith("val/"):
+        names["sweep.metric"] = cfg.sweep.metric
+    return names
+
+
+def launcher_name(env: DistEnv) -> str:
+    """What started this rank, as the log says it: inline, local, torchrun, slurm, submitit."""
+    return "inline" if env.source == "single" else env.source
+
+
+def _agree_run_dir(
+    cfg: Config, env: DistEnv, ctl: Control, lock: bool
+) -> tuple[Config, rundir.RunLock | None]:
+    """Rank 0 creates (or reopens) the run directory and takes its lock; every rank learns its
+    path."""
+    reply: tuple[str, str, str | None]
+    held = None
+    if env.is_main:
+        try:
+            frozen, held = rundir.create(cfg, env.run_id, env.restart_count > 0, lock)
+            reply = ("ok", str(frozen.run.dir), None)
+        except UserError as e:
+            reply = ("error", e.message, e.hint)
+    else:
+        reply = ("", "", None)
+    reply = ctl.broadcast(reply)
+    if reply[0] == "error":
+        raise UserError(reply[1], reply[2])
+    return cfg.replace("run", dir=reply[1]), held
+
+
+def _restore(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir: Path
+) -> int | None:
+    """Set `state` to where training continues: this run's newest checkpoint (resume=auto,
+    or any restart within the launch), else the checkpoint.resume=PATH it started from, else
+    the beginning.
+
+    Returns:
+        How many metrics.jsonl rows precede that point (None: a checkpoint without the count).
+    """
+    resume = cfg.checkpoint.resume
+    own = resume == "auto" or env.restart_count > 0
+    found = checkpoint.resume_point(run_dir) if own else None
+    where = "the run's newest checkpoint" if found else f"checkpoint.resume={resume}"
+    try:
+        if found is None and resume not in ("auto", "never"):
+            found, own = (Path(resume), checkpoint.load(Path(resume))), False
+        if found is None:
+            _init_weights(cfg, parts)
+            return 0
+        configured = _lrs(parts)
+        state.load_state_dict(checkpoint.apply(found[1], parts, env.rank, env.world_size))
+        _check_length(cfg, parts, found)
+    except ValueError as e:
+        raise UserError(
+            f"{where} ({found[0] if found else resume}) cannot be used: {e}",
+            "resume from a checkpoint of the same model and optimizer (its run's config.yaml "
+            "says which), or start afresh with checkpoint.resume=never",
+        ) from None
+    log.info("resumed from %s (%s)", found[0], state.where())
+    if cfg.checkpoint.init is not None:
+        log.info(
+            "checkpoint.init=%s not used: the run continues from a checkpoint", cfg.checkpoint.init
+        )
+    if not own and _lrs(parts) != configured:
+        log.warning(
+            "checkpoint.resume=%s restores that run's optimizer state: learning rate %s "
+            "(this config says %s)",
+            resume,
+            _lrs(parts),
+            configured,
+        )
+    return found[1].get("metrics_rows") if own else 0
+
+
+def _init_weights(cfg: Config, parts: Parts) -> None:
+    """checkpoint.init: start from these model weights, with a new optimizer at step 0.
+
+    Raises:
+        UserError: the weights do not fit (init_strict: nothing is loaded).
+    """
+    ck = cfg.checkpoint
+    if ck.init is None:
+        return
+    source = Path(ck.init).expanduser()
+    weights = checkpoint.load_weights(source, list(parts.models))
+    try:
+        unfit = checkpoint.put_weights(parts.models, weights, ck.init_strict)
+    except ValueError as e:
+        raise UserError(
+            f"checkpoint.init={ck.init}: the weights do not fit: {e}",
+            "checkpoint.init_strict=false loads the weights that fit and lists the rest",
+        ) from None
+    log.info("checkpoint.init: model weights from %s", source)
+    for line in unfit:
+        log.warning("checkpoint.init: not loaded: %s", line)
+
+
+def _check_length(cfg: Config, parts: Parts, found: tuple[Path, dict[str, Any]]) -> None:
+    """Refuse to continue a schedule built for another run length (train.max_epochs or
+    max_steps changed): its learning rate would jump instead of going on.
+
+    Raises:
+        UserError: the lengths differ, with the two ways to go on.
+    """
+    planned = found[1].get("sched_length")
+    if planned is None or parts.sched_length is None or planned == parts.sched_length:
+        return
+    unit = "steps" if cfg.sched.interval == "step" else "epochs"
+    raise UserError(
+        f"sched={cfg.sched.name} of {found[0]} was built for {planned} {unit}, this config "
+        f"makes the run {parts.sched_length}: its learning rate would jump, not continue",
+        f"keep train.max_epochs / max_steps as the run had them, or fine-tune from its weights "
+        f"with a schedule of its own in a new run: checkpoint.init={found[0]} run.dir=NEW",
+    )
+
+
+def _lrs(parts: Parts) -> str:
+    """The optimizers' base learning rates (before any scheduler), as text."""
+    groups = [g for o in parts.ctx.optimizers.values() for g in o.param_groups]
+    return ", ".join(f"{g.get('initial_lr', g['lr']):g}" for g in groups)
+
+
+def _stored_result(
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, run_dir: Path
+) -> dict[str, Any] | None:
+    """result.json of a run that already completed where it was restored: re-running it trains,
+    evaluates and writes nothing. (A raised max_steps or max_epochs leaves steps to train.)"""
+    if not finished(cfg.train, state, parts.total_steps):
+        return None
+    result = ctl.broadcast(RunDir(run_dir).read_result() if env.is_main else {})
+    if result.get("status") != "completed" or result.get("step") != state.step:
+        return None
+    return dict(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# `expctl eval`: score a checkpoint with the same ranks
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What `expctl eval` asks of every rank: score the weights of `checkpoint` (of `step`) on
+    `split` and write RUN_DIR/eval/NAME.json; `overrides` are recorded there."""
+
+    checkpoint: str
+    step: int
+    split: str = "val"
+    name: str = "val"
+    overrides: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Evaluation:
+        return cls(**json.loads(text))
+
+
+def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
+    """Score a checkpoint on this rank (metrics reduced exactly over ranks); rank 0 writes
+    RUN_DIR/eval/NAME.json. Returns the run directory and that record.
+
+    Raises:
+        UserError: the weights do not fit the config, or the data has no such split.
+    """
+    run_dir = Path(str(cfg.run.dir))
+    device = _prepare(cfg, env)
+    with _process_group(cfg, env, device):
+        setup_logging(None, env.is_main, env.rank)
+        with redacted(cfg.to_dict(resolved=True), cfg.interpolations):
+            parts = build(cfg, env, device)
+        with contextlib.closing(parts):
+            path = Path(ev.checkpoint)
+            try:
+                checkpoint.put_weights(
+                    parts.models, checkpoint.load_weights(path, [*parts.models]), True
+                )
+            except ValueError as e:
+                raise UserError(
+                    f"{path} does not fit this config's models: {e}",
+                    "evaluate with the run's own model settings (no model.* overrides)",
+                ) from None
+            metrics = score(parts, env, ev.split)
+    if not metrics:
+        raise UserError(
+            f"data '{cfg.data.name}' has no {ev.split} split to score (or train.step has no "
+            "val_step)",
+            "pick another split: --split val, test or train",
+        )
+    record = {**metrics, **asdict(ev), "data": cfg.data.name}
+    if env.is_main:
+        write_json(RunDir(run_dir).eval_result(ev.name), record)
+    return run_dir, record

@@ -1,0 +1,469 @@
+"""The training loop on one screen: `fit` runs micro-batches, optimizer steps, logging,
+validation and checkpoints from a `TrainState` until the run's budget or the stop signal.
+
+It takes the config sections it uses (`train`, `checkpoint`), the built parts and a `Loop`
+(ranks, reporting, the stop flag, the hooks); `rank.main` sets all of them up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from expctl.builtin.steps import no_sync
+from expctl.config.schema import CheckpointConfig, EarlyStopConfig, TrainConfig
+from expctl.dist import DistEnv
+from expctl.errors import (
+    EXIT_PREEMPTED,
+    EXIT_TERMINATED,
+    Preempted,
+    UserError,
+    choices_text,
+    did_you_mean,
+)
+from expctl.rank import checkpoint
+from expctl.rank.build import Parts
+from expctl.rank.control import Control, StopFlag
+from expctl.rank.hooks import Hooks
+from expctl.rank.metrics import Meter, evaluate, sync_buffers
+from expctl.rank.report import Reporter
+
+log = logging.getLogger("expctl")
+
+
+FULL_GC = 20  # every FULL_GC-th of the loop's collections is a full one (see `_collector`)
+
+
+@dataclass
+class TrainState:
+    """Where training stands: optimizer steps, epochs done, micro-batches done in the epoch, the
+    last validation and train metrics, early stopping's best value and validations without
+    improvement, the training time of all attempts up to the last checkpoint, and every rank's
+    train-metric sums since the last train row (`Meter.state_dict`, in rank order)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    val: dict[str, float] = field(default_factory=dict)
+    train: dict[str, float] = field(default_factory=dict)
+    early_best: float | None = None
+    early_stall: int = 0
+    train_s: float = 0.0
+    window: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def epoch_number(self) -> int:
+        """The epoch of the newest step, counted from 1: what log lines, metrics.jsonl,
+        result.json and the tables say (`epoch` counts the epochs completed; a step after
+        them belongs to the next)."""
+        return self.epoch + (self.batch > 0)
+
+    def where(self) -> str:
+        """`step 9, epoch 3, batch 1` (micro-batches done in that epoch), or at an epoch's end
+        `step 16, end of epoch 1`: where a checkpoint of this state continues."""
+        if self.batch:
+            return f"step {self.step}, epoch {self.epoch_number}, batch {self.batch}"
+        return f"step {self.step}, end of epoch {self.epoch}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step, self.epoch, self.batch = int(sd["step"]), int(sd["epoch"]), int(sd["batch"])
+        self.val, self.train = dict(sd.get("val") or {}), dict(sd.get("train") or {})
+        best = sd.get("early_best")
+        self.early_best = None if best is None else float(best)
+        self.early_stall = int(sd.get("early_stall") or 0)
+        self.train_s = float(sd.get("train_s") or 0.0)
+        self.window = list(sd.get("window") or [])
+
+
+@dataclass
+class Loop:
+    """What the loop talks to besides the parts: the ranks, rank 0's outputs, the stop signal,
+    the hooks of the launcher and the sweep, and its own clocks."""
+
+    env: DistEnv
+    ctl: Control
+    rep: Reporter
+    stop: StopFlag
+    hooks: Hooks
+    run_dir: Path
+    started: float = field(default_factory=time.perf_counter)
+    mark: float = field(default_factory=time.perf_counter)  # throughput since the last log line
+    mark_step: int = 0
+    saved_at: int = -1  # the step of the newest checkpoint this launch wrote
+    validated_at: int = -1  # the step of this launch's newest validation
+    base_s: float = 0.0  # training time of earlier attempts
+    hparams: HParams = field(default_factory=lambda: HParams([], None))
+    meter: Meter = field(default_factory=Meter)  # the train metrics since the last train row
+
+
+class HParams:
+    """train.hparam_schedule: each entry's optimizer and loss values, set before the optimizer
+    step that follows its `step` (a run restored at step S gets those of every entry up to S).
+
+    Optimizer values go into every param group (what `checkpoint.resume` restored included),
+    loss values onto the loss module's attribute of that name.
+
+    Raises:
+        UserError: a loss value its module has no attribute for (it could not change mid-run).
+    """
+
+    def __init__(self, schedule: list[dict[str, Any]], parts: Parts | None) -> None:
+        self.entries = sorted(schedule, key=lambda e: int(e["step"]))
+        self.parts, self._next = parts, 0
+        loss = parts.ctx.loss_fn if parts is not None else None
+        for e in self.entries:
+            for key in e.get("loss", {}):
+                if not hasattr(loss, key):
+                    raise UserError(
+                        f"train.hparam_schedule: loss.{key} cannot change mid-run (the loss "
+                        f"module has no attribute '{key}')",
+                        "schedule optimizer values, or loss arguments its module keeps as such",
+                    )
+
+    @property
+    def next_step(self) -> float:
+        """The step of the next entry to apply (infinity: none left)."""
+        return int(self.entries[self._next]["step"]) if self._next < len(self.entries) else math.inf
+
+    def at(self, step: int) -> None:
+        """Apply every entry not yet applied whose step is at most `step`."""
+        while self._next < len(self.entries) and int(self.entries[self._next]["step"]) <= step:
+            entry = self.entries[self._next]
+            self._next += 1
+            assert self.parts is not None
+            for key, value in entry.get("optim", {}).items():
+                for opt in self.parts.ctx.optimizers.values():
+                    for group in opt.param_groups:
+                        group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+            for key, value in entry.get("loss", {}).items():
+                setattr(self.parts.ctx.loss_fn, key, value)
+            log.info("train.hparam_schedule: from step %d, %s", step, _values(entry))
+
+
+def _values(entry: dict[str, Any]) -> str:
+    return " ".join(
+        f"{section}.{k}={v}"
+        for section in ("optim", "loss")
+        for k, v in entry.get(section, {}).items()
+    )
+
+
+def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
+    """Whether the run's budget is spent or early stopping ended it."""
+    epochs_done = t.max_epochs is not None and state.epoch >= t.max_epochs
+    return epochs_done or state.step >= total_steps or _stalled(t.early_stop, state)
+
+
+def _step_validation(t: TrainConfig, state: TrainState) -> bool:
+    """Whether train.val_every_steps asks for a validation at this step."""
+    return bool(t.val_every_steps) and state.step % (t.val_every_steps or 1) == 0
+
+
+def _stalled(es: EarlyStopConfig, state: TrainState) -> bool:
+    return es.monitor is not None and state.early_stall >= es.patience
+
+
+def fit(
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+) -> dict[str, Any]:
+    """Train from `state` to the end of the budget; returns the final metrics (result.json)."""
+    per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum  # micro-batches
+    meter = loop.meter
+    if len(state.window) == loop.env.world_size:  # restored between two train rows
+        meter.load_state_dict(state.window[loop.env.rank], parts.ctx.device)
+    loop.mark_step, loop.base_s = state.step, state.train_s
+    loop.hparams = HParams(t.hparam_schedule, parts)
+    loop.hparams.at(state.step)  # a run restored inside a segment: that segment's values
+    for m in parts.ctx.models.values():
+        m.train()
+    with _collector(t.gc_every) as gc_every:
+        status = _loop(t, ck, parts, state, loop, meter, per_epoch, gc_every)
+    return _finish(t, ck, parts, state, loop, status)
+
+
+def _loop(
+    t: TrainConfig,
+    ck: CheckpointConfig,
+    parts: Parts,
+    state: TrainState,
+    loop: Loop,
+    meter: Meter,
+    per_epoch: int,
+    gc_every: int,
+) -> str:
+    """Epochs of micro-batches until the budget is spent or the run stops; returns its status.
+    Every `gc_every` optimizer steps (0: never), Python's young generations are collected."""
+    ctx, status = parts.ctx, "completed"
+    while status == "completed" and (
+        not finished(t, state, parts.total_steps)
+        or state.batch >= per_epoch  # restored at an epoch's last step: its end is due
+    ):
+        done = state.batch >= per_epoch  # micro-batches past the last full accumulation: none
+        for batch in () if done else parts.batches.epoch(state.epoch, start=state.batch):
+            if state.step >= loop.hparams.next_step:  # an int compare: no cost when unused
+                loop.hparams.at(state.step)
+            ctx.boundary = (state.batch + 1) % t.grad_accum == 0
+            with no_sync(ctx.models, skip=not ctx.boundary):
+                meter.add(parts.step.train_step(ctx, batch))
+            state.batch += 1
+            if not ctx.boundary:
+                continue
+            if ctx.scaler is not None:
+                ctx.scaler.update()
+            state.step += 1
+            loop.rep.advance(
+                state.step, state.epoch_number
+            )  # the bar moves; integers only, no sync
+            _step_schedulers(parts, "step")
+            if gc_every and state.step % gc_every == 0:  # at the same step on every rank
+                gc.collect(2 if state.step % (FULL_GC * gc_every) == 0 else 1)
+            if state.step % t.log_every == 0:
+                _log_train(t, parts, state, meter, loop)
+            if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
+                _validate(t, ck, parts, state, loop)
+            if ck.every and state.step % ck.every == 0 and loop.saved_at != state.step:
+                _save(ck, parts, state, loop)
+            if loop.stop.agreed():
+                if loop.saved_at != state.step:
+                    _save(ck, parts, state, loop)
+                code = EXIT_PREEMPTED if loop.stop.requeue else EXIT_TERMINATED
+                raise Preempted(f"stopped by {loop.stop.signame} at step {state.step}", code)
+            if finished(t, state, parts.total_steps) or state.batch >= per_epoch:
+                break
+        if state.batch >= per_epoch:
+            status = _end_epoch(t, ck, parts, state, loop)
+    return status
+
+
+@contextlib.contextmanager
+def _collector(every: int) -> Iterator[int]:
+    """Python's cycle collector, run by the loop (as torchtitan's `gc_freq`). Left to itself,
+    each rank collects when its own allocations say so, and a pause on one rank (70 ms for the
+    first collections after the set-up) stalls the others at the next all-reduce: with N ranks,
+    the step pays N ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop).
+
+    So automatic collection is off inside, and the loop collects the young generations every
+    `every` optimizer steps (the first time, the set-up's objects too: a run shorter than that
+    pays nothing) and all of them every `FULL_GC` x `every` (what outlived two young collections
+    and became garbage later), at the same step on every rank. Processes forked meanwhile (DataLoader
+    workers) keep Python's schedule. `every` = 0, or a collector the user turned off: left as
+    it is, and the loop collects nothing (yields 0)."""
+    global _LOOP_OWNS_GC
+    if not every or not gc.isenabled():
+        yield 0
+        return
+    try:
+        _LOOP_OWNS_GC = True
+        gc.disable()
+        yield every
+    finally:
+        _LOOP_OWNS_GC = False
+        gc.enable()
+
+
+_LOOP_OWNS_GC = False  # `_collector` turned automatic collection off in this process
+
+
+def _collect_in_children() -> None:
+    """A process forked while the loop runs (a DataLoader worker) gets Python's own schedule:
+    the loop that collects for its parent does not run in it."""
+    if _LOOP_OWNS_GC:
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_collect_in_children)
+
+
+def _end_epoch(
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+) -> str:
+    """Count the epoch, validate when due (the sweep's pruner may stop the run there: "stopped")
+    and checkpoint; returns the run's status."""
+    state.epoch, state.batch = state.epoch + 1, 0
+    _step_schedulers(parts, "epoch")
+    last = finished(t, state, parts.total_steps)
+    status = "completed"
+    if state.epoch % t.val_every == 0 or last or _step_validation(t, state):
+        _validate(t, ck, parts, state, loop)
+        if loop.ctl.broadcast(loop.hooks.on_validation(state.val, state.epoch, state.step)):
+            status = "stopped"  # the sweep's pruner (rank 0) stopped this trial
+    if ck.every == 0 and not last and status == "completed" and loop.saved_at != state.step:
+        _save(ck, parts, state, loop)
+    return status
+
+
+def _finish(
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop, status: str
+) -> dict[str, Any]:
+    """Validate, checkpoint and test the final weights, log the last train row; write
+    result.json."""
+    sync_buffers(parts.models, loop.env)  # after the last step: validate and test the saved model
+    if loop.validated_at != state.step and (not state.val or state.batch):
+        _validate(t, ck, parts, state, loop)  # stopped mid-epoch (max_steps): the final weights
+    if loop.saved_at != state.step and status == "completed":
+        _save(ck, parts, state, loop)
+    if loop.meter.count:  # the steps since the last train row: the run's last row, logged after
+        # the checkpoint that keeps them as its window (a longer budget logs the next row whole)
+        _log_train(t, parts, state, loop.meter, loop)
+    test = evaluate(parts, loop.env, "test") if status == "completed" else {}
+    if test:
+        loop.rep.record(state.step, state.epoch_number, test, "test")
+    result: dict[str, Any] = {**state.train, **state.val, **test}
+    result.update(step=state.step, epoch=state.epoch_number, status=status)
+    result["time/train_s"] = round(_elapsed(loop), 3)
+    if _stalled(t.early_stop, state):
+        result["stopped_early"] = True
+    loop.rep.result(result)
+    return result
+
+
+def _elapsed(loop: Loop) -> float:
+    """Training time of every attempt: the earlier ones' (from the checkpoint) and this one's."""
+    return loop.base_s + time.perf_counter() - loop.started
+
+
+def check_monitors(names: dict[str, str], parts: Parts, env: DistEnv) -> None:
+    """Before training: each monitored metric (by the key naming it) is one the validation
+    reports, scored on one batch per rank (RNG streams untouched).
+
+    Raises:
+        UserError: a name the validation does not report.
+    """
+    if not names:
+        return
+    rng = checkpoint.rng_state()
+    reported = evaluate(parts, env, limit=1)
+    checkpoint.set_rng_state(rng)
+    for where, name in names.items():
+        monitored(reported, where, name)
+
+
+def monitored(val: dict[str, float], where: str, name: str) -> float:
+    """The value of a monitored metric.
+
+    Raises:
+        UserError: the validation does not report it.
+    """
+    if name in val:
+        return val[name]
+    if not val:
+        raise UserError(
+            f"{where}={name}: the validation reports no metrics (no validation split, or "
+            "train.step has no val_step)",
+            f"remove {where}, or use data with a validation split",
+        )
+    raise UserError(
+        f"{where}={name}: the validation does not report it.{did_you_mean(name, list(val))} "
+        f"Valid: {choices_text(list(val))}",
+        f"set {where} to one of the validation's metrics",
+    )
+
+
+def _step_schedulers(parts: Parts, interval: str) -> None:
+    if parts.sched_interval == interval and parts.sched_monitor is None:
+        for s in parts.schedulers.values():
+            s.step()
+
+
+def _validate(
+    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+) -> None:
+    """Score the validation split with identical buffers on every rank and log it; then act on
+    it: a scheduler on a metric steps, early stopping counts, checkpoint.monitor saves."""
+    if loop.validated_at == state.step:
+        return
+    sync_buffers(parts.models, loop.env)
+    scored = evaluate(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
+    state.val = loop.ctl.broadcast(scored)  # rank 0's: every rank decides alike
+    loop.validated_at = state.step
+    loop.rep.record(state.step, state.epoch_number, state.val, "val")
+    if parts.sched_monitor is not None:
+        value = monitored(state.val, "sched.monitor", parts.sched_monitor)
+        for s in parts.schedulers.values():
+            s.step(value)
+    _early_stop(t.early_stop, state)
+    if ck.monitor is not None and loop.saved_at != state.step:
+        monitored(state.val, "checkpoint.monitor", ck.monitor)
+        _save(ck, parts, state, loop)
+
+
+def _early_stop(es: EarlyStopConfig, state: TrainState) -> None:
+    """Count the validations since `es.monitor` last improved by more than `es.min_delta`."""
+    if es.monitor is None:
+        return
+    value, best = monitored(state.val, "train.early_stop.monitor", es.monitor), state.early_best
+    sign = 1.0 if es.mode == "min" else -1.0
+    if math.isfinite(value) and (best is None or sign * (best - value) > es.min_delta):
+        state.early_best, state.early_stall = value, 0
+        return
+    state.early_stall += 1
+    if _stalled(es, state):
+        log.info(
+            "early stop: %s has not improved on %s for %d validation(s) (min_delta %g): "
+            "training ends at step %d",
+            es.monitor,
+            "nothing" if best is None else f"{best:.6g}",
+            state.early_stall,
+            es.min_delta,
+            state.step,
+        )
+
+
+def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
+    """Every rank contributes its RNG state and train-metric sums; rank 0 writes the checkpoint
+    (with the validation metrics of these weights, when they were scored at this step)."""
+    sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
+    rng = loop.ctl.gather(checkpoint.rng_state())
+    state.window = loop.ctl.gather(loop.meter.state_dict())
+    loop.saved_at = state.step
+    state.train_s = round(_elapsed(loop), 3)
+    if loop.env.is_main:
+        payload = checkpoint.capture(parts, state.state_dict(), rng, loop.rep.rows)
+        scores = state.val if loop.validated_at == state.step else {}
+        checkpoint.save(loop.run_dir, payload, ck, scores)
+
+
+def _log_train(
+    t: TrainConfig,
+    parts: Parts,
+    state: TrainState,
+    meter: Meter,
+    loop: Loop,
+) -> None:
+    """Reduce the running sums (the loop's one host sync) and write a train event (in the
+    epoch of its newest step)."""
+    now = time.perf_counter()
+    state.train = meter.reduce(loop.env, "train/")
+    _check_finite(t, state, loop.run_dir)
+    if parts.ctx.skip_nonfinite:
+        state.train["train/skipped"] = float(parts.ctx.skipped)
+    global_batch = parts.batches.batch_size * loop.env.world_size * t.grad_accum
+    speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
+    lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
+    event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
+    loop.rep.record(state.step, state.epoch_number, event, "train")
+    loop.mark, loop.mark_step = now, state.step
+
+
+def _check_finite(t: TrainConfig, state: TrainState, run_dir: Path) -> None:
+    """train.on_nan=stop: a non-finite loss ends the run, naming the step and last checkpoint."""
+    bad = [k for k, v in state.train.items() if not math.isfinite(v)]
+    if bad and t.on_nan == "stop":
+        ckpts = checkpoint.list_checkpoints(run_dir)
+        last = ckpts[0].name if ckpts else "none"
+        raise UserError(
+            f"non-finite {bad[0]} by step {state.step} (epoch {state.epoch_number}); last checkpoint: {last}",
+            "lower optim.lr, set train.grad_clip, or train.on_nan=skip to skip such updates",
+        )

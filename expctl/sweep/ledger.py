@@ -1,0 +1,465 @@
+"""Reading a sweep: its trials by number, ended, running or not started yet; the best one.
+
+The ledger is the sweep's Optuna journal (SWEEP_DIR/journal.log): per trial its status, the
+overrides that define it, the metric it reported, its wall time and, when it failed, the first
+line of the error. It can be read while trials still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from expctl.config import schema as config_mod
+from expctl.config.explain import parse_override
+from expctl.config.schema import PBTConfig, SweepConfig
+from expctl.errors import RunError, UserError
+from expctl.jobs import pbt
+from expctl.jobs.slurmstate import FINAL_STATES, job_states
+from expctl.jobs.study import open_study
+from expctl.layout import (
+    RunDir,
+    SweepDir,
+    keep,
+    kept_path,
+    metric_values,
+    read_kept,
+    write_atomically,
+)
+
+log = logging.getLogger("expctl")
+
+STATES = {
+    "RUNNING": "running",
+    "WAITING": "pending",
+    "COMPLETE": "completed",
+    "PRUNED": "stopped",
+    "FAIL": "failed",
+}
+
+
+# interrupted: stopped by the user (Ctrl-C) at a checkpoint; lost: its process or job died
+# without a word (a killed driver, a crashed node); `sweep resume` continues both, and failed ones
+STATUSES = ("pending", "running", "completed", "stopped", "interrupted", "failed", "lost")
+UNFINISHED = ("interrupted", "failed", "lost")
+
+
+@dataclass
+class Row:
+    """One trial of the sweep: a configuration (and seed) with its number, which names its
+    directory (trial N lives in SWEEP_DIR/trial_00N), whether it ran yet or not."""
+
+    number: int
+    status: str  # one of STATUSES; `pending`: not started yet
+    overrides: str
+    config: str  # the swept values as the ledger holds them (JSON): equal for repeats
+    value: float | None  # the sweep's metric: the final one, else the last validation's
+    best: float | None  # the best value of the metric over the trial's validations
+    epoch: int | None
+    wall_s: float | None
+    error: str
+    run_dir: str
+    params: dict[str, Any]  # the swept values as Python values (`[8]` is a list)
+    step: int | None = None  # optimizer steps done when the trial ended
+    seed_idx: int = 0  # which repeat of its configuration (train.seed = the base seed + seed_idx)
+    metrics: dict[str, float] = field(default_factory=dict)  # result.json's, e.g. test/acc
+    optuna_trial: int | None = None  # its latest attempt in the Optuna study; None: not started
+    # PBT: each copy of another trial, oldest first: {"step", "from_trial", "params", "time"}
+    lineage: list[dict[str, Any]] = field(default_factory=list)
+
+
+def settings(sweep_dir: Path) -> Any:
+    sweep = SweepDir(sweep_dir)
+    if not sweep.journal.is_file():
+        raise UserError(
+            f"{sweep_dir}: not a sweep directory (no {SweepDir.JOURNAL})",
+            "pass the folder `expctl run -m` printed",
+        )
+    trials = sweep.trials()
+    if not trials:
+        return SweepConfig()
+    frozen = RunDir(trials[0].path).config
+    kept = kept_path("sweep-settings", frozen, [frozen])
+    values = read_kept(kept)
+    if isinstance(values, dict):
+        with contextlib.suppress(TypeError):  # kept by another version of expctl
+            return SweepConfig(**{**values, "pbt": PBTConfig(**values["pbt"])})
+    s = config_mod.load(trials[0].path).sweep
+    keep(kept, dataclasses.asdict(s))
+    return s
+
+
+def planned(spec: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
+    """The sweep's trials by number: (its grid point, or {} for a point the sampler picks when
+    the trial starts; its seed index), repeats of a configuration next to each other."""
+    points = spec.get("points") or [{}] * int(spec.get("n_trials") or 0)
+    return [(p, i) for p in points for i in range(int(spec.get("repeat") or 1))]
+
+
+def label(params: dict[str, Any], seed_idx: int) -> str:
+    """A trial's overrides as the table shows them: `optim.lr=0.1 seed#1`."""
+    text = " ".join(f"{k}={v}" for k, v in params.items())
+    return (text + (f" seed#{seed_idx}" if seed_idx else "")).strip() or "(base)"
+
+
+def typed(params: dict[str, Any]) -> dict[str, Any]:
+    """Swept values as Python values: grid points and choices are kept as Hydra override text
+    (`0.01`, `[8]`), read back here by Hydra's own grammar."""
+    return {
+        k: parse_override(f"k={v}").value() if isinstance(v, str) else v for k, v in params.items()
+    }
+
+
+def rows(sweep_dir: str | Path) -> list[Row]:
+    """Every trial of the sweep by number: the latest attempt of each one the journal holds
+    (a retry replaces the attempt it repeats, in the same directory), then the ones it has not
+    started yet (`pending`)."""
+    path = Path(sweep_dir)
+    s = settings(path)
+    # a sweep whose trials all ended reads the same until a file below changes: what was read
+    # of it is kept (`sweep table` answers without Optuna's import and replay of the journal)
+    dirs_now = SweepDir(path).trials()
+    files = [SweepDir(path).journal, SweepDir(path).spec]
+    files += [f for r in dirs_now for f in (RunDir(r.path).metrics, RunDir(r.path).result)]
+    kept = kept_path("sweep-rows", path, files)
+    cached = read_kept(kept)
+    if isinstance(cached, list):
+        with contextlib.suppress(TypeError):  # kept by another version of expctl
+            return [Row(**r) for r in cached]
+    latest: dict[int, Any] = {}
+    trials, whole = _journal_trials(path, s)
+    for t in trials:  # in attempt order: a retry comes after what it retries
+        latest[_number(t)] = t
+    dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
+    states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
+    out = [_row(n, t, s, states, dirs[n]) for n, t in latest.items()]
+    try:
+        spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
+    except UserError as e:  # the trials the journal holds still show
+        log.warning("%s: trials not started yet are not listed", e.message)
+        spec, whole = {}, False
+    for n, (params, seed_idx) in enumerate(planned(spec)):
+        if n not in latest:
+            out.append(_unstarted(path, n, params, seed_idx, sampled=not spec.get("points")))
+    out.sort(key=lambda r: r.number)
+    if whole and not any(r.status in ("pending", "running") for r in out):
+        keep(kept, [dataclasses.asdict(r) for r in out])
+    return out
+
+
+def _journal_trials(path: Path, s: SweepConfig) -> tuple[list[Any], bool]:
+    """The journal's trials, with a warning for trial folders it holds no record of; and
+    whether it was whole (no warning)."""
+    journal = SweepDir(path).journal
+    trials = read_study(path, s).get_trials(deepcopy=False)
+    whole = journal.read_bytes().endswith(b"\n")
+    if not whole:
+        log.warning("%s: its last line is incomplete (being written, or truncated)", journal)
+    # by name: the sweep may have been moved since the journal recorded its trials' paths
+    recorded = {Path(t.user_attrs["run_dir"]).name for t in trials if "run_dir" in t.user_attrs}
+    missing = [r.path.name for r in SweepDir(path).trials() if r.path.name not in recorded]
+    if missing:
+        log.warning(
+            "%s holds no record of %s: the journal lost them", journal, ", ".join(missing[:5])
+        )
+    return list(trials), whole and not missing
+
+
+# what Optuna's replay of a damaged journal raises: a line not JSON, nested too deep, of another
+# shape, an unknown operation ("Should not reach."), no study at all (empty)
+_DAMAGE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError)
+
+
+def read_study(path: Path, s: SweepConfig, to_write: bool = False) -> Any:
+    """The sweep's Optuna study with its journal read (`sweep table`, `best`, `resume`).
+
+    Args:
+        to_write: records will be appended (`sweep resume`): every line must be JSON. Optuna
+            reads past a damaged last line (one being written) but not past one followed by more.
+
+    Raises:
+        UserError: the journal is missing or damaged beyond reading.
+    """
+    journal = SweepDir(path).journal
+    if not journal.is_file():  # Optuna would make an empty one
+        raise UserError(
+            f"{path}: not a sweep directory (no {SweepDir.JOURNAL})",
+            "pass the folder `expctl run -m` printed",
+        )
+    try:
+        if to_write:
+            for line in journal.read_bytes().splitlines():
+                json.loads(line)
+        study = open_study(path, s)
+        study.get_trials(deepcopy=False)
+    except (*_DAMAGE, RecursionError) as e:
+        raise UserError(
+            f"{journal} is damaged ({type(e).__name__}: {' '.join(str(e).split())[:120]})",
+            "each trial's folder (trial_NNN/result.json, metrics.jsonl) still holds its results",
+        ) from None
+    return study
+
+
+def _number(trial: Any) -> int:
+    """The trial's number: its directory's (an attempt's Optuna number differs after a retry)."""
+    number = SweepDir.number_of(trial.user_attrs.get("run_dir", ""))
+    return trial.number if number is None else number
+
+
+def _job_states(attrs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Slurm's view of the jobs of trials still marked pending or running."""
+    open_attrs = [a for a in attrs if a.get("status") in ("running", "pending")]
+    jobs = [j for j in map(_job_of, open_attrs) if j is not None]
+    return job_states(jobs) if jobs and shutil.which("squeue") else {}
+
+
+def _row(
+    number: int, t: Any, s: SweepConfig, states: dict[str, dict[str, str]], run_dir: str
+) -> Row:
+    """Trial `number` from its latest attempt `t`, its directory `run_dir` as the sweep lies now."""
+    a = {**t.user_attrs, "run_dir": run_dir}
+    status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
+    status = "running" if status == "copying" else status  # PBT: between two of its runs
+    if status in ("running", "pending") and not _alive(a, states):
+        status = "lost"
+    run = RunDir(run_dir)
+    history = run.metric_series(s.metric)[1] if run else []
+    result = run.read_result() if run else {}
+    return Row(
+        number=number,
+        status=status,
+        overrides=a.get("overrides", ""),
+        config=a.get("config", "{}"),
+        value=t.value if t.value is not None else (history[-1] if history else None),
+        best=(max(history) if s.mode == "max" else min(history)) if history else None,
+        epoch=a.get("epoch"),
+        wall_s=a["ended"] - a["started"] if "ended" in a and "started" in a else None,
+        error=a.get("error", ""),
+        run_dir=run_dir,
+        params=typed(dict(t.params)),
+        step=a.get("step"),
+        seed_idx=int(a.get("seed_idx", 0)),
+        metrics=metric_values(result),
+        optuna_trial=t.number,
+        lineage=list(a.get("lineage") or []),
+    )
+
+
+def _unstarted(path: Path, n: int, params: dict[str, Any], seed_idx: int, sampled: bool) -> Row:
+    return Row(
+        number=n,
+        status="pending",
+        overrides="(sampled when it starts)" if sampled else label(params, seed_idx),
+        config=json.dumps(params, sort_keys=True),
+        value=None,
+        best=None,
+        epoch=None,
+        wall_s=None,
+        error="",
+        run_dir=str(SweepDir(path).trial(n).path),
+        params=typed(params),
+        seed_idx=seed_idx,
+    )
+
+
+def _job_of(attrs: dict[str, Any]) -> str | None:
+    events = RunDir(attrs["run_dir"]).job_events() if attrs.get("run_dir") else []
+    return str(events[-1]["job_id"]) if events else None
+
+
+def _alive(attrs: dict[str, Any], states: dict[str, dict[str, str]]) -> bool:
+    """Whether a trial still marked pending/running has a live process or Slurm job (a job
+    Slurm cannot tell us about counts as alive: only a final state makes a trial lost)."""
+    job = _job_of(attrs)
+    if job is not None:
+        return states.get(job, {}).get("state", "UNKNOWN") not in FINAL_STATES
+    pid, host = attrs.get("pid"), attrs.get("host")  # the trial's process, else its driver's
+    if pid is None:  # a record older than pids for pending trials: trust it
+        return attrs.get("status") == "pending"
+    if host != socket.gethostname():
+        return True  # cannot tell from here
+    try:
+        os.kill(int(pid), 0)
+    except OSError:
+        return False
+    try:  # a zombie is dead: its parent (a killed sweep's zygote) is gone, its reaper slow
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def groups(rs: list[Row]) -> list[list[Row]]:
+    """Trials by configuration (repeats of one differ only in their seed), in trial order."""
+    by_config: dict[str, list[Row]] = {}
+    for r in rs:
+        by_config.setdefault(r.config, []).append(r)
+    return list(by_config.values())
+
+
+def repeated(rs: list[Row]) -> bool:
+    return any(len(g) > 1 for g in groups(rs))
+
+
+def config_label(r: Row) -> str:
+    """The trial's overrides without its seed: the configuration's."""
+    return r.overrides.rsplit(" seed#", 1)[0] or "(base)"
+
+
+def done(g: list[Row]) -> list[Row]:
+    return [r for r in g if r.status == "completed" and r.value is not None]
+
+
+def mean(g: list[Row]) -> float | None:
+    vals = [r.value for r in done(g) if r.value is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def std(g: list[Row]) -> float:
+    vals = [r.value for r in done(g) if r.value is not None]
+    return statistics.stdev(vals) if len(vals) > 1 else 0.0
+
+
+def sort_key(value: float | None, mode: str) -> float:
+    """Sort key, best first: missing or non-finite values last."""
+    if value is None or not math.isfinite(value):
+        return math.inf
+    return -value if mode == "max" else value
+
+
+def most(values: Iterable[int | None]) -> int | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+def short(text: str, params: dict[str, Any]) -> str:
+    """`text` with sampled floats to 4 significant digits (for display: the ledger and best.yml
+    keep them exact)."""
+    for k, v in params.items():
+        if isinstance(v, float):
+            text = text.replace(f"{k}={v}", f"{k}={v:.4g}")
+    return text
+
+
+def fmt_float(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def fmt_int(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+@dataclass
+class Best:
+    """The best configuration of a sweep (with repeats: by the mean over its seeds)."""
+
+    trials: list[Row]  # its completed trials: one, or one per completed seed
+    value: float  # the trial's metric, or the mean over the seeds
+    std: float | None  # the spread over the seeds; None without repeats
+    runs: int  # its trials, completed or not
+    metric: str
+    path: Path  # SWEEP_DIR/best.yml
+
+    @property
+    def label(self) -> str:
+        """The configuration's overrides (without a repeat's seed)."""
+        return config_label(self.trials[0])
+
+    @property
+    def seeds(self) -> str:
+        done = len(self.trials)
+        return f"{done} seed(s)" if done == self.runs else f"{done} of {self.runs} seed(s)"
+
+    def describe(self) -> str:
+        """What `expctl sweep best` prints."""
+        top = self.trials[0]
+        if self.std is None:
+            return (
+                f"best trial {top.number}: {self.value:.6g}  {top.overrides}\n"
+                f"  directory {top.run_dir}\n  config    {self.path}"
+            )
+        trials = ", ".join(f"{r.number} ({fmt_float(r.value)})" for r in self.trials)
+        return (
+            f"best configuration: {self.metric}={self.value:.6g} ± {self.std:.2g} over "
+            f"{self.seeds}  {self.label}\n  trials    {trials}\n  config    {self.path}"
+        )
+
+
+def _best(rs: list[Row], mode: str) -> tuple[list[Row], float, float | None, int] | None:
+    """The best configuration's completed trials, its value, spread and number of trials."""
+    seeds = repeated(rs)
+    candidates = groups(rs) if seeds else [[r] for r in rs]
+    scored = [(g, m) for g in candidates if (m := mean(g)) is not None]
+    if not scored:
+        return None
+    g, value = min(scored, key=lambda gm: sort_key(gm[1], mode))
+    return done(g), value, std(g) if seeds else None, len(g)
+
+
+def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> None:
+    """Set a frozen config's values to a PBT timeline's first ones, the rest as its schedule."""
+    (_, first), *later = timeline
+    for key, value in first.items():
+        section, _, arg = key.partition(".")
+        cfg[section][arg] = value
+    cfg["train"]["hparam_schedule"] = [pbt.entry(step, values) for step, values in later]
+
+
+def best(sweep_dir: str | Path) -> Best:
+    """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
+    seed, not one repeat's), usable with -C."""
+    from omegaconf import OmegaConf  # lazy: keeps `sweep table` light
+
+    path = Path(sweep_dir)
+    s = settings(path)
+    every = rows(path)
+    found = _best(every, s.mode)
+    if found is None:
+        raise UserError(f"{path}: no completed trial yet", f"see `expctl sweep table {path}`")
+    top = Best(*found, s.metric, SweepDir(path).best)
+    first = top.trials[0]
+    cfg = config_mod.load(first.run_dir).to_dict()
+    cfg["run"]["dir"] = None
+    cfg["train"]["seed"] -= first.seed_idx
+    cfg.pop("sweep", None)
+    if s.scheduler == "pbt":  # the schedule that made its weights, from step 0
+        _replay(
+            cfg,
+            pbt.timeline(
+                first.number,
+                {r.number: r.params for r in every},
+                {r.number: r.lineage for r in every},
+            ),
+        )
+    if top.std is None:
+        header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {first.overrides}\n"
+    else:
+        numbers = ", ".join(str(r.number) for r in top.trials)
+        header = (
+            f"# best configuration of {path} ({s.metric}={top.value:.6g} ± {top.std:.2g} over "
+            f"trials {numbers}): {top.label}\n"
+        )
+    imports = RunDir(first.run_dir).imports  # -C best.yml finds the trial's modules anywhere
+    target = SweepDir(path).imports
+    try:  # each file whole or not at all; best.yml, last, completes the pair
+        if imports.is_file():
+            write_atomically(target, imports.read_bytes())
+        else:
+            target.unlink(missing_ok=True)
+        target = top.path
+        write_atomically(target, header + OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    except OSError as e:
+        raise RunError(
+            f"could not write {target} ({e.strerror or e}): free space in {path}, then run "
+            f"`expctl sweep best {path}` again"
+        ) from None
+    return top

@@ -1,0 +1,489 @@
+"""A local sweep's trials side by side: each in a process of its own on its share of the machine.
+
+`run_local` keeps as many trials running as the plan (resources.py) allows, starts the next one
+as soon as one ends (its share goes to the next), records what a trial could not record itself
+(a crash), and shows one line per running trial instead of their interleaved logs: each trial's
+console output is in TRIAL_DIR/output.log, its log in TRIAL_DIR/train.log.
+
+A Ctrl-C (or SIGTERM) stops every running trial at a checkpoint (`interrupted` in the table;
+`expctl sweep resume` continues them); a second one kills them (they resume from their last
+checkpoint). One failing trial never stops the others, unless `sweep.stop_on_failure`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from expctl.config.schema import Config, SweepConfig
+from expctl.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_USER,
+    Interrupted,
+    Preempted,
+    RunError,
+    UserError,
+)
+from expctl.jobs.study import (
+    SHARE_ENV,
+    TrialRef,
+    attrs_of,
+    failure_text,
+    finish,
+    is_open,
+    mark,
+)
+from expctl.layout import RunDir, SweepDir
+from expctl.rank.provenance import Launch
+from expctl.sweep import resources
+from expctl.sweep.pool import Pool, Proc
+
+log = logging.getLogger("expctl")
+
+HEADER = "expctl: sweep trial"  # the first line of a trial's output.log (its share)
+STOP = signal.SIGTERM  # a trial's stop: inline and local runs checkpoint and end (exit 3)
+
+
+@dataclass
+class Running:
+    """A trial being trained: its number, process, share of the machine and identity."""
+
+    number: int
+    proc: Proc
+    slot: resources.Slot
+    ref: TrialRef
+    label: str
+
+
+def machine(base: Config) -> resources.Machine:
+    """This machine as the sweep's trials may use it (no GPU for train.device=cpu)."""
+    gpus = 0
+    if base.train.device != "cpu":
+        import torch  # lazy: the driver counts GPUs only when trials may use them
+
+        gpus = torch.cuda.device_count()
+    return resources.Machine.here(gpus)
+
+
+def forker() -> Pool:
+    """The trials' processes' forker (a zygote that imports torch and torch._dynamo: seconds on
+    a GPU machine), started now: a sweep's driver starts it once its points are composed (the
+    `imports:` modules loaded), so that it loads while the driver makes the sweep."""
+    return Pool(trial_main)
+
+
+def plan_for(base: Config, trials: int) -> resources.Plan:
+    s = base.sweep
+    ranks = base.launcher.nproc if base.launcher.name == "local" else 1
+    return resources.plan(
+        machine(base), s.gpus_per_trial, s.cpus_per_trial, s.max_concurrent, trials, ranks
+    )
+
+
+def with_share(cfg: Config, share: resources.Share) -> Config:
+    """A trial's config for its share: N whole GPUs make it an N-rank local DDP run."""
+    if share.whole > 1:
+        return cfg.replace("launcher", name="local", nproc=share.whole)
+    return cfg
+
+
+def run_local(
+    sweep_dir: Path,
+    plan: resources.Plan,
+    todo: Sequence[Any],
+    make_config: Callable[[Any], Config],
+    origin: Launch,
+    settings: SweepConfig,
+    pool: Pool | None = None,
+) -> None:
+    """Run the trials `todo` (each made into a frozen trial config by `make_config`, when it
+    starts) side by side as `plan` allows; returns when all ended. `pool`: the trials' forker,
+    if one was started early (`forker`); it is closed here.
+
+    Raises:
+        Interrupted: Ctrl-C or SIGTERM stopped the sweep (its trials at a checkpoint).
+        RunError: the sweep's journal could not be written (a full disk): trials stopped.
+    """
+    print(f"expctl: {plan.describe()}", flush=True)
+    driver = Driver(sweep_dir, plan, make_config, settings, pool)
+    try:
+        SweepDir(sweep_dir).launch.write_text(origin.to_json())
+        driver.run(deque(todo))
+    except OSError as e:  # the journal or a trial's folder: stop, the ledger says what was left
+        driver.abort()
+        raise RunError(
+            f"cannot write the sweep's files in {sweep_dir} ({e.strerror or e}): its running "
+            f"trials were stopped; free space, then `expctl sweep resume {sweep_dir}`"
+        ) from None
+    except UserError as e:  # the next trial could not be made (its folder: a full disk)
+        driver.abort()
+        raise UserError(
+            f"{e.message} (the sweep's running trials were stopped)",
+            f"{e.hint + '; then ' if e.hint else ''}`expctl sweep resume {sweep_dir}` continues",
+        ) from None
+    finally:
+        driver.close()
+        SweepDir(sweep_dir).launch.unlink(missing_ok=True)
+    if driver.stop.reason == "interrupt":
+        raise Interrupted(f"expctl sweep resume {sweep_dir}")
+
+
+class Driver:
+    """Keeps the plan's trials running until the queue is empty or the sweep is stopped."""
+
+    def __init__(
+        self,
+        sweep_dir: Path,
+        plan: resources.Plan,
+        make_config: Callable[[Any], Config],
+        settings: SweepConfig,
+        pool: Pool | None = None,
+    ) -> None:
+        self.sweep_dir, self.plan, self.make_config = sweep_dir, plan, make_config
+        self.settings = settings
+        self.alloc = resources.Allocator(plan)
+        self.running: dict[int, Running] = {}
+        self.board = Board(sys.stdout, sweep_dir)
+        self.stop = _Stop()
+        self.pool = pool or forker()
+
+    def run(self, queue: deque[Any]) -> None:
+        """Start trials as their shares free up (a freed share starts the next trial at once;
+        a wave of them together) until the queue is empty or the sweep is stopped."""
+        with self.stop.catching():
+            while self.running or (queue and not self.stop.reason):
+                ready = []  # made first, started together
+                while queue and not self.stop.reason and (slot := self.alloc.take()):
+                    ready.append((self.make_config(queue.popleft()), slot))
+                for cfg, slot in ready:
+                    self._start(cfg, slot)
+                if self.stop.pending():
+                    self.pool.signal(STOP if self.stop.count == 1 else signal.SIGKILL)
+                for p in self.pool.wait(timeout=self.board.tick):
+                    self._ended(self.running.pop(p.pid or 0), p.code or 0)
+                self.board.show(self.running.values())
+
+    def _start(self, cfg: Config, slot: resources.Slot) -> None:
+        r = _start(
+            self.pool, cfg, slot, SweepDir(self.sweep_dir).launch, bool(self.plan.machine.gpus)
+        )
+        self.running[r.proc.pid or 0] = r
+        self.board.started(r)
+
+    def _ended(self, r: Running, code: int) -> None:
+        self.alloc.give_back(r.slot)
+        failed = _ended(r, code, self.settings, bool(self.stop.reason), self.board)
+        if failed and self.settings.stop_on_failure and not self.stop.reason:
+            self.stop.ask("failure")
+            self.board.say(
+                "a trial failed and sweep.stop_on_failure is set: stopping the sweep (running "
+                "trials at a checkpoint)"
+            )
+
+    def abort(self, timeout: float = 120.0) -> None:
+        """Stop the running trials and wait for them (recording nothing: it cannot be written;
+        `sweep resume` finds them lost)."""
+        self.pool.signal(STOP)
+        deadline = time.monotonic() + timeout
+        while self.pool.running() and time.monotonic() < deadline:
+            self.pool.wait(timeout=1.0)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.board.close()
+
+
+def _start(pool: Pool, cfg: Config, slot: resources.Slot, launch_file: Path, gpus: bool) -> Running:
+    """Start the trial of `cfg` in `slot`; on a machine with `gpus`, it sees only its own (an
+    empty CUDA_VISIBLE_DEVICES hides them all from a CPU trial)."""
+    run_dir = RunDir(str(cfg.run.dir))
+    ref = TrialRef.read(run_dir.path)
+    assert ref is not None, "a trial's run directory holds trial.json"
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)} if gpus else {}
+    if slot.gpus and slot.shared > 1:
+        env[SHARE_ENV] = str(slot.shared)
+    request = {
+        "run_dir": str(run_dir.path),
+        "launch": str(launch_file),
+        "where": _where(slot).strip(),
+    }
+    proc = Proc(
+        key=ref.number,
+        argv=[json.dumps(request)],
+        env=env,
+        cores=slot.cores,
+        output=run_dir.output,
+    )
+    pool.start(proc)
+    mark(ref, "running", started=time.time(), pid=proc.pid, host=socket.gethostname())
+    number = SweepDir.number_of(run_dir.path)
+    return Running(number if number is not None else ref.number, proc, slot, ref, _label(ref))
+
+
+def _label(ref: TrialRef) -> str:
+    return str(attrs_of(ref).get("overrides", ""))
+
+
+def _ended(r: Running, code: int, s: SweepConfig, stopping: bool, board: Board) -> bool:
+    """Record how trial `r` ended where it could not itself; True if it failed."""
+    attrs = attrs_of(r.ref)
+    recorded = attrs.get("status")
+    if code == 0 and recorded in ("completed", "stopped"):
+        board.ended(r, recorded, _result_text(r, s))
+        return False
+    still_open = is_open(r.ref, s)
+    if code in (EXIT_PREEMPTED, EXIT_INTERRUPTED) or (stopping and code < 0):
+        if still_open:
+            mark(r.ref, "interrupted", ended=time.time())
+        board.ended(r, "interrupted", "it continues from its last checkpoint on resume")
+        return False
+    if recorded == "failed" and not still_open:  # the trial said why
+        error = str(attrs.get("error", "")) or f"exit code {code}"
+    else:  # it could not: a crash, a kill, a trial that ended without a result
+        error = _last_error(r.proc.output, code)
+        if still_open:
+            finish(r.ref, s, {}, error=RunError(error))
+    where = f"  (its output: {r.proc.output})" if r.proc.output.is_file() else ""
+    board.ended(r, "failed", error + where)
+    return True
+
+
+def _result_text(r: Running, s: SweepConfig) -> str:
+    result = RunDir(r.proc.output.parent).read_result()
+    value = result.get(s.metric)
+    shown = f"{s.metric}={value:.4g}" if isinstance(value, (int, float)) else "no metric"
+    return f"{shown} at step {result.get('step', '?')}"
+
+
+def _last_error(output: Path, code: int) -> str:
+    """The error line a failed trial printed last (its exit code when it printed none); a trial
+    killed by a signal printed nothing about it: its last line is not why it ended."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (" (out of memory?)" if code == -signal.SIGKILL else "")
+    try:
+        lines = output.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        text = line.strip()
+        if text.startswith(HEADER):  # the driver's line, not the trial's
+            continue
+        if text.startswith("expctl: error: ") or (text and not text.startswith(("HINT", "File"))):
+            return text.removeprefix("expctl: error: ")[:300]
+    return f"exit code {code}"
+
+
+class _Stop:
+    """Why the sweep stops ("interrupt" from Ctrl-C/SIGTERM, "failure"); how many times it was
+    asked (the second Ctrl-C kills the trials instead of waiting for their checkpoints)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.count = 0
+        self._sent = 0
+
+    def ask(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.count += 1
+
+    def pending(self) -> bool:
+        """Whether a stop asked since the last call has yet to reach the trials."""
+        if self.count > self._sent:
+            self._sent = self.count
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def catching(self) -> Any:
+        """SIGINT and SIGTERM ask the sweep to stop while inside (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            first = self.count == 0
+            self.ask("interrupt")
+            print(
+                "\nexpctl: stopping the running trials at a checkpoint (Ctrl-C again kills them)"
+                if first
+                else "\nexpctl: killing the running trials (they resume from their last checkpoint)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+# ---------------------------------------------------------------------------------------------
+# the trial's own process
+# ---------------------------------------------------------------------------------------------
+
+
+def trial_main(argv: Sequence[str]) -> int:
+    """One trial in its process (started by the pool): train its frozen config and return the
+    CLI's exit code; errors are printed to its output as the CLI prints them."""
+    from expctl.config import schema as config_mod
+    from expctl.startup import process_is_the_run
+
+    request = json.loads(argv[0])
+    process_is_the_run()
+    print(f"{HEADER} {request['where']}".rstrip(), flush=True)
+    try:
+        from expctl.jobs import launch  # torch: a trial's, never its driver's
+        from expctl.jobs.exploit import continue_as_copy  # torch's checkpoints
+
+        cfg = config_mod.load(request["run_dir"])
+        origin = Launch.from_json(Path(request["launch"]).read_text())
+        launch.launch(cfg, origin=origin)
+        copy = continue_as_copy(cfg)
+        while copy is not None:  # PBT: continue as a copy of a better trial
+            launch.launch(copy, origin=origin)
+            copy = continue_as_copy(copy)
+        return 0
+    except UserError as e:
+        print(f"expctl: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    except RunError as e:
+        print(f"expctl: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except Preempted as e:
+        print(f"expctl: {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        if os.environ.get(SHARE_ENV) and type(e).__name__ == "OutOfMemoryError":
+            print(f"expctl: error: {failure_text(e)}", file=sys.stderr)  # the ledger says it too
+            return EXIT_FAILED
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# the console: one line per running trial
+# ---------------------------------------------------------------------------------------------
+
+
+class Board:
+    """What the driver prints: a line when a trial starts or ends and, on a terminal, a block of
+    one line per running trial redrawn in place (elsewhere, that block every `quiet_s`)."""
+
+    def __init__(self, out: TextIO, sweep_dir: Path, quiet_s: float = 60.0) -> None:
+        self.out, self.sweep_dir, self.quiet_s = out, sweep_dir, quiet_s
+        self.tty = out.isatty() and os.environ.get("TERM") != "dumb"
+        self.tick = 1.0 if self.tty else 2.0
+        self._drawn = 0
+        self._last = time.monotonic()
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.out.write(f"\x1b[{self._drawn}F\x1b[J")
+            self._drawn = 0
+
+    def say(self, text: str) -> None:
+        self._clear()
+        self.out.write(f"expctl: {text}\n")
+        self.out.flush()
+
+    def started(self, r: Running) -> None:
+        self.say(f"trial {r.number} started{_where(r.slot)}: {r.label}")
+
+    def ended(self, r: Running, status: str, detail: str) -> None:
+        took = time.time() - r.proc.started
+        self.say(f"trial {r.number} {status} in {took:.1f} s: {detail}")
+
+    def show(self, running: Any) -> None:
+        rows = sorted(running, key=lambda r: r.number)
+        now = time.monotonic()
+        if not self.tty:
+            if rows and now - self._last >= self.quiet_s:
+                self._last = now
+                for r in rows:
+                    self.out.write(f"expctl:   {_progress(r)}\n")
+                self.out.flush()
+            return
+        self._clear()
+        for r in rows:
+            self.out.write(f"  {_progress(r)}\n")
+        self._drawn = len(rows)
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self._clear()
+            self.out.flush()
+
+
+def _where(slot: resources.Slot) -> str:
+    gpus = f" on GPU {','.join(slot.gpus)}" if slot.gpus else ""
+    cores = f"cores {_ranges(slot.cores)}" if slot.cores else ""
+    return f"{gpus} ({cores})" if cores else gpus
+
+
+def _ranges(cores: tuple[int, ...]) -> str:
+    """0,1,2,3,6 -> 0-3,6"""
+    out: list[str] = []
+    for c in cores:
+        if out and "-" not in out[-1] and int(out[-1]) == c - 1:
+            out[-1] = f"{out[-1]}-{c}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
+def _progress(r: Running) -> str:
+    """`trial 3  GPU 0  step 120  val/acc=0.81  0:42  optim.lr=0.1`, from its metrics file."""
+    step, metrics = _tail(RunDir(r.proc.output.parent).metrics)
+    took = int(time.time() - r.proc.started)
+    where = f"GPU {','.join(r.slot.gpus)}  " if r.slot.gpus else ""
+    shown = "  ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+    return (
+        f"trial {r.number}  {where}step {step if step is not None else '-'}  {shown}  "
+        f"{took // 60}:{took % 60:02d}  {r.label}"
+    ).replace("    ", "  ")
+
+
+def _tail(path: Path, size: int = 8192) -> tuple[int | None, dict[str, float]]:
+    """The last step and the latest value of each val/ metric in a metrics.jsonl, from its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            start = max(0, f.tell() - size)
+            f.seek(start)
+            lines = f.read().decode(errors="replace").splitlines()[1 if start else 0 :]
+    except OSError:
+        return None, {}
+    step: int | None = None
+    metrics: dict[str, float] = {}
+    for line in lines:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            row = json.loads(line)
+            step = int(row.get("step", step))
+            metrics.update(
+                {k: float(v) for k, v in row.items() if k.startswith("val/") and k != "val/loss"}
+            )
+    return step, metrics
