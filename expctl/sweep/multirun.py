@@ -21,6 +21,7 @@ import secrets
 import shutil
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -102,7 +103,7 @@ def _compose_all(config_file: str | None, todo: list[list[str]], notes: list[str
     of this process (its imports and first composition done) on the cores it may use."""
     todo = [o for o in todo if _key(config_file, o) not in _COMPOSED]
     workers = min(dist.usable_cores(), len(todo) // _PER_WORKER)
-    if workers < 2:
+    if workers < 2 or threading.active_count() > 1:  # a fork copies other threads' locks held
         for over in todo:
             _compose(config_file, over, notes)
         return
