@@ -706,6 +706,8 @@ def test_seed_004_study_at_small_scale(tmp_path: Path) -> None:
 
 
 def test_median_rule_and_the_plot(tiny: Path) -> None:
+    """One trial at a time: the rule judges a trial against those that ended, so with two at
+    once lr=0.2 may end first and stop lr=0.3 (it did in CI, on 2 cores)."""
     proc = run_cli(
         "run",
         "-C",
@@ -714,6 +716,7 @@ def test_median_rule_and_the_plot(tiny: Path) -> None:
         "optim.lr=0.3,0.2,0.00001",
         "train.max_epochs=3",
         "sweep.pruner=median",
+        "sweep.max_concurrent=1",  # the rule judges against trials that ended: keep their order
         cwd=tiny.parent,
     )
     sweep = sweep_dir_of(proc.stdout)
