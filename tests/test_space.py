@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TINY
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
@@ -283,3 +284,77 @@ def test_self_twice_is_a_user_error(tmp_path: Path) -> None:
     f.write_text("defaults: [_self_, {optim: adam}, _self_]\n")
     with pytest.raises(UserError, match="_self_ twice"):
         compose.compose(str(f))
+
+
+# a sweep's point, as the trial's override of one key: set on Hydra's composition of the rest
+POINTS = [
+    "train.seed=7",
+    "optim.lr=0.5",
+    "optim.lr=1e-05",
+    "model.hidden=[4,4]",
+    "train.early_stop={monitor: val/loss, patience: 2}",  # a mapping merges, as in Hydra
+    "train.seed=${train.max_epochs}",
+    "run.name='a b'",
+    "data.num_samples=${oc.env:EXPCTL_TEST_SAMPLES,64}",
+    "train.max_steps=null",
+    # bad ones: the same error either way
+    "train.seed=abc",
+    "train.sed=1",
+    "optim.lr=-1",
+    "train.early_stop={patience: x}",
+    "data.num_samples=${nowhere}",
+]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_points_value_set_on_the_shared_composition_is_hydras_whole_composition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """compose(vary=...) has Hydra compose what a sweep's points share once, and sets each
+    point's values on a copy: the Config (or the error) must be what Hydra's composition of all
+    the overrides gives."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(compose, "_STEMS", {})
+    (tmp_path / "tiny.yml").write_text(TINY)
+    plain = ["train.max_epochs=2", "model.hidden=[8]"] if "hidden" not in point else []
+    key = parse_override(point).key_or_group
+
+    def outcome(vary: list[str]) -> Any:
+        try:
+            return compose.compose("tiny.yml", [*plain, point], vary=vary)
+        except UserError as e:
+            return (e.message, e.hint)
+
+    whole = outcome([])
+    assert compose._STEMS == {}
+    calls: list[tuple[str, ...]] = []
+    real = compose._compose_node
+    monkeypatch.setattr(compose, "_compose_node", lambda f, o: calls.append(tuple(o)) or real(f, o))
+    assert outcome([key]) == whole
+    assert calls[0] == tuple(plain), "Hydra composed the shared overrides, not this point"
+    if not isinstance(whole, tuple):
+        assert len(calls) == 1, "the value was set on the shared composition"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=linear"],  # a component: Hydra's defaults list changes
+        ["optim.name=adam"],
+        ["optim.lr=0.1", "optim.lr=0.2"],  # given twice: Hydra's order decides
+        ["train.early_stop.patience=2", "train.early_stop={patience: 4}"],  # nested in another
+        ["+train.seed=3"],
+        ["experiment=debug"],
+    ],
+    ids=" ".join,
+)
+def test_what_a_point_cannot_set_on_the_shared_composition_hydra_composes_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yml").write_text(TINY)
+    vary = [parse_override(o).key_or_group.lstrip("+") for o in overrides]
+    assert compose._plain_values(overrides, vary) == []
+    assert compose.compose("tiny.yml", overrides, vary=vary) == compose.compose(
+        "tiny.yml", overrides
+    )

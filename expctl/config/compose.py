@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -428,16 +428,53 @@ def compose(
     overrides: Sequence[str] = (),
     notes: list[str] | None = None,
     check_components: bool = True,
+    vary: Collection[str] = (),
 ) -> schema.Config:
     """Compose the built-in config, the -C file and `overrides` into a validated Config.
 
     Args:
         notes: when given, receives one line per group whose file settings an override set
             aside (another component was picked).
+        vary: keys whose values differ from call to call (a sweep's points). Hydra composes the
+            other overrides once per process; each call sets its values of these keys on a copy
+            of that, as Hydra's own overrides do (`_set_values`), in a fifth of the time.
 
     Raises:
         UserError: a bad file, an unknown group option or key, a malformed override.
     """
+    varied = _plain_values(overrides, vary)
+    if varied:
+        rest = [text for text in overrides if text not in varied]
+        where = str(Path(config_file).absolute()) if config_file else None
+        key = (where, str(Path.cwd()), tuple(rest))
+        if key not in _STEMS:
+            _STEMS[key] = _compose_node(config_file, rest)
+        stem = _STEMS[key]
+        node = _set_values(stem.node, varied)
+        if node is not None:  # else Hydra composes it whole and names what is wrong
+            if notes is not None:
+                notes += stem.notes
+            return _finish(node, stem.stack, check_components)
+    whole = _compose_node(config_file, overrides)
+    if notes is not None:
+        notes += whole.notes
+    return _finish(whole.node, whole.stack, check_components)
+
+
+@dataclass
+class _Composed:
+    """Hydra's composed node (unresolved), the layers it came from and compose's notes."""
+
+    node: Any
+    stack: Stack
+    notes: list[str]
+
+
+# Hydra's composition of a sweep's fixed overrides, per -C file, directory and those overrides
+_STEMS: dict[tuple[str | None, str, tuple[str, ...]], _Composed] = {}
+
+
+def _compose_node(config_file: str | None, overrides: Sequence[str]) -> _Composed:
     cli = parse_command_line(overrides)
     user = read_user_file(config_file) if config_file else None
     dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
@@ -464,8 +501,7 @@ def compose(
         stack.add(Layer("the command line", {group: name}, {group: preset} if preset else {}))
     if cli.loggers is not None:
         stack.loggers = cli.loggers
-    if notes is not None:
-        notes += stack.set_aside(before)
+    notes = stack.set_aside(before)
     stack.body[LOGGER] = stack.chosen_loggers()
     for group in GROUPS:
         _check_option(group, stack.choices[group], dirs)
@@ -477,12 +513,68 @@ def compose(
 
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             node = hydra_compose(config_name=PRIMARY, overrides=cli.keys)
+    return _Composed(node, stack, notes)
+
+
+def _finish(node: Any, stack: Stack, check_components: bool) -> schema.Config:
+    """The Config of Hydra's composed node: resolved, paths made absolute, checked."""
     raw, interps = schema.resolve(node, "config")
     _absolute_paths(raw, interps)
     _check_logger_keys(raw, stack.loggers)
     confstore.complete(raw)
     with schema.redacted(raw, interps):
         return schema.validate(raw, check_components=check_components, interpolations=interps)
+
+
+def _plain_values(overrides: Sequence[str], vary: Collection[str]) -> list[str]:
+    """The overrides of `vary`'s keys when each is a plain `key=value` of a config key that no
+    other override touches (then setting it last, on Hydra's composition of the others, is
+    what Hydra does); else [] (compose it whole)."""
+    if not vary:
+        return []
+    from hydra.core.override_parser.types import OverrideType
+
+    parsed = [(text, parse_override(text)) for text in overrides]
+    varied = [text for text, o in parsed if o.key_or_group in vary]
+    keys = [o.key_or_group for _, o in parsed]
+    for text, o in parsed:
+        if text not in varied:
+            continue
+        key = o.key_or_group
+        if (
+            o.type != OverrideType.CHANGE
+            or o.package is not None
+            or key.removesuffix(".name") in GROUPS  # picks a component
+            or key.split(".")[0] in (PRESETS, LOGGER, "imports", "sweep", "hydra")
+            or key.startswith(tuple(m + "." for m in FREE_MAPS))
+            or sum(_overlap(key, other) for other in keys) != 1  # itself only
+        ):
+            return []
+    return varied
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _set_values(stem: Any, varied: Sequence[str]) -> Any:
+    """A copy of Hydra's composed `stem` with `varied` set as Hydra sets a `key=value` override
+    on the composed config (`OmegaConf.update(cfg, key, value, merge=True)`, in struct mode);
+    None when one fails (Hydra's composition then says why, in its words)."""
+    import copy
+
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    node = copy.deepcopy(stem)
+    try:
+        for text in varied:
+            o = parse_override(text)
+            OmegaConf.update(node, o.key_or_group, o.value(), merge=True)
+    except (HydraException, OmegaConfBaseException, UserError):
+        return None
+    return node
 
 
 PATH_KEYS = ("data.root", "checkpoint.init", "checkpoint.resume")

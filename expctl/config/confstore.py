@@ -126,9 +126,15 @@ def node_defaults(section: str, entry: Any) -> dict[str, Any]:
     """The values of a component's node as a plain dict (``???`` for required arguments)."""
     from omegaconf import OmegaConf
 
-    out = OmegaConf.to_container(OmegaConf.structured(component_node(section, entry)))
-    assert isinstance(out, dict)
-    return {str(k): v for k, v in out.items()}
+    made = _DEFAULTS.get((section, id(entry)))
+    if made is None or made[0] is not entry:  # made once per registered entry
+        out = OmegaConf.to_container(OmegaConf.structured(component_node(section, entry)))
+        assert isinstance(out, dict)
+        made = _DEFAULTS[section, id(entry)] = (entry, {str(k): v for k, v in out.items()})
+    return copy.deepcopy(made[1])
+
+
+_DEFAULTS: dict[tuple[str, int], tuple[Any, dict[str, Any]]] = {}
 
 
 def complete(raw: dict[str, Any]) -> None:

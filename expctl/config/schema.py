@@ -505,7 +505,7 @@ def _typed(where: str, cls: type, value: Any) -> Any:
             free[key] = _typed(f"{where}.{key}", type(inner), v)
     typed = {k: v for k, v in value.items() if k not in free}
     try:
-        node = OmegaConf.merge(OmegaConf.structured(cls), typed)
+        node = OmegaConf.merge(_structured(cls), typed)  # merge copies it
         obj = OmegaConf.to_object(node)
     except ValidationError as e:
         key = str(getattr(e, "full_key", "") or "")
@@ -522,6 +522,18 @@ def _typed(where: str, cls: type, value: Any) -> Any:
         key: _check_field(f"{where}.{key}", getattr(obj, key), f) for key, f in fields.items()
     }
     return dataclasses.replace(obj, **checked)  # type: ignore[type-var]
+
+
+_STRUCTURED: dict[type, Any] = {}
+
+
+def _structured(cls: type) -> Any:
+    """OmegaConf's node of the dataclass `cls`, made once (a sweep validates every point)."""
+    from omegaconf import OmegaConf
+
+    if cls not in _STRUCTURED:
+        _STRUCTURED[cls] = OmegaConf.structured(cls)
+    return _STRUCTURED[cls]
 
 
 def _type_name(annotation: Any) -> str:

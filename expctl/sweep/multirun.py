@@ -89,27 +89,33 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
     if over != first:  # sweep.params or a shuffle moved the first point
         base = _compose(config_file, over, notes)
     others = [_overrides(plain, point) for point in heads[1:]]
+    vary = [d.key for d in dims]
     for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get
         for end in (d.low, d.high) if d.values is None else ():
             value = round(end) if d.integer and end is not None else end
             others.append(_overrides(plain, {**heads[0], d.key: value}))
-    _compose_all(config_file, others, notes)
+    _compose_all(config_file, others, notes, vary)
     return Plan(base, plain, dims, points)
 
 
-def _compose_all(config_file: str | None, todo: list[list[str]], notes: list[str]) -> None:
-    """Compose every override list of `todo` into the cache, the first bad one raising. A
-    composition takes ~0.3 s of one core (Hydra's), so a large grid is composed by forked copies
-    of this process (its imports and first composition done) on the cores it may use."""
+def _compose_all(
+    config_file: str | None, todo: list[list[str]], notes: list[str], vary: list[str]
+) -> None:
+    """Compose every override list of `todo` (which differ in the values of `vary`'s keys) into
+    the cache, the first bad one raising. A point takes ~0.07 s of one core (~0.3 s when Hydra
+    composes it whole: a component or a preset varies), so a large grid is composed by forked
+    copies of this process (its imports and first composition done) on the cores it may use."""
     todo = [o for o in todo if _key(config_file, o) not in _COMPOSED]
+    if todo:  # Hydra's composition of what the points share, made once, before any fork
+        _compose(config_file, todo.pop(0), notes, vary)
     workers = min(dist.usable_cores(), len(todo) // _PER_WORKER)
     if workers < 2 or threading.active_count() > 1:  # a fork copies other threads' locks held
         for over in todo:
-            _compose(config_file, over, notes)
+            _compose(config_file, over, notes, vary)
         return
     chunks = [todo[i::workers] for i in range(workers)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        done = list(pool.map(_compose_chunk, [config_file] * workers, chunks))
+        done = list(pool.map(_compose_chunk, [config_file] * workers, chunks, [vary] * workers))
     outcome: dict[tuple[str, ...], _Composed] = {}
     for chunk, results_ in zip(chunks, done, strict=True):
         outcome.update(zip(map(tuple, chunk), results_, strict=False))
@@ -122,18 +128,20 @@ def _compose_all(config_file: str | None, todo: list[list[str]], notes: list[str
         _COMPOSED[_key(config_file, over)] = cfg
 
 
-_PER_WORKER = 4  # fewer points than this per core: forking costs more than it saves
+_PER_WORKER = 16  # fewer points than this per core: forking costs more than it saves
 # a point's config (None: bad), its notes, and the message and hint of why it is bad
 _Composed = tuple[Config | None, list[str], tuple[str, str | None] | None]
 
 
-def _compose_chunk(config_file: str | None, chunk: list[list[str]]) -> list[_Composed]:
+def _compose_chunk(
+    config_file: str | None, chunk: list[list[str]], vary: list[str]
+) -> list[_Composed]:
     """In a forked copy: compose each override list until one is bad."""
     out: list[_Composed] = []
     for over in chunk:
         notes: list[str] = []
         try:
-            out.append((compose.compose(config_file, over, notes=notes), notes, None))
+            out.append((compose.compose(config_file, over, notes=notes, vary=vary), notes, None))
         except UserError as e:
             out.append((None, notes, (e.message, e.hint)))
             break
@@ -152,7 +160,10 @@ _COMPOSED: dict[tuple[str | None, tuple[str, ...]], Config] = {}
 
 
 def _compose(
-    config_file: str | None, overrides: list[str], notes: list[str] | None = None
+    config_file: str | None,
+    overrides: list[str],
+    notes: list[str] | None = None,
+    vary: Sequence[str] = (),
 ) -> Config:
     """compose.compose, once per point in this process: a grid's points are composed to check
     them before the sweep starts, and again for each trial, a second or more on a small machine
@@ -160,7 +171,7 @@ def _compose(
     point's overrides name each key once, so their order does not matter."""
     key = _key(config_file, overrides)
     if key not in _COMPOSED:
-        _COMPOSED[key] = compose.compose(config_file, overrides, notes=notes)
+        _COMPOSED[key] = compose.compose(config_file, overrides, notes=notes, vary=vary)
     return _COMPOSED[key]
 
 
@@ -357,8 +368,10 @@ def _trial_configs(
         trial = study.ask({d.key: d.distribution() for d in dims})
         chosen = dict(trial.params)
         overrides = [*spec["plain"], *(_override(k, v) for k, v in chosen.items())]
+        vary = list(chosen)
         if slot.seed_idx:
             overrides.append(f"train.seed={base.train.seed + slot.seed_idx}")
+            vary.append("train.seed")
         trial_dir = SweepDir(sweep_dir).trial(slot.number).path
         attrs = {
             "overrides": ledger.label(chosen, slot.seed_idx),
@@ -379,7 +392,8 @@ def _trial_configs(
         if slot.retry and slot.lineage:  # a PBT trial that copied: it goes on as its copy does
             cfg = config_mod.load(trial_dir).replace("run", dir=str(trial_dir))
         else:
-            cfg = _compose(spec["config_file"], overrides).replace("run", dir=str(trial_dir))
+            cfg = _compose(spec["config_file"], overrides, vary=vary)
+            cfg = cfg.replace("run", dir=str(trial_dir))
         if slot.retry:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
         frozen, held = rundir.create(cfg)
