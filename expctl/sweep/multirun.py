@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +65,15 @@ class Plan:
     points: list[dict[str, Any]]
 
 
-def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) -> Plan:
+def plan(
+    config_file: str | None,
+    overrides: Sequence[str],
+    notes: list[str],
+    on_base: Callable[[Config], None] | None = None,
+) -> Plan:
     """The sweep of `expctl run -C config_file -m overrides`, every grid point composed (so
-    valid) before anything is created.
+    valid) before anything is created; `on_base` is called with the first point's config before
+    the others are composed.
 
     The search space is Hydra's: the config's ``sweep.params``, then the command line, the last
     value of a key winning (defaults < config file < command line); ``shuffle()`` draws from
@@ -88,6 +94,8 @@ def plan(config_file: str | None, overrides: Sequence[str], notes: list[str]) ->
     over = _overrides(plain, heads[0])
     if over != first:  # sweep.params or a shuffle moved the first point
         base = _compose(config_file, over, notes)
+    if on_base is not None:
+        on_base(base)
     others = [_overrides(plain, point) for point in heads[1:]]
     vary = [d.key for d in dims]
     for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get
@@ -228,16 +236,23 @@ def multirun(
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
     notes: list[str] = []
-    space = plan(config_file, overrides, notes)  # every point is valid before anything exists
-    if space.base.launcher.name == "slurm":
-        return _multirun(config_file, overrides, space, notes, repeat, None)
-    from expctl.sweep import trials  # lazy: `sweep table` never needs it
+    pool: Pool | None = None
 
-    pool = trials.forker()  # it imports torch while the sweep is made
+    def start_forker(base: Config) -> None:  # it imports torch while the sweep is made
+        nonlocal pool
+        if base.launcher.name != "slurm":
+            from expctl.sweep import trials  # lazy: `sweep table` never needs it
+
+            pool = trials.forker()
+
     try:
-        return _multirun(config_file, overrides, space, notes, repeat, pool)
+        # every point is valid before anything exists
+        space = plan(config_file, overrides, notes, start_forker)
+        local = space.base.launcher.name != "slurm"
+        return _multirun(config_file, overrides, space, notes, repeat, pool if local else None)
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
 
 
 def _multirun(

@@ -81,8 +81,9 @@ def machine(base: Config) -> resources.Machine:
 
 def forker() -> Pool:
     """The trials' processes' forker (a zygote that imports torch and torch._dynamo: seconds on
-    a GPU machine), started now: a sweep's driver starts it once its points are composed (the
-    `imports:` modules loaded), so that it loads while the driver makes the sweep."""
+    a GPU machine), started now: a sweep's driver starts it once its first point is composed
+    (the `imports:` modules loaded), so that it loads while the driver composes the other
+    points and makes the sweep."""
     return Pool(trial_main)
 
 
