@@ -60,7 +60,7 @@ def main(
                     parts = build(cfg, env, device)
                 with contextlib.closing(parts):  # its DataLoader workers end here
                     rows = _restore(cfg, env, parts, state, run_dir)
-                    check_monitors(_monitors(cfg, run_dir), parts, env)
+                    check_monitors({**monitors(cfg), **hooks.monitors()}, parts, env)
                     hooks.on_start(run_dir)
                     stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
                     if stored is not None:
@@ -258,15 +258,6 @@ def _ends(t: TrainConfig, parts: Parts) -> str:
     per_epoch = max(1, parts.batches.steps_per_epoch // t.grad_accum)
     later = f", before max_steps={t.max_steps}" if t.max_steps is not None else ""
     return f"max_epochs={t.max_epochs} x {per_epoch} steps{later}"
-
-
-def _monitors(cfg: Config, run_dir: Path) -> dict[str, str]:
-    """The metrics this run acts on (see config.monitors) and, for a sweep's trial, the
-    validation metric the sweep ranks by: a typo there fails the trial before it trains."""
-    names = monitors(cfg)
-    if RunDir(run_dir).trial.exists() and cfg.sweep.metric.startswith("val/"):
-        names["sweep.metric"] = cfg.sweep.metric
-    return names
 
 
 def launcher_name(env: DistEnv) -> str:
