@@ -241,6 +241,21 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def check_sync_batchnorm(world_size: int, device_type: str) -> None:
+    """Refuse train.sync_batchnorm where torch's SyncBatchNorm cannot run (its forward raises
+    on CPU tensors).
+
+    Raises:
+        UserError: several ranks train on something other than CUDA.
+    """
+    if world_size > 1 and device_type != "cuda":
+        raise UserError(
+            f"train.sync_batchnorm=true, but torch's SyncBatchNorm runs only on GPUs and these "
+            f"{world_size} ranks train on {device_type}",
+            "set train.sync_batchnorm=false for CPU runs, or train on GPUs (train.device=cuda)",
+        )
+
+
 def apply_env(values: Mapping[str, Any], hidden: frozenset[str] = frozenset()) -> None:
     """Set the config's ``env:`` variables in this process, logging each change (the values of
     `hidden` keys, which came from the environment, are not written to the log)."""

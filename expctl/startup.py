@@ -1,5 +1,10 @@
-"""What makes a run's start cheaper without changing what it does: Python's cycle collector
-kept off torch's modules while they load and afterwards (`paused_gc`, `process_is_the_run`)."""
+"""What makes a process's start (and end) cheaper without changing what it does: Python's cycle
+collector kept off torch's modules while they load and afterwards (`paused_gc`,
+`process_is_the_run`), and left out at a sweep driver's exit (`ending`).
+
+These concern starting and ending a process (the CLI, a worker, the sweep's zygote, a rank's
+first optimizer importing torch._dynamo), not training: when the collector runs while a rank
+trains is `expctl.rank.collector.GarbageCollection`, which the loop creates."""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def paused_gc(freeze: bool = True) -> Iterator[None]:
     """Python's cycle collector off inside, as it was on leaving; with `freeze`, what an import
-    inside made is then frozen (`gc.freeze`), out of the collector's sight.
+    inside made is then frozen (`gc.freeze`), out of the collector's sight. For a process's
+    start-up (imports), not for training (`rank.collector.GarbageCollection`).
 
     Freeze only before any process group exists: with the freeze after the groups were made
     (around the first optimizer), 1 of 15 two-worker runs ended with a worker aborting as its

@@ -19,7 +19,7 @@ from expctl.builtin.datasets.synthetic import synthetic
 from expctl.builtin.steps import Supervised
 from expctl.config import compose
 from expctl.dist import DistEnv
-from expctl.errors import Preempted
+from expctl.errors import Preempted, UserError
 from expctl.layout import RunDir
 from expctl.rank import entry as rank
 from expctl.rank.build import build
@@ -112,6 +112,30 @@ def test_a_run_that_fails_tells_the_hooks(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="non-finite"):
         rank.main(_cfg(tmp_path, "train.max_steps=2", "optim.lr=1e30"), DistEnv(), hooks)
     assert hooks.calls[-1] == ("failure", "UserError")
+
+
+class Monitors(Hooks):
+    """Names a validation metric it acts on, as a sweep trial's hook does (`sweep.metric`)."""
+
+    def monitors(self) -> dict[str, str]:
+        return {"sweep.metric": "val/accuracy"}
+
+
+def test_the_metrics_a_hook_monitors_are_checked_before_training(tmp_path: Path) -> None:
+    """A hook's monitors are checked like the config's, before the first step; the rank reads
+    nothing of a sweep itself: a trial.json and a misspelt sweep.metric without a hook that
+    names it train."""
+    hooks = Chain(Recorder(), Monitors())
+    with pytest.raises(UserError, match="sweep.metric=val/accuracy.*Did you mean 'val/acc'"):
+        rank.main(_cfg(tmp_path, "train.max_steps=1"), DistEnv(), hooks)
+    assert [c[0] for c in hooks.hooks[0].calls] == ["failure"]  # type: ignore[attr-defined]
+    trial = tmp_path / "sweep" / "trial_000"
+    trial.mkdir(parents=True)
+    RunDir(trial).trial.write_text("{}\n")
+    cfg = compose.compose(None, [*SMALL, f"run.dir={trial}", "train.max_steps=1",
+                                 "sweep.metric=val/accuracy"])  # fmt: skip
+    _, result = rank.main(cfg, DistEnv(), Hooks())
+    assert result["status"] == "completed"
 
 
 def test_a_completed_run_run_again_trains_nothing_and_reports_its_result(tmp_path: Path) -> None:

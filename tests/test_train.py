@@ -16,8 +16,8 @@ from conftest import expctl as run_cli
 import expctl
 from expctl import registry
 from expctl.config import schema as config
+from expctl.dist import check_sync_batchnorm
 from expctl.rank import checkpoint
-from expctl.rank.build import check_sync_batchnorm
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow

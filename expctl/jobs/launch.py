@@ -24,7 +24,7 @@ from typing import Any
 from expctl import registry
 from expctl.config import schema as config_mod
 from expctl.config.schema import Config
-from expctl.dist import DistEnv, detect
+from expctl.dist import DistEnv, check_sync_batchnorm, detect
 from expctl.errors import (
     EXIT_FAILED,
     EXIT_PREEMPTED,
@@ -40,7 +40,6 @@ from expctl.jobs import exploit, slurm, snapshot, study
 from expctl.layout import RunDir
 from expctl.rank import entry as rank
 from expctl.rank import rundir
-from expctl.rank.build import check_sync_batchnorm
 from expctl.rank.entry import Evaluation
 from expctl.rank.hooks import Chain, Hooks
 from expctl.rank.provenance import Launch
@@ -320,7 +319,8 @@ def train_rank(
 
 
 def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
-    """The hooks of a rank: Slurm job records and requeues, and a sweep trial's bookkeeping.
+    """The hooks of a rank: Slurm job records and requeues, and a sweep trial's metric (on
+    every rank) and bookkeeping.
 
     Args:
         under_agent: a worker of a local launch, which torch's agent may restart: the sweep
@@ -330,6 +330,8 @@ def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
     run_dir = rundir.deterministic_dir(cfg, env.run_id)
     if env.job_id and run_dir is not None:
         hooks.append(JobHooks(env, run_dir, cfg.launcher.max_requeues))
+    if cfg.run.dir is not None and RunDir(cfg.run.dir).trial.exists():  # a sweep's trial
+        hooks.append(study.TrialMetric(cfg.sweep))
     ref = study.TrialRef.read(cfg.run.dir) if env.is_main else None  # rank 0 speaks for a trial
     if ref is not None and study.is_open(ref, cfg.sweep):
         hooks.append(

@@ -234,6 +234,17 @@ def _report_last(
         optuna.trial.Trial(study, ref.trial_id(_storage(Path(ref.sweep_dir)))).report(value, budget)
 
 
+class TrialMetric(Hooks):
+    """Every rank of a sweep's trial (the monitors check is collective): the validation metric
+    the sweep ranks trials by, checked before the trial trains, so a typo fails it at once."""
+
+    def __init__(self, s: SweepConfig) -> None:
+        self.metric = s.metric
+
+    def monitors(self) -> dict[str, str]:
+        return {"sweep.metric": self.metric} if self.metric.startswith("val/") else {}
+
+
 class TrialHooks(Hooks):
     """A sweep trial inside its run: rank 0 marks it running, reports each validation to the
     pruner and records how it ended. `record_failures`: False in the workers of a local launch,

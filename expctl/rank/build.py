@@ -16,7 +16,7 @@ from expctl import registry
 from expctl.builtin.data import Loading, Reader, Splits, TrainBatches, auto_workers, check_splits
 from expctl.builtin.steps import StepContext
 from expctl.config.schema import Config
-from expctl.dist import DistEnv, usable_cores
+from expctl.dist import DistEnv, check_sync_batchnorm, usable_cores
 from expctl.errors import UserError
 from expctl.startup import freeze_for_this_run, paused_gc
 
@@ -285,21 +285,6 @@ def _check_image_size(name: str, model: nn.Module, shape: tuple[int, ...]) -> No
         f"give it {size} x {size} images (data=image_folder data.image_size={size}), or pick a "
         "model that takes any size (e.g. model=resnet18)",
     )
-
-
-def check_sync_batchnorm(world_size: int, device_type: str) -> None:
-    """Refuse train.sync_batchnorm where torch's SyncBatchNorm cannot run (its forward raises
-    on CPU tensors).
-
-    Raises:
-        UserError: several ranks train on something other than CUDA.
-    """
-    if world_size > 1 and device_type != "cuda":
-        raise UserError(
-            f"train.sync_batchnorm=true, but torch's SyncBatchNorm runs only on GPUs and these "
-            f"{world_size} ranks train on {device_type}",
-            "set train.sync_batchnorm=false for CPU runs, or train on GPUs (train.device=cuda)",
-        )
 
 
 def _sync_batchnorm(

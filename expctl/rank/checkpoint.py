@@ -286,13 +286,13 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     Raises:
         ValueError: the file is corrupt, truncated, or not an expctl checkpoint.
     """
-    payload = _read(path, map_location)
+    payload = read_verified(path, map_location)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
     return payload
 
 
-def _read(path: Path, map_location: str | torch.device = "cpu") -> Any:
+def read_verified(path: Path, map_location: str | torch.device = "cpu") -> Any:
     """A torch file's contents after checking the SHA-256 beside it, if any (weights_only)."""
     digest_file = checkpoint_digest(path)
     if digest_file.is_file():
@@ -366,82 +366,6 @@ def _first_valid(
         except ValueError as e:
             log.warning("skipping checkpoint %s: %s", path.name, e)
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# weights only: checkpoint.init and `expctl eval`
-# ---------------------------------------------------------------------------------------------
-
-
-def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """Model weights by model name from an expctl checkpoint, a run directory (`pick`'s
-    default) or a plain state-dict file (torch.save(model.state_dict()): the one model's).
-
-    Raises:
-        UserError: the file cannot be read or holds no weights for these models.
-    """
-    if source.is_dir():
-        return dict(pick(source)[1]["models"])
-    try:
-        found = _read(source)
-    except ValueError as e:
-        raise UserError(str(e), "give an expctl checkpoint or a torch.save'd state dict") from None
-    if isinstance(found, dict) and found.get("format") == FORMAT:
-        return dict(found["models"])
-    if not isinstance(found, dict) or not all(isinstance(v, torch.Tensor) for v in found.values()):
-        raise UserError(
-            f"{source} holds neither an expctl checkpoint nor a state dict of tensors",
-            "save the weights with torch.save(model.state_dict(), PATH)",
-        )
-    if len(names) != 1:
-        raise UserError(
-            f"{source} is one state dict, but this config has models {', '.join(names)}",
-            "start from an expctl checkpoint that holds each model",
-        )
-    if found and all(k.startswith("module.") for k in found):  # saved from a DDP wrapper
-        found = {k.removeprefix("module."): v for k, v in found.items()}
-    return {names[0]: dict(found)}
-
-
-def put_weights(
-    models: dict[str, Any], weights: dict[str, dict[str, torch.Tensor]], strict: bool
-) -> list[str]:
-    """Load `weights` into `models`: every tensor whose name and shape fit. Returns what did not
-    fit, one entry per kind and model (missing, unexpected, other shape); with `strict`, loads
-    nothing unless everything fits.
-
-    Raises:
-        ValueError: `strict` and something did not fit (what, in one line).
-    """
-    unfit, fitting = [], {}
-    for name, model in models.items():
-        own, theirs = model.state_dict(), weights.get(name, {})
-        fitting[name] = {k: v for k, v in theirs.items() if k in own and _fits(own[k], v)}
-        reshaped = [
-            f"{k} {list(v.shape)} there, {list(own[k].shape)} here"
-            for k, v in theirs.items()
-            if k in own and k not in fitting[name]
-        ]
-        for kind, keys in (
-            ("missing", [k for k in own if k not in theirs]),
-            ("unexpected", [k for k in theirs if k not in own]),
-            ("other shape", reshaped),
-        ):
-            if keys:
-                more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
-                unfit.append(f"model '{name}' {kind} {len(keys)}: {', '.join(keys[:3])}{more}")
-    unfit += [f"model '{n}' unexpected: not in this config" for n in weights if n not in models]
-    if strict and unfit:
-        raise ValueError("; ".join(unfit))
-    for name, model in models.items():
-        model.load_state_dict(fitting[name], strict=False)
-    return unfit
-
-
-def _fits(own: torch.Tensor, theirs: torch.Tensor) -> bool:
-    """Same shape; a lazy layer's parameter not yet made (nn.LazyLinear) takes its shape from
-    the weights loaded into it."""
-    return torch.nn.parameter.is_lazy(own) or own.shape == theirs.shape
 
 
 # ---------------------------------------------------------------------------------------------

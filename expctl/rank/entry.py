@@ -19,13 +19,14 @@ from expctl.config.schema import Config, TrainConfig, monitors, redacted
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import EXIT_PREEMPTED, Interrupted, Preempted, RunError, UserError
 from expctl.layout import RunDir
-from expctl.rank import checkpoint, provenance, rundir
+from expctl.rank import provenance, rundir
 from expctl.rank.build import Parts, build, pick_device, resolve_precision
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
 from expctl.rank.metrics import evaluate as score
 from expctl.rank.provenance import Launch
 from expctl.rank.report import Reporter, setup_logging, truncate_metrics, write_json
+from expctl.rank.restore import load_weights, put_weights, restore
 from expctl.rank.train import Loop, TrainState, check_monitors, finished, fit
 
 log = logging.getLogger("expctl")
@@ -59,8 +60,8 @@ def main(
                 with redacted(cfg.to_dict(resolved=True), cfg.interpolations):  # no secret shown
                     parts = build(cfg, env, device)
                 with contextlib.closing(parts):  # its DataLoader workers end here
-                    rows = _restore(cfg, env, parts, state, run_dir)
-                    check_monitors(_monitors(cfg, run_dir), parts, env)
+                    rows = restore(cfg, env, parts, state, run_dir)
+                    check_monitors({**monitors(cfg), **hooks.monitors()}, parts, env)
                     hooks.on_start(run_dir)
                     stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
                     if stored is not None:
@@ -260,15 +261,6 @@ def _ends(t: TrainConfig, parts: Parts) -> str:
     return f"max_epochs={t.max_epochs} x {per_epoch} steps{later}"
 
 
-def _monitors(cfg: Config, run_dir: Path) -> dict[str, str]:
-    """The metrics this run acts on (see config.monitors) and, for a sweep's trial, the
-    validation metric the sweep ranks by: a typo there fails the trial before it trains."""
-    names = monitors(cfg)
-    if RunDir(run_dir).trial.exists() and cfg.sweep.metric.startswith("val/"):
-        names["sweep.metric"] = cfg.sweep.metric
-    return names
-
-
 def launcher_name(env: DistEnv) -> str:
     """What started this rank, as the log says it: inline, local, torchrun, slurm, submitit."""
     return "inline" if env.source == "single" else env.source
@@ -293,99 +285,6 @@ def _agree_run_dir(
     if reply[0] == "error":
         raise UserError(reply[1], reply[2])
     return cfg.replace("run", dir=reply[1]), held
-
-
-def _restore(
-    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, run_dir: Path
-) -> int | None:
-    """Set `state` to where training continues: this run's newest checkpoint (resume=auto,
-    or any restart within the launch), else the checkpoint.resume=PATH it started from, else
-    the beginning.
-
-    Returns:
-        How many metrics.jsonl rows precede that point (None: a checkpoint without the count).
-    """
-    resume = cfg.checkpoint.resume
-    own = resume == "auto" or env.restart_count > 0
-    found = checkpoint.resume_point(run_dir) if own else None
-    where = "the run's newest checkpoint" if found else f"checkpoint.resume={resume}"
-    try:
-        if found is None and resume not in ("auto", "never"):
-            found, own = (Path(resume), checkpoint.load(Path(resume))), False
-        if found is None:
-            _init_weights(cfg, parts)
-            return 0
-        configured = _lrs(parts)
-        state.load_state_dict(checkpoint.apply(found[1], parts, env.rank, env.world_size))
-        _check_length(cfg, parts, found)
-    except ValueError as e:
-        raise UserError(
-            f"{where} ({found[0] if found else resume}) cannot be used: {e}",
-            "resume from a checkpoint of the same model and optimizer (its run's config.yaml "
-            "says which), or start afresh with checkpoint.resume=never",
-        ) from None
-    log.info("resumed from %s (%s)", found[0], state.where())
-    if cfg.checkpoint.init is not None:
-        log.info(
-            "checkpoint.init=%s not used: the run continues from a checkpoint", cfg.checkpoint.init
-        )
-    if not own and _lrs(parts) != configured:
-        log.warning(
-            "checkpoint.resume=%s restores that run's optimizer state: learning rate %s "
-            "(this config says %s)",
-            resume,
-            _lrs(parts),
-            configured,
-        )
-    return found[1].get("metrics_rows") if own else 0
-
-
-def _init_weights(cfg: Config, parts: Parts) -> None:
-    """checkpoint.init: start from these model weights, with a new optimizer at step 0.
-
-    Raises:
-        UserError: the weights do not fit (init_strict: nothing is loaded).
-    """
-    ck = cfg.checkpoint
-    if ck.init is None:
-        return
-    source = Path(ck.init).expanduser()
-    weights = checkpoint.load_weights(source, list(parts.models))
-    try:
-        unfit = checkpoint.put_weights(parts.models, weights, ck.init_strict)
-    except ValueError as e:
-        raise UserError(
-            f"checkpoint.init={ck.init}: the weights do not fit: {e}",
-            "checkpoint.init_strict=false loads the weights that fit and lists the rest",
-        ) from None
-    log.info("checkpoint.init: model weights from %s", source)
-    for line in unfit:
-        log.warning("checkpoint.init: not loaded: %s", line)
-
-
-def _check_length(cfg: Config, parts: Parts, found: tuple[Path, dict[str, Any]]) -> None:
-    """Refuse to continue a schedule built for another run length (train.max_epochs or
-    max_steps changed): its learning rate would jump instead of going on.
-
-    Raises:
-        UserError: the lengths differ, with the two ways to go on.
-    """
-    planned = found[1].get("sched_length")
-    if planned is None or parts.sched_length is None or planned == parts.sched_length:
-        return
-    unit = "steps" if cfg.sched.interval == "step" else "epochs"
-    raise UserError(
-        f"sched={cfg.sched.name} of {found[0]} was built for {planned} {unit}, this config "
-        f"makes the run {parts.sched_length}: its learning rate would jump, not continue",
-        f"keep train.max_epochs / max_steps as the run had them, or fine-tune from its weights "
-        f"with a schedule of its own in a new run: checkpoint.init={found[0]} run.dir=NEW",
-    )
-
-
-def _lrs(parts: Parts) -> str:
-    """The optimizers' base learning rates (before any scheduler), as text."""
-    groups = [g for o in parts.ctx.optimizers.values() for g in o.param_groups]
-    return ", ".join(f"{g.get('initial_lr', g['lr']):g}" for g in groups)
 
 
 def _stored_result(
@@ -441,9 +340,7 @@ def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str,
         with contextlib.closing(parts):
             path = Path(ev.checkpoint)
             try:
-                checkpoint.put_weights(
-                    parts.models, checkpoint.load_weights(path, [*parts.models]), True
-                )
+                put_weights(parts.models, load_weights(path, [*parts.models]), True)
             except ValueError as e:
                 raise UserError(
                     f"{path} does not fit this config's models: {e}",

@@ -15,6 +15,12 @@ from typing import Any
 class Hooks:
     """No-op base: override what you need."""
 
+    def monitors(self) -> dict[str, str]:
+        """Validation metrics this hook acts on, by the key naming each (`sweep.metric`):
+        checked on one batch before training, so a typo fails the run before it trains. Every
+        rank's hooks must name the same (the check is collective)."""
+        return {}
+
     def on_start(self, run_dir: Path) -> None:
         """Training is about to start (or was already complete) in `run_dir`."""
 
@@ -39,6 +45,9 @@ class Chain(Hooks):
 
     def __init__(self, *hooks: Hooks) -> None:
         self.hooks = hooks
+
+    def monitors(self) -> dict[str, str]:
+        return {k: v for h in self.hooks for k, v in h.monitors().items()}
 
     def on_start(self, run_dir: Path) -> None:
         for h in self.hooks:

@@ -7,14 +7,10 @@ It takes the config sections it uses (`train`, `checkpoint`), the built parts an
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import logging
 import math
-import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,15 +28,13 @@ from expctl.errors import (
 )
 from expctl.rank import checkpoint
 from expctl.rank.build import Parts
+from expctl.rank.collector import GarbageCollection
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
 from expctl.rank.metrics import Meter, evaluate, sync_buffers
 from expctl.rank.report import Reporter
 
 log = logging.getLogger("expctl")
-
-
-FULL_GC = 20  # every FULL_GC-th of the loop's collections is a full one (see `_collector`)
 
 
 @dataclass
@@ -188,8 +182,8 @@ def fit(
     loop.hparams.at(state.step)  # a run restored inside a segment: that segment's values
     for m in parts.ctx.models.values():
         m.train()
-    with _collector(t.gc_every) as gc_every:
-        status = _loop(t, ck, parts, state, loop, meter, per_epoch, gc_every)
+    with GarbageCollection(t.gc_every) as collector:
+        status = _loop(t, ck, parts, state, loop, meter, per_epoch, collector)
     return _finish(t, ck, parts, state, loop, status)
 
 
@@ -201,10 +195,10 @@ def _loop(
     loop: Loop,
     meter: Meter,
     per_epoch: int,
-    gc_every: int,
+    collector: GarbageCollection,
 ) -> str:
     """Epochs of micro-batches until the budget is spent or the run stops; returns its status.
-    Every `gc_every` optimizer steps (0: never), Python's young generations are collected."""
+    After each optimizer step, `collector` runs Python's cycle collector when due."""
     ctx, status = parts.ctx, "completed"
     while status == "completed" and (
         not finished(t, state, parts.total_steps)
@@ -227,8 +221,7 @@ def _loop(
                 state.step, state.epoch_number
             )  # the bar moves; integers only, no sync
             _step_schedulers(parts, "step")
-            if gc_every and state.step % gc_every == 0:  # at the same step on every rank
-                gc.collect(2 if state.step % (FULL_GC * gc_every) == 0 else 1)
+            collector.step(state.step)
             if state.step % t.log_every == 0:
                 _log_train(t, parts, state, meter, loop)
             if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
@@ -245,45 +238,6 @@ def _loop(
         if state.batch >= per_epoch:
             status = _end_epoch(t, ck, parts, state, loop)
     return status
-
-
-@contextlib.contextmanager
-def _collector(every: int) -> Iterator[int]:
-    """Python's cycle collector, run by the loop (as torchtitan's `gc_freq`). Left to itself,
-    each rank collects when its own allocations say so, and a pause on one rank (70 ms for the
-    first collections after the set-up) stalls the others at the next all-reduce: with N ranks,
-    the step pays N ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop).
-
-    So automatic collection is off inside, and the loop collects the young generations every
-    `every` optimizer steps (the first time, the set-up's objects too: a run shorter than that
-    pays nothing) and all of them every `FULL_GC` x `every` (what outlived two young collections
-    and became garbage later), at the same step on every rank. Processes forked meanwhile (DataLoader
-    workers) keep Python's schedule. `every` = 0, or a collector the user turned off: left as
-    it is, and the loop collects nothing (yields 0)."""
-    global _LOOP_OWNS_GC
-    if not every or not gc.isenabled():
-        yield 0
-        return
-    try:
-        _LOOP_OWNS_GC = True
-        gc.disable()
-        yield every
-    finally:
-        _LOOP_OWNS_GC = False
-        gc.enable()
-
-
-_LOOP_OWNS_GC = False  # `_collector` turned automatic collection off in this process
-
-
-def _collect_in_children() -> None:
-    """A process forked while the loop runs (a DataLoader worker) gets Python's own schedule:
-    the loop that collects for its parent does not run in it."""
-    if _LOOP_OWNS_GC:
-        gc.enable()
-
-
-os.register_at_fork(after_in_child=_collect_in_children)
 
 
 def _end_epoch(
