@@ -391,7 +391,7 @@ def _runs(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from expctl.builtin import catalogue
     from expctl.config import compose
-    from expctl.config import schema as config
+    from expctl.config import frozen as config
     from expctl.dist import detect
     from expctl.startup import paused_gc
 

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from expctl import dist, registry
-from expctl.config import confstore, schema
+from expctl.config import confstore, frozen, schema, validate
 from expctl.config.explain import explain, parse_override
 from expctl.config.yamlfile import read_yaml
 from expctl.errors import UserError, choices_text, did_you_mean
@@ -124,7 +124,7 @@ class Layer:
 def read_layer(doc: dict[str, Any], source: str, dirs: Sequence[Path]) -> Layer:
     """Sort a config file's defaults list and body into a Layer."""
     doc = dict(doc)
-    schema.drop_legacy(doc)  # a 0.1 trial's config.yaml used with -C
+    frozen.drop_legacy(doc)  # a 0.1 trial's config.yaml used with -C
     layer = Layer(source)
     raw = doc.pop("defaults", None) or []
     if not isinstance(raw, list):
@@ -518,12 +518,12 @@ def _compose_node(config_file: str | None, overrides: Sequence[str]) -> _Compose
 
 def _finish(node: Any, stack: Stack, check_components: bool) -> schema.Config:
     """The Config of Hydra's composed node: resolved, paths made absolute, checked."""
-    raw, interps = schema.resolve(node, "config")
+    raw, interps = frozen.resolve(node, "config")
     _absolute_paths(raw, interps)
     _check_logger_keys(raw, stack.loggers)
     confstore.complete(raw)
-    with schema.redacted(raw, interps):
-        return schema.validate(raw, check_components=check_components, interpolations=interps)
+    with frozen.redacted(raw, interps):
+        return validate.validate(raw, check_components=check_components, interpolations=interps)
 
 
 def _plain_values(overrides: Sequence[str], vary: Collection[str]) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import tables
-from expctl.config.schema import flatten
+from expctl.config.frozen import flatten
 from expctl.config.yamlfile import read_yaml
 from expctl.errors import UserError
 from expctl.inspect.status import STATES, not_a_run_hint, state

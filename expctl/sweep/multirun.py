@@ -31,7 +31,7 @@ from typing import Any
 
 from expctl import dist
 from expctl.config import compose
-from expctl.config import schema as config_mod
+from expctl.config import frozen as config_mod
 from expctl.config.schema import Config, SweepConfig
 from expctl.errors import UserError
 from expctl.jobs import pbt, slurm, snapshot
