@@ -15,7 +15,7 @@ from conftest import expctl as run_cli
 from omegaconf import MISSING, OmegaConf
 
 from expctl import registry
-from expctl.config import compose, confstore, frozen, yamlfile
+from expctl.config import compose, confstore, frozen, layers, yamlfile
 from expctl.config import schema as config
 from expctl.errors import UserError
 
@@ -152,7 +152,7 @@ def test_user_group_files_next_to_the_config(tmp_path: Path) -> None:
     assert cfg_of(f, "model.width=8").model.args["width"] == 8
 
 
-@pytest.mark.parametrize("preset", compose.yaml_options("experiment"))
+@pytest.mark.parametrize("preset", layers.yaml_options("experiment"))
 def test_every_preset_composes_and_validates(preset: str) -> None:
     cfg = cfg_of(None, f"experiment={preset}")
     assert cfg.model.name and cfg.data.name
@@ -183,8 +183,8 @@ def test_every_registered_name_is_a_group_option(group: str, name: str) -> None:
         return
     entry = registry.get(config.COMPONENT_KINDS[group], name)
     node = confstore.node_defaults(group, entry)
-    builtin = compose.read_layer(
-        yamlfile.read_yaml(compose.builtin_conf_dir() / "config.yaml", ""), "", []
+    builtin = layers.read_layer(
+        yamlfile.read_yaml(layers.builtin_conf_dir() / "config.yaml", ""), "", []
     )
     tuned = builtin.sections.get(group, {}) if builtin.choices[group] == name else {}
     for p in entry.parameters().values():
@@ -231,7 +231,7 @@ def _default_of(group: str, choice: str, key: str) -> Any:
 
 
 def _conf_files() -> list[Path]:
-    conf = compose.builtin_conf_dir()
+    conf = layers.builtin_conf_dir()
     return [conf / "config.yaml", *sorted((conf / "experiment").glob("*.yaml"))]
 
 
@@ -239,8 +239,8 @@ def _conf_files() -> list[Path]:
 def test_conf_states_no_default(path: Path) -> None:
     """conf/ holds choices and what differs: no value equal to the schema's or the chosen
     component's default (the two cannot drift apart)."""
-    layer = compose.read_layer(yamlfile.read_yaml(path, path.name), path.name, [])
-    base = compose.read_layer(yamlfile.read_yaml(_conf_files()[0], "config.yaml"), "", [])
+    layer = layers.read_layer(yamlfile.read_yaml(path, path.name), path.name, [])
+    base = layers.read_layer(yamlfile.read_yaml(_conf_files()[0], "config.yaml"), "", [])
     restated = []
     for group, section in layer.sections.items():
         choice = layer.choices.get(group, base.choices[group])
@@ -261,7 +261,7 @@ def test_conf_states_no_default(path: Path) -> None:
 
 def test_no_yaml_duplicates_a_registered_name() -> None:
     for section, kind in config.COMPONENT_KINDS.items():
-        assert not set(compose.yaml_options(section)) & set(registry.names(kind))
+        assert not set(layers.yaml_options(section)) & set(registry.names(kind))
 
 
 # ---------------------------------------------------------------------------------------------

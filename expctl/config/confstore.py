@@ -40,7 +40,7 @@ def store_schema(groups: tuple[str, ...]) -> None:
     root["imports"] = []
     root["env"] = {}
     OmegaConf.set_struct(root["env"], False)
-    root["logger"] = {}  # the picked loggers, with their arguments (compose.Stack.chosen_loggers)
+    root["logger"] = {}  # the picked loggers, with their arguments (layers.Stack.chosen_loggers)
     OmegaConf.set_struct(root["logger"], False)
     cs = ConfigStore.instance()
     cs.store(name=SCHEMA, node=root)
