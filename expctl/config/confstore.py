@@ -47,7 +47,8 @@ def store_schema(groups: tuple[str, ...]) -> None:
     for name, cls in schema.LAUNCHERS.items():
         node = _open_maps(_unfrozen(OmegaConf.structured(cls)))
         cs.store(group=f"{REGISTRY_GROUP}/launcher", name=name, node=node)
-    cs.store(group=f"{REGISTRY_GROUP}/sched", name="none", node={"name": None, "interval": "epoch"})
+    none = {"name": None, "interval": schema.SchedConfig.interval}  # the schema's default
+    cs.store(group=f"{REGISTRY_GROUP}/sched", name="none", node=none)
     _STORED.add(("", SCHEMA))
 
 

@@ -160,6 +160,8 @@ class LauncherConfig(SlurmLauncher, LocalLauncher):
     """Every launcher key at runtime; a config holds only those of its launcher."""
 
     name: str = _f("inline", choices=("inline", "local", "slurm"))
+    # 1, not LocalLauncher's 2, on purpose: a config holds nproc only with launcher=local; with
+    # inline (this one process) or slurm (one process per task) it reads 1
     nproc: int = _f(1, min=1)
 
 
