@@ -27,7 +27,7 @@ def score(run_dir: Path) -> tuple[int, int]:
     argmax when any of them differs."""
     import expctl
     from expctl import registry
-    from expctl.config import schema as config
+    from expctl.config import frozen as config
     from expctl.rank.build import resolve_precision
 
     cfg = config.load(run_dir)

@@ -75,7 +75,7 @@ def runs(*roots: Any) -> Any:
     config keys that differ, final and best metrics, wall time (see expctl.inspect.compare.load)."""
     from expctl.inspect.compare import load  # no torch: reading runs trains nothing
 
-    return load(roots or ("runs",))
+    return load(roots) if roots else load()  # its default: run.root's
 
 
 def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:

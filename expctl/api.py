@@ -17,7 +17,8 @@ from typing import Any
 
 from expctl import registry
 from expctl.config import compose
-from expctl.config import schema as config_mod
+from expctl.config import frozen as config_mod
+from expctl.config.values import check_name
 from expctl.errors import UserError, did_you_mean
 from expctl.jobs import launch
 from expctl.jobs.launch import Result
@@ -191,6 +192,6 @@ def evaluate(
         path, payload = ckpt.pick(run.path, which)
         digest = hashlib.sha256("\0".join(overrides).encode()).hexdigest()[:6]
         name = name or f"{split}-{path.stem}" + (f"-{digest}" if overrides else "")
-        config_mod.check_name("--name", name)
+        check_name("--name", name)
         ev = Evaluation(str(path.absolute()), int(payload["step"]), split, name, list(overrides))
         return launch.launch(cfg.replace("run", dir=str(run.path)), evaluation=ev).metrics

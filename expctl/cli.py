@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from expctl.config.schema import RunConfig
 from expctl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -98,7 +99,13 @@ def _parser() -> argparse.ArgumentParser:
     rs = sub.add_parser(
         "runs", help="every run under ROOTs (sweep trials too): status, differing settings, metrics"
     )
-    rs.add_argument("roots", nargs="*", default=["runs"], metavar="ROOT", help="default: ./runs")
+    rs.add_argument(
+        "roots",
+        nargs="*",
+        default=[RunConfig.root],
+        metavar="ROOT",
+        help=f"default: ./{RunConfig.root}",
+    )
     _table_options(rs, "", "runs", "by start time")
     rs.add_argument(
         "--columns",
@@ -391,7 +398,7 @@ def _runs(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from expctl.builtin import catalogue
     from expctl.config import compose
-    from expctl.config import schema as config
+    from expctl.config import frozen as config
     from expctl.dist import detect
     from expctl.startup import paused_gc
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl.config import explain, schema
-from expctl.config.compose import GROUPS, LOGGER, PRESETS, group_options
+from expctl.config.layers import GROUPS, LOGGER, PRESETS, group_options
 from expctl.errors import UserError
 from expctl.registry import KINDS, names
 

@@ -346,7 +346,7 @@ def synthetic_accuracy(run_dir: Path, split: str = "val", **data: object) -> flo
 
     import expctl
     from expctl.builtin.datasets.synthetic import synthetic
-    from expctl.config import schema as config
+    from expctl.config import frozen as config
 
     splits = synthetic(**{**config.load(run_dir).data.args, **data})
     x, y = (splits.train if split == "train" else splits.val).tensors

@@ -16,7 +16,7 @@ from conftest import expctl as run_cli
 
 import expctl
 from expctl import registry
-from expctl.config import schema as config
+from expctl.config import frozen as config
 from expctl.layout import RunDir
 from expctl.rank import checkpoint
 

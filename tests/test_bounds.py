@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from expctl.config import compose, yamlfile
-from expctl.config import schema as config
+from expctl.config import frozen as config
 from expctl.errors import UserError
 
 

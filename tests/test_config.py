@@ -15,7 +15,7 @@ from conftest import expctl as run_cli
 from omegaconf import MISSING, OmegaConf
 
 from expctl import registry
-from expctl.config import compose, confstore, yamlfile
+from expctl.config import compose, confstore, frozen, layers, yamlfile
 from expctl.config import schema as config
 from expctl.errors import UserError
 
@@ -119,7 +119,7 @@ def test_writing_the_config_never_changes_it(monkeypatch: pytest.MonkeyPatch) ->
         "launcher.sbatch.comment=${oc.env:EXPCTL_TEST_TOKEN}",
         "launcher.setup=[echo,${oc.env:EXPCTL_TEST_TOKEN}]",
     )
-    text = config.to_yaml(cfg)
+    text = frozen.to_yaml(cfg)
     assert "tok123" not in text and text.count("${oc.env:EXPCTL_TEST_TOKEN}") == 3
     assert cfg.env["KEY"] == "tok123" and cfg.launcher.sbatch["comment"] == "tok123"
     assert cfg.launcher.setup == ["echo", "tok123"]
@@ -152,7 +152,7 @@ def test_user_group_files_next_to_the_config(tmp_path: Path) -> None:
     assert cfg_of(f, "model.width=8").model.args["width"] == 8
 
 
-@pytest.mark.parametrize("preset", compose.yaml_options("experiment"))
+@pytest.mark.parametrize("preset", layers.yaml_options("experiment"))
 def test_every_preset_composes_and_validates(preset: str) -> None:
     cfg = cfg_of(None, f"experiment={preset}")
     assert cfg.model.name and cfg.data.name
@@ -183,8 +183,8 @@ def test_every_registered_name_is_a_group_option(group: str, name: str) -> None:
         return
     entry = registry.get(config.COMPONENT_KINDS[group], name)
     node = confstore.node_defaults(group, entry)
-    builtin = compose.read_layer(
-        yamlfile.read_yaml(compose.builtin_conf_dir() / "config.yaml", ""), "", []
+    builtin = layers.read_layer(
+        yamlfile.read_yaml(layers.builtin_conf_dir() / "config.yaml", ""), "", []
     )
     tuned = builtin.sections.get(group, {}) if builtin.choices[group] == name else {}
     for p in entry.parameters().values():
@@ -231,7 +231,7 @@ def _default_of(group: str, choice: str, key: str) -> Any:
 
 
 def _conf_files() -> list[Path]:
-    conf = compose.builtin_conf_dir()
+    conf = layers.builtin_conf_dir()
     return [conf / "config.yaml", *sorted((conf / "experiment").glob("*.yaml"))]
 
 
@@ -239,8 +239,8 @@ def _conf_files() -> list[Path]:
 def test_conf_states_no_default(path: Path) -> None:
     """conf/ holds choices and what differs: no value equal to the schema's or the chosen
     component's default (the two cannot drift apart)."""
-    layer = compose.read_layer(yamlfile.read_yaml(path, path.name), path.name, [])
-    base = compose.read_layer(yamlfile.read_yaml(_conf_files()[0], "config.yaml"), "", [])
+    layer = layers.read_layer(yamlfile.read_yaml(path, path.name), path.name, [])
+    base = layers.read_layer(yamlfile.read_yaml(_conf_files()[0], "config.yaml"), "", [])
     restated = []
     for group, section in layer.sections.items():
         choice = layer.choices.get(group, base.choices[group])
@@ -261,7 +261,7 @@ def test_conf_states_no_default(path: Path) -> None:
 
 def test_no_yaml_duplicates_a_registered_name() -> None:
     for section, kind in config.COMPONENT_KINDS.items():
-        assert not set(compose.yaml_options(section)) & set(registry.names(kind))
+        assert not set(layers.yaml_options(section)) & set(registry.names(kind))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,8 +295,8 @@ def test_sweep_shorthand_picks_the_sampler(tmp_path: Path) -> None:
 
 def test_frozen_config_round_trips(tmp_path: Path) -> None:
     cfg = cfg_of(None, "experiment=linear_regression")
-    (tmp_path / "config.yaml").write_text(config.to_yaml(cfg))
-    loaded = config.load(tmp_path)
+    (tmp_path / "config.yaml").write_text(frozen.to_yaml(cfg))
+    loaded = frozen.load(tmp_path)
     assert loaded.replace("run", dir=None) == cfg
     assert loaded.run.dir == str(tmp_path.absolute())  # where the file lies, not what it says
 
@@ -308,13 +308,13 @@ def test_secrets_stay_unresolved_in_what_is_written(
     f = write(tmp_path, "env:\n  WANDB_API_KEY: ${oc.env:EXPCTL_TEST_TOKEN}\n")
     cfg = cfg_of(f)
     assert cfg.env["WANDB_API_KEY"] == "s3cr3t-value"  # what the workers use
-    text = config.to_yaml(cfg)
+    text = frozen.to_yaml(cfg)
     assert "s3cr3t" not in text and "${oc.env:EXPCTL_TEST_TOKEN}" in text
     cfg2 = cfg_of(None, "env.TOKEN=${oc.env:EXPCTL_TEST_TOKEN}")
-    assert "s3cr3t" not in config.to_yaml(cfg2)
+    assert "s3cr3t" not in frozen.to_yaml(cfg2)
     (tmp_path / "config.yaml").write_text(text)
     monkeypatch.setenv("EXPCTL_TEST_TOKEN", "rotated")
-    assert config.load(tmp_path).env["WANDB_API_KEY"] == "rotated"  # resolved where it runs
+    assert frozen.load(tmp_path).env["WANDB_API_KEY"] == "rotated"  # resolved where it runs
 
 
 REACHES_THE_ENVIRONMENT = [  # every way a key's value can come from ${oc.env:...}
@@ -339,12 +339,12 @@ def test_a_value_that_reaches_the_environment_is_never_written(
         write(tmp_path, body + "  X: x\nlauncher: {name: slurm, setup: '${oc.dict.values:env}'}\n")
     )
     assert "s3cr3t-value" in cfg.env["OTHER"] and "s3cr3t-value" in cfg.launcher.setup
-    written = config.to_yaml(cfg)
+    written = frozen.to_yaml(cfg)
     assert "s3cr3t" not in written, written
     assert "PLAIN: x" in written, "a value from elsewhere in the config is written resolved"
     (tmp_path / "config.yaml").write_text(written)
     monkeypatch.setenv("EXPCTL_TEST_TOKEN", "rotated")
-    assert "rotated" in config.load(tmp_path).env["OTHER"]  # resolved where it runs
+    assert "rotated" in frozen.load(tmp_path).env["OTHER"]  # resolved where it runs
 
 
 @pytest.mark.slow

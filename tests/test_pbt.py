@@ -188,7 +188,7 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
     assert (mine["step"], mine["epoch"], mine["batch"]) == (32, 2, 0)
     assert mine["metrics_rows"] == len(rows_b.splitlines()), "B's history is kept"
     assert frozen.exists(), "the donor's frozen state stays until the copy is recorded"
-    from expctl.config import schema as config
+    from expctl.config import frozen as config
 
     frozen_cfg = config.load(b)  # what the sweep writes for a copy: its new values from the step
     train = dataclasses.replace(

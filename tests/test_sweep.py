@@ -23,7 +23,7 @@ from conftest import SMALL, TINY, cli_env
 from conftest import expctl as run_cli
 
 from expctl import cli
-from expctl.config import schema as config
+from expctl.config import frozen as config
 from expctl.sweep import ledger
 
 # integration tier: real processes and real training (`pytest -m slow`)
@@ -616,7 +616,7 @@ def test_a_disk_that_fills_during_a_sweep_stops_it_in_one_line_and_resume_finish
 def test_a_trial_asked_by_a_driver_that_died_is_lost_and_resumed(tiny: Path) -> None:
     """A trial the journal holds as pending (asked, its folder not made yet) whose driver is gone
     is `lost`, not pending for ever: `sweep resume` runs it."""
-    from expctl.config import schema as config
+    from expctl.config import frozen as config
     from expctl.jobs.study import open_study
 
     proc = run_cli(

@@ -15,7 +15,7 @@ from conftest import expctl as run_cli
 
 import expctl
 from expctl import registry
-from expctl.config import schema as config
+from expctl.config import frozen as config
 from expctl.dist import check_sync_batchnorm
 from expctl.rank import checkpoint
 

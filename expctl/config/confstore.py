@@ -40,14 +40,15 @@ def store_schema(groups: tuple[str, ...]) -> None:
     root["imports"] = []
     root["env"] = {}
     OmegaConf.set_struct(root["env"], False)
-    root["logger"] = {}  # the picked loggers, with their arguments (compose.Stack.chosen_loggers)
+    root["logger"] = {}  # the picked loggers, with their arguments (layers.Stack.chosen_loggers)
     OmegaConf.set_struct(root["logger"], False)
     cs = ConfigStore.instance()
     cs.store(name=SCHEMA, node=root)
     for name, cls in schema.LAUNCHERS.items():
         node = _open_maps(_unfrozen(OmegaConf.structured(cls)))
         cs.store(group=f"{REGISTRY_GROUP}/launcher", name=name, node=node)
-    cs.store(group=f"{REGISTRY_GROUP}/sched", name="none", node={"name": None, "interval": "epoch"})
+    none = {"name": None, "interval": schema.SchedConfig.interval}  # the schema's default
+    cs.store(group=f"{REGISTRY_GROUP}/sched", name="none", node=none)
     _STORED.add(("", SCHEMA))
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from expctl import tables
-from expctl.config.schema import flatten
+from expctl.config.frozen import flatten
+from expctl.config.schema import RunConfig
 from expctl.config.yamlfile import read_yaml
 from expctl.errors import UserError
 from expctl.inspect.status import STATES, not_a_run_hint, state
@@ -160,7 +161,7 @@ class Runs:
         return replace(self, rows=[self.rows[i] for i in picked])
 
 
-def load(roots: Sequence[str | Path] = ("runs",)) -> Runs:
+def load(roots: Sequence[str | Path] = (RunConfig.root,)) -> Runs:
     """Every run directory under `roots` (a root may be one itself), sweep trials included, by
     start time: `expctl.runs`.
 
@@ -171,7 +172,8 @@ def load(roots: Sequence[str | Path] = ("runs",)) -> Runs:
     for root in map(Path, roots):
         if not root.is_dir():
             raise UserError(
-                f"{root}: no such folder", "pass the run.root your runs went to (default: ./runs)"
+                f"{root}: no such folder",
+                f"pass the run.root your runs went to (default: ./{RunConfig.root})",
             )
         found += [read(path, _name(path, root, len(roots) > 1)) for path in _run_dirs(root)]
     if not found:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import registry
-from expctl.config import schema as config_mod
+from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.dist import DistEnv, check_sync_batchnorm, detect
 from expctl.errors import (

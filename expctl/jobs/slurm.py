@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from expctl.config.schema import Config, check_slurm, tasks_per_node
+from expctl.config.schema import Config
+from expctl.config.values import check_slurm, tasks_per_node
 from expctl.dist import DistEnv
 from expctl.errors import RunError, UserError, unknown_name
 from expctl.jobs.slurmstate import FINAL_STATES, job_state

@@ -35,7 +35,7 @@ class Parts:
     batches: TrainBatches
     total_steps: int  # optimizer steps of the whole run
     model_args: dict[str, Any]  # what the model factory got, data-inferred values included
-    sched_interval: str = "epoch"  # when the schedulers step: each "epoch" or each "step"
+    sched_interval: str  # when the schedulers step: each "epoch" or each "step"
     sched_monitor: str | None = None  # ... or after each validation, on this metric
     sched_length: int | None = None  # the run's length the schedule was built for, if it was
     val_batch_size: int = 256  # batch size of validation and test

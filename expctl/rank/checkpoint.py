@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expctl.config import schema as config
+from expctl.config import frozen as config
 from expctl.config.schema import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
 from expctl.layout import (

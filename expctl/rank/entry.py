@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl.config.schema import Config, TrainConfig, monitors, redacted
+from expctl.config.frozen import redacted
+from expctl.config.schema import Config, TrainConfig, monitors
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import EXIT_PREEMPTED, Interrupted, Preempted, RunError, UserError
 from expctl.layout import RunDir

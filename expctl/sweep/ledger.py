@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl.config import schema as config_mod
+from expctl.config import frozen as config_mod
 from expctl.config.explain import parse_override
 from expctl.config.schema import PBTConfig, SweepConfig
 from expctl.errors import RunError, UserError

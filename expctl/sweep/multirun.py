@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from expctl import dist
-from expctl.config import compose
-from expctl.config import schema as config_mod
+from expctl.config import compose, layers
+from expctl.config import frozen as config_mod
 from expctl.config.schema import Config, SweepConfig
 from expctl.errors import UserError
 from expctl.jobs import pbt, slurm, snapshot
@@ -194,10 +194,10 @@ def _overrides(plain: list[str], point: dict[str, Any]) -> list[str]:
 
 def _group_options(config_file: str | None, group: str) -> list[str] | None:
     """The options of a config group, what ``glob()`` picks from (None: not a group)."""
-    if group not in (*compose.GROUPS, compose.PRESETS):
+    if group not in (*layers.GROUPS, layers.PRESETS):
         return None
     dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
-    return compose.group_options(group, dirs)
+    return layers.group_options(group, dirs)
 
 
 @dataclass

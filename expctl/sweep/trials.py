@@ -346,7 +346,7 @@ class _Stop:
 def trial_main(argv: Sequence[str]) -> int:
     """One trial in its process (started by the pool): train its frozen config and return the
     CLI's exit code; errors are printed to its output as the CLI prints them."""
-    from expctl.config import schema as config_mod
+    from expctl.config import frozen as config_mod
     from expctl.startup import process_is_the_run
 
     request = json.loads(argv[0])

@@ -1,0 +1,446 @@
+"""Validation: a composed (or loaded) config dict checked and built into the frozen `Config`.
+
+On top of OmegaConf's types: ranges, choices with did-you-mean, finite floats, and cross-section
+checks, all raised as UserError; `check_registered` checks every component against the
+registries. Values bound for a file name or an sbatch script are checked by `values.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from expctl import registry
+from expctl.config.schema import (
+    COMPONENT_KINDS,
+    DEFAULT_EPOCHS,
+    FIXED,
+    HPARAM_SECTIONS,
+    LAUNCHERS,
+    SECTIONS,
+    CheckpointConfig,
+    Config,
+    LauncherConfig,
+    TrainConfig,
+    framework_keys,
+    monitors,
+)
+from expctl.config.values import check_name, check_path_length, check_slurm, plain_text
+from expctl.errors import UserError, choices_text, did_you_mean
+
+
+def validate(
+    raw: dict[str, Any],
+    check_components: bool = True,
+    interpolations: dict[str, str] | None = None,
+) -> Config:
+    """Check a composed, resolved dict and build the frozen Config.
+
+    Args:
+        raw: the output of composition (or a loaded config.yaml), interpolations resolved.
+        check_components: also check names and arguments against the registries (imports
+            `imports:` modules and the built-ins, which imports torch).
+        interpolations: dotted key -> `${oc.env:...}` text, kept unresolved when written.
+
+    Raises:
+        UserError: unknown keys (with did-you-mean), wrong types, out-of-range values.
+    """
+    if not isinstance(raw, dict):
+        raise UserError("the config must be a mapping of sections")
+    known = {f.name for f in dataclasses.fields(Config)} - {"interpolations"}
+    for key in raw:
+        if key not in known:
+            owner = next(
+                (s for s, c in FIXED.items() if key in {f.name for f in dataclasses.fields(c)}),
+                None,
+            )
+            guess = f" Did you mean '{owner}.{key}'?" if owner else did_you_mean(key, known)
+            raise UserError(
+                f"unknown config section '{key}'.{guess} Valid: {choices_text(known)}",
+                f"put it under its section: {owner}: {{{key}: ...}}"
+                if owner
+                else "remove it, or fix its spelling",
+            )
+    for name in ("model", "data", "optim", "loss"):
+        if raw.get(name) is None:
+            raise UserError(f"the config has no '{name}' section", f"add {name}=NAME")
+    values: dict[str, Any] = {"interpolations": dict(interpolations or {})}
+    for name, value in raw.items():
+        if name in SECTIONS:
+            values[name] = _component(name, value)
+        elif name in FIXED:
+            values[name] = _typed(name, FIXED[name], value)
+        elif name == "launcher":
+            values[name] = _launcher(value)
+        else:
+            values[name] = _plain(name, value)
+    _check_finite("", raw)
+    train = values.get("train")
+    if isinstance(train, TrainConfig) and train.max_epochs is None and train.max_steps is None:
+        values["train"] = dataclasses.replace(train, max_epochs=DEFAULT_EPOCHS)
+    cfg = Config(**values)
+    _cross_checks(cfg)
+    if check_components:
+        check_registered(cfg)
+    return cfg
+
+
+def check_registered(cfg: Config) -> None:
+    """Check every component name and argument against the registries."""
+    registry.import_user_modules(cfg.imports)
+    for section, kind in COMPONENT_KINDS.items():
+        comp = getattr(cfg, section)
+        if comp.name is None:
+            continue
+        registry.check_args(kind, comp.name, comp.args, section)
+    registry.get("steps", cfg.train.step)
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        for section in set(entry) & set(HPARAM_SECTIONS):
+            comp = getattr(cfg, section)
+            where = f"train.hparam_schedule[{i}].{section}"
+            registry.check_args(
+                COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
+            )
+    for name, args in cfg.logger.items():
+        registry.check_args("loggers", name, args, f"logger.{name}")
+    if cfg.sched.name is not None:
+        steps_on_metric = "monitor" in registry.get("schedulers", cfg.sched.name).settings
+        if steps_on_metric != (cfg.sched.monitor is not None):
+            raise UserError(
+                f"sched.monitor={cfg.sched.monitor}: sched={cfg.sched.name} "
+                + ("steps on a metric and needs one" if steps_on_metric else "steps on no metric"),
+                "set sched.monitor=val/loss (or another validation metric)"
+                if steps_on_metric
+                else "remove sched.monitor, or use sched=reducelronplateau",
+            )
+
+
+def check_hparam_schedule(cfg: Config) -> None:
+    """train.hparam_schedule: entries of `step` (increasing) and optim / loss arguments, none of
+    them a learning rate that a scheduler also sets.
+
+    Raises:
+        UserError: anything else, naming the entry.
+    """
+    last = -1
+    for i, entry in enumerate(cfg.train.hparam_schedule):
+        where = f"train.hparam_schedule[{i}]"
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step <= last:
+            raise UserError(
+                f"{where}: each entry needs a `step` (an integer, increasing): got {step!r}",
+                "e.g. train.hparam_schedule=[{step: 0, optim: {lr: 0.1}}, {step: 400, optim: "
+                "{lr: 0.01}}]",
+            )
+        last = step
+        for key, values in entry.items():
+            if key == "step":
+                continue
+            if key not in HPARAM_SECTIONS or not isinstance(values, dict) or "name" in values:
+                raise UserError(
+                    f"{where}.{key}: only optimizer and loss arguments can change mid-run "
+                    f"(optim: {{...}}, loss: {{...}})",
+                    "keep the component and the model as they are; change optim.* / loss.* "
+                    "arguments only",
+                )
+        if "lr" in entry.get("optim", {}) and cfg.sched.name is not None:
+            raise UserError(
+                f"{where}.optim.lr: sched={cfg.sched.name} sets the learning rate too",
+                "use sched=none with a learning-rate schedule of your own",
+            )
+
+
+def _typed(where: str, cls: type, value: Any) -> Any:
+    """`value` checked against the dataclass `cls` by OmegaConf (types, unknown keys), then
+    against the fields' choices and minimums; returns an instance of `cls`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: expected a mapping, got {value!r}", f"e.g. {where}.KEY=VALUE")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in value:
+        if key not in fields:
+            raise unknown_key(where, str(key), list(fields))
+    free = {k: v for k, v in value.items() if fields[k].type == "Any"}
+    for key, v in value.items():  # a section inside the section (train.early_stop)
+        inner = fields[key].default
+        if dataclasses.is_dataclass(inner) and not isinstance(v, type(inner)):
+            free[key] = _typed(f"{where}.{key}", type(inner), v)
+    typed = {k: v for k, v in value.items() if k not in free}
+    try:
+        node = OmegaConf.merge(_structured(cls), typed)  # merge copies it
+        obj = OmegaConf.to_object(node)
+    except ValidationError as e:
+        key = str(getattr(e, "full_key", "") or "")
+        bad = typed.get(key.split(".")[0]) if key else None
+        expected = _type_name(fields[key.split(".")[0]].type) if key in fields else "another type"
+        raise UserError(
+            f"{where}.{key}: expected {expected}, got {bad!r}",
+            f"set {where}.{key} to a value of type {expected}",
+        ) from None
+    except (ConfigKeyError, OmegaConfBaseException) as e:
+        raise UserError(f"{where}: {' '.join(str(e).split())[:200]}") from None
+    obj = dataclasses.replace(obj, **free)  # type: ignore[type-var]
+    checked = {
+        key: _check_field(f"{where}.{key}", getattr(obj, key), f) for key, f in fields.items()
+    }
+    return dataclasses.replace(obj, **checked)  # type: ignore[type-var]
+
+
+_STRUCTURED: dict[type, Any] = {}
+
+
+def _structured(cls: type) -> Any:
+    """OmegaConf's node of the dataclass `cls`, made once (a sweep validates every point)."""
+    from omegaconf import OmegaConf
+
+    if cls not in _STRUCTURED:
+        _STRUCTURED[cls] = OmegaConf.structured(cls)
+    return _STRUCTURED[cls]
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace(" | None", " or null")
+    return {"int": "int", "float": "float", "str": "str", "bool": "bool"}.get(text, text)
+
+
+def _component(section: str, value: Any) -> Any:
+    cls = SECTIONS[section]
+    if isinstance(value, str) or (value is None and section == "sched"):
+        value = {"name": value}  # `model: resnet18` is short for `model: {name: resnet18}`
+    if not isinstance(value, dict):
+        raise UserError(f"{section}: expected a mapping, got {value!r}", f"e.g. {section}.name=...")
+    own = framework_keys(section)
+    if "name" not in value and section != "sched":
+        raise UserError(f"{section}.name is required", f"set {section}=NAME")
+    frame = _typed(section, _without_args(cls), {k: v for k, v in value.items() if k in own})
+    args = {str(k): v for k, v in value.items() if k not in own}
+    return cls(**{k: getattr(frame, k) for k in own}, args=args)
+
+
+_NO_ARGS: dict[type, type] = {}
+
+
+def _without_args(cls: type) -> type:
+    """`cls` without its ``args`` field: the framework keys OmegaConf checks."""
+    if cls not in _NO_ARGS:
+        fields = [
+            (f.name, f.type, field(default=f.default, metadata=f.metadata))
+            if f.default is not dataclasses.MISSING
+            else (f.name, f.type)
+            for f in dataclasses.fields(cls)
+            if f.name != "args"
+        ]
+        made = dataclasses.make_dataclass(cls.__name__, fields, frozen=True)
+        made.__module__ = __name__  # its annotations are evaluated here
+        _NO_ARGS[cls] = made
+    return _NO_ARGS[cls]
+
+
+def _launcher(value: Any) -> LauncherConfig:
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise UserError(f"launcher: expected a mapping, got {value!r}", "e.g. launcher=local")
+    name = value.get("name", "inline")
+    if name not in LAUNCHERS:
+        raise UserError(
+            f"launcher: no '{name}' launcher.{did_you_mean(str(name), LAUNCHERS)} "
+            f"Valid: {choices_text(LAUNCHERS)}",
+            "launcher=inline (this process), local (N workers here) or slurm (submitit)",
+        )
+    cls = LAUNCHERS[name]
+    for key in value:
+        if key not in {f.name for f in dataclasses.fields(cls)}:
+            owners = [
+                n for n, c in LAUNCHERS.items() if key in {f.name for f in dataclasses.fields(c)}
+            ]
+            if owners:
+                raise UserError(
+                    f"'launcher.{key}' is not a key of launcher={name}.",
+                    f"launcher={owners[0]} has it: pick that launcher first",
+                )
+    chosen = _typed("launcher", cls, value)
+    return LauncherConfig(**dataclasses.asdict(chosen))
+
+
+def _loggers(value: Any) -> dict[str, dict[str, Any]]:
+    """`logger`: a list of logger names, or a mapping of names to their arguments."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return {v: {} for v in value}
+    if isinstance(value, dict) and all(isinstance(v, dict) or v is None for v in value.values()):
+        return {str(k): dict(v or {}) for k, v in value.items()}
+    raise UserError(
+        f"logger: expected a list of logger names or a mapping of them, got {value!r}",
+        "e.g. logger=[tensorboard,csv]; `expctl list loggers` names them",
+    )
+
+
+def _plain(name: str, value: Any) -> Any:
+    if name == "logger":
+        return _loggers(value)
+    if name == "imports":
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UserError(
+                f"imports: expected a list of module names, got {value!r}",
+                "e.g. imports=[my_components]",
+            )
+        for module in value:
+            registry.check_module_name(module)
+        return list(value)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"env: expected a mapping, got {value!r}", "e.g. env.NCCL_DEBUG=INFO")
+    out = {}
+    for key, v in value.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
+            raise UserError(
+                f"env.{str(key)!r}: not an environment variable name", "use letters, digits and _"
+            )
+        if v is None or isinstance(v, (dict, list)):
+            raise UserError(f"env.{key}: expected a string value", f"e.g. env.{key}=VALUE")
+        out[str(key)] = str(v).lower() if isinstance(v, bool) else str(v)
+        if "\0" in out[str(key)]:  # the one character an environment variable cannot hold
+            raise UserError(
+                f"env.{key}={out[str(key)]!r}: a NUL byte cannot go into an environment variable",
+                f"remove it from env.{key}",
+            )
+    return out
+
+
+def _check_finite(prefix: str, value: Any) -> None:
+    """Every float of the config is finite: NaN and infinity are never a setting."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(
+            f"{prefix}={value}: not a finite number",
+            f"set {prefix} to a finite value (NaN and infinity are refused everywhere)",
+        )
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(f"{prefix}.{k}" if prefix else str(k), v)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(f"{prefix}[{i}]", v)
+
+
+def unknown_key(where: str, key: str, valid: list[str]) -> UserError:
+    """The error for a key `where.key` that the section lacks."""
+    return UserError(
+        f"unknown key '{where}.{key}'.{did_you_mean(key, valid)} Valid: {choices_text(valid)}",
+        f"remove {where}.{key} or fix its spelling (`expctl show` prints every key)",
+    )
+
+
+def _cross_checks(cfg: Config) -> None:
+    t, ln = cfg.train, cfg.launcher
+    for key in ("dir", "root"):
+        plain_text(f"run.{key}", getattr(cfg.run, key))
+    # room for root/NAME-YYYYmmdd-HHMMSS-xxxx/ and the deepest file a run writes inside (W&B's)
+    check_path_length("run.root", cfg.run.root, inside=len(cfg.run.name) + 300)
+    check_path_length("run.dir", cfg.run.dir, inside=300)
+    plain_text("checkpoint.resume", cfg.checkpoint.resume)
+    check_name("run.name", cfg.run.name)
+    if ln.name == "slurm":
+        check_slurm(cfg)
+    if ln.name == "inline" and ln.nproc > 1:
+        raise UserError(
+            f"launcher.nproc={ln.nproc} needs launcher=local (inline runs in this one process)",
+            f"use launcher=local launcher.nproc={ln.nproc}",
+        )
+    resume = cfg.checkpoint.resume
+    if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
+        raise UserError(
+            f"checkpoint.resume: no checkpoint at '{resume}'",
+            "use auto (latest in the run directory), never, or the path of a .pt checkpoint",
+        )
+    _check_init(cfg.checkpoint)
+    for where, name in monitors(cfg).items():
+        if not name.startswith("val/"):
+            raise UserError(
+                f"{where}={name}: only validation metrics (val/...) can be monitored",
+                f"e.g. {where}=val/loss or {where}=val/acc",
+            )
+    if t.compile_mode != "default" and not t.compile:
+        raise UserError(
+            f"train.compile_mode={t.compile_mode} does nothing without train.compile=true",
+            "add train.compile=true, or drop train.compile_mode",
+        )
+    check_hparam_schedule(cfg)
+    if t.grad_accum > 1 and t.step != "supervised":
+        raise UserError(
+            f"train.grad_accum={t.grad_accum} is handled by the supervised step only "
+            f"(train.step={t.step})",
+            "set train.grad_accum=1, or accumulate inside your own step",
+        )
+
+
+def _check_init(ck: CheckpointConfig) -> None:
+    plain_text("checkpoint.init", ck.init)
+    if ck.init is None:
+        return
+    if not Path(ck.init).expanduser().exists():
+        raise UserError(
+            f"checkpoint.init: nothing at '{ck.init}'",
+            "give an expctl checkpoint (.pt), a file saved with torch.save(model.state_dict()), "
+            "or a run directory (its best checkpoint, else its newest)",
+        )
+    if ck.resume not in ("auto", "never"):
+        raise UserError(
+            f"checkpoint.init={ck.init} and checkpoint.resume={ck.resume}: pick one",
+            "init starts from weights only (a new optimizer, step 0); resume restores all of it",
+        )
+
+
+# what users of other tools write, and the value meant here (suggested, never silently accepted)
+_ALIASES = {
+    "gpu": "cuda",
+    "fp16": "16",
+    "float16": "16",
+    "half": "16",
+    "16-mixed": "16",
+    "bfloat16": "bf16",
+    "bf16-mixed": "bf16",
+    "fp32": "32",
+    "float32": "32",
+    "32-true": "32",
+}
+
+
+def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
+    choices = f.metadata.get("choices")
+    if choices and True in choices and isinstance(value, str):
+        value = {"true": True, "false": False}.get(value.lower(), value)  # "true" from a file
+    if choices and not any(value == c and type(value) is type(c) for c in choices):
+        shown = ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+        alias = _ALIASES.get(str(value).lower())
+        suggest = (
+            f" Did you mean '{alias}'?"
+            if alias in choices
+            else did_you_mean(str(value), [str(c) for c in choices])
+        )
+        raise UserError(
+            f"{where}: '{value}' is not one of: {shown}.{suggest}",
+            f"set {where} to one of: {shown}",
+        )
+    low, high = f.metadata.get("min"), f.metadata.get("max")
+    if low is not None and value is not None and value < low:
+        raise UserError(f"{where}: {value} is below the minimum {low:g}", f"set {where} >= {low:g}")
+    if high is not None and value is not None and high < value < math.inf:  # inf: not finite
+        raise UserError(
+            f"{where}: {value} is above the maximum {high}", f"set {where} to at most {high}"
+        )
+    return value
