@@ -290,6 +290,7 @@ def short_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_sweep_directory_carries_the_run_name(short_sweep: Path) -> None:
     assert short_sweep.parent.name == "runs" and short_sweep.name.startswith("tune-sweep-")
+    assert re.fullmatch(r"tune-sweep-\d{8}-\d{6}-[0-9a-f]{4}", short_sweep.name), short_sweep.name
 
 
 def test_table_rounds_sampled_values_and_counts_steps(short_sweep: Path) -> None:

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import shutil
 import socket
 import sys
@@ -32,7 +31,7 @@ from expctl.config.schema import Config
 from expctl.errors import UserError
 from expctl.jobs import pbt, slurm, snapshot
 from expctl.jobs.study import TrialRef, open_study
-from expctl.layout import RunDir, SweepDir
+from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
 from expctl.rank.provenance import Launch
 from expctl.sweep import ledger, results
@@ -58,12 +57,11 @@ class Outcome:
 def new_sweep_dir(root: Path, name: str | None = None) -> Path:
     """Create a fresh sweep directory atomically (two sweeps never share one):
     NAME-sweep-TIME-XXXX, or sweep-TIME-XXXX without a name."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     prefix = f"{name}-sweep" if name else "sweep"
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o750)
-        for _ in range(100):
-            path = root / f"{prefix}-{stamp}-{secrets.token_hex(2)}"
+        for fresh in fresh_names(prefix):
+            path = root / fresh
             try:
                 path.mkdir(mode=0o750)
                 return path
