@@ -35,7 +35,7 @@ from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
 from expctl.rank.provenance import Launch
 from expctl.sweep import ledger, results
-from expctl.sweep.ledger import Best
+from expctl.sweep.best import Best, best
 from expctl.sweep.plan import Plan, compose_point, gridded, plan, point_overrides
 from expctl.sweep.pool import Pool
 from expctl.sweep.space import MAX_VALUES, Dimension
@@ -315,12 +315,12 @@ def run_trials(
     trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
-        print(_best_line(ledger.best(sweep_dir)), flush=True)
+        print(_best_line(best(sweep_dir)), flush=True)
     return _outcome(sweep_dir)
 
 
 def _best_line(top: Best) -> str:
-    """The end-of-sweep summary of `ledger.best`: with repeats, the mean ± std over the seeds of
+    """The end-of-sweep summary of `best`: with repeats, the mean ± std over the seeds of
     the best configuration (its test metrics too), as the table ranks it."""
     results = [RunDir(r.run_dir).read_result() for r in top.trials]
     keys = [k for k in results[0] if k.startswith("test/") and all(k in x for x in results)]
