@@ -2,7 +2,7 @@
 
 import sys
 
-from expctl.registry import search_working_dir_last
+from expctl.importpath import search_working_dir_last
 
 search_working_dir_last()  # python -m put the working directory first: a torchvision.py there wins
 

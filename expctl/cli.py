@@ -361,9 +361,9 @@ def _sweep(args: argparse.Namespace) -> int:
         else:
             print(results.table(args.sweep_dir, args.sort, args.filter))
     elif args.action == "best":
-        from expctl.sweep import ledger
+        from expctl.sweep.best import best
 
-        print(ledger.best(args.sweep_dir).describe())
+        print(best(args.sweep_dir).describe())
     elif args.action == "plot":
         from expctl.sweep import plots
 

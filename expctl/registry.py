@@ -19,9 +19,9 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from expctl import importpath
 from expctl.errors import UserError, choices_text, did_you_mean, unknown_name
 
 KINDS = ("models", "datasets", "optimizers", "schedulers", "losses", "steps", "loggers")
@@ -254,47 +254,6 @@ def real(kind: str, name: str) -> Entry:
     return get(reg.kind, name)
 
 
-IMPORT_PATH = "EXPCTL_IMPORT_PATH"  # folders of -C files, for the processes a launch starts
-
-
-def add_import_path(folder: Path) -> str:
-    """The value of EXPCTL_IMPORT_PATH with `folder` (the -C file's) added: where
-    `import_user_modules` looks for ``imports:`` modules, in this process and the workers it
-    starts, after the standard library and site-packages. Not PYTHONPATH: its entries come
-    before site-packages, where a torchvision.py beside the file would win."""
-    import os
-
-    path = str(folder)
-    parts = [p for p in os.environ.get(IMPORT_PATH, "").split(os.pathsep) if p]
-    return os.pathsep.join(parts if path in parts else [*parts, path])
-
-
-def search_working_dir_last() -> None:
-    """Move the current directory, which ``python -m`` (expctl's workers, torchrun, a submitit
-    job) puts first on the module search path, behind the standard library and site-packages:
-    a torchvision.py there never shadows torchvision. ``imports:`` modules there are still found."""
-    import os
-    import sys
-
-    if sys.path and sys.path[0] in ("", os.getcwd()):
-        sys.path.append(sys.path.pop(0))
-
-
-def search_first(folders: Iterable[str]) -> None:
-    """Search `folders` (a Slurm job's code snapshot) for ``imports:`` modules before the current
-    directory and the -C file's folder, still after the standard library and site-packages.
-    A current directory first on the path stays there: the caller's (a script, `load_model`
-    in a notebook) is not ours to move."""
-    import os
-    import sys
-
-    here = [i for i, p in enumerate(sys.path) if i > 0 and p in ("", os.getcwd())]
-    at = here[0] if here else len(sys.path)
-    for folder in reversed(list(folders)):
-        if folder not in sys.path:
-            sys.path.insert(at, folder)
-
-
 def check_module_name(module: str) -> None:
     """Raise a UserError unless `module` is a dotted module name (``my_pkg.components``)."""
     if not isinstance(module, str) or not all(p.isidentifier() for p in module.split(".")):
@@ -309,39 +268,19 @@ def import_user_modules(
     modules: Iterable[str], found: Mapping[str, Mapping[str, str]] | None = None
 ) -> None:
     """Import the modules a config lists under ``imports:`` (their decorators register names),
-    after the standard library and site-packages: first from the folders a run recorded for
-    them (`found`, from its imports.json: see `origins`) while the recorded file is still there,
-    so that a same-named module elsewhere never stands in for it; then from the current
-    directory and the -C file's folder (EXPCTL_IMPORT_PATH). Without modules the module search
+    where `importpath.searching` looks: first from the folders a run recorded for them (`found`,
+    from its imports.json: see `importpath.origins`) while the recorded file is still there,
+    then from the current directory and the -C file's folder. Without modules the module search
     path is left as it is: a colorama.py or dill.py there would stand in for an optional package
     that is not installed."""
-    import os
-    import sys
-
     modules, found = list(modules), found or {}
     if not modules:
         return
     for mod in modules:
         check_module_name(mod)
-    # A caller's working directory first on the path (`python -c`, a notebook calling
-    # load_model) is searched after the recorded folders while they import, then put back.
-    first = sys.path.pop(0) if sys.path[:1] and sys.path[0] in ("", os.getcwd()) else None
-    if first is not None:
-        sys.path.append(first)
-    try:
-        recorded = [found[m] for m in modules if m in found]
-        search_first(w["path"] for w in recorded if Path(w.get("file") or w["path"]).exists())
-        extra = [str(Path.cwd()), *os.environ.get(IMPORT_PATH, "").split(os.pathsep)]
-        extra += [w["path"] for w in recorded]
-        for folder in extra:
-            if folder and folder not in sys.path:
-                sys.path.append(folder)
+    with importpath.searching(found[m] for m in modules if m in found):
         for mod in modules:
             _import(mod, found.get(mod))
-    finally:
-        if first is not None and first in sys.path:
-            del sys.path[len(sys.path) - 1 - sys.path[::-1].index(first)]
-            sys.path.insert(0, first)
 
 
 def _import(mod: str, was: Mapping[str, str] | None) -> None:
@@ -369,24 +308,6 @@ def _not_found(mod: str, name: str, was: Mapping[str, str] | None) -> UserError:
         "list importable module names (e.g. 'my_pkg.components'): they are found in "
         "the current directory, next to the -C file, and on PYTHONPATH",
     )
-
-
-def origins(modules: Iterable[str]) -> dict[str, dict[str, str]]:
-    """Where each imported module of `modules` was found: its ``file`` and the ``path`` folder
-    that holds it (what goes on the module search path to import it by name again)."""
-    import sys
-
-    out = {}
-    for mod in modules:
-        file = getattr(sys.modules.get(mod), "__file__", None)
-        if not file:
-            continue  # not imported here, or a namespace package
-        where = Path(file).absolute()
-        root = where.parent
-        for _ in range(mod.count(".") + (where.name == "__init__.py")):
-            root = root.parent
-        out[mod] = {"file": str(where), "path": str(root)}
-    return out
 
 
 def _import_failed(mod: str, e: BaseException) -> UserError:

@@ -301,7 +301,7 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
     ],
 )
 def test_a_population_of_lists_is_the_grid_as_written(space: list[str], points: list) -> None:
-    from expctl.sweep import multirun as sweep
+    from expctl.sweep import plan as sweep
 
     plan = sweep.plan(None, ["data=synthetic", "sched=none", "sweep.scheduler=pbt", *space], [])
     assert plan.points == points

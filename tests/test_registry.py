@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import compose_resnet
 
-from expctl import registry
+from expctl import importpath, registry
 from expctl.errors import UserError
 
 
@@ -83,7 +83,7 @@ def test_imports_are_searched_after_site_packages_and_nothing_without_them(
     optional package that is not installed. A caller's first entry stays first (load_model)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", ["", *sys.path])  # `python -c`, a notebook
-    monkeypatch.setenv(registry.IMPORT_PATH, os.pathsep.join(["/cfg/a", "/cfg/b"]))
+    monkeypatch.setenv(importpath.IMPORT_PATH, os.pathsep.join(["/cfg/a", "/cfg/b"]))
     before = list(sys.path)
     registry.import_user_modules([])
     assert sys.path == before
@@ -101,12 +101,12 @@ def test_the_config_files_folder_reaches_workers_outside_pythonpath(
     from expctl.config import compose
 
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setenv(registry.IMPORT_PATH, "")
+    monkeypatch.setenv(importpath.IMPORT_PATH, "")
     monkeypatch.setenv("PYTHONPATH", "/unchanged")
     (tmp_path / "my.yml").write_text("train: {max_epochs: 1}\n")
     before = list(sys.path)
     compose.compose(str(tmp_path / "my.yml"), check_components=False)
-    assert os.environ[registry.IMPORT_PATH] == str(tmp_path)
+    assert os.environ[importpath.IMPORT_PATH] == str(tmp_path)
     assert os.environ["PYTHONPATH"] == "/unchanged", "PYTHONPATH comes before site-packages"
     assert sys.path == before, "searched only for `imports:` modules"
 

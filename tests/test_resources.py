@@ -121,6 +121,7 @@ def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_pat
 
     from expctl.jobs.study import TrialRef
     from expctl.sweep import trials
+    from expctl.sweep.board import Board
     from expctl.sweep.pool import Proc
     from expctl.sweep.resources import Slot
 
@@ -140,7 +141,7 @@ def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_pat
         "optim.lr=0.1",
     )
     out = Terminal()
-    board = trials.Board(out, tmp_path)
+    board = Board(out, tmp_path)
     board.started(r)
     board.show([r])
     board.show([r])  # redrawn over the last block, not below it
@@ -150,7 +151,7 @@ def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_pat
     line = "  trial 3  GPU 1  step 40  val/acc=0.8125  0:00  optim.lr=0.1\n"
     assert text.count(line) == 2 and "\x1b[1F\x1b[J" in text
     plain = io.StringIO()
-    quiet = trials.Board(plain, tmp_path)
+    quiet = Board(plain, tmp_path)
     quiet.show([r])
     assert plain.getvalue() == "", "no block off a terminal until quiet_s has passed"
 

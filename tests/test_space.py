@@ -16,7 +16,7 @@ from hydra.errors import HydraException
 from expctl.config import compose
 from expctl.config.explain import parse_override
 from expctl.errors import UserError
-from expctl.sweep import multirun as sweep
+from expctl.sweep import plan as sweep
 from expctl.sweep import space
 
 # what glob() picks from, for both: config group -> its options, sorted (as Hydra lists them)

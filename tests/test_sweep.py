@@ -25,6 +25,7 @@ from conftest import expctl as run_cli
 from expctl import cli
 from expctl.config import frozen as config
 from expctl.sweep import ledger
+from expctl.sweep.best import best
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -255,7 +256,7 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
         for r in rows
     ]
     monkeypatch.setattr(ledger, "rows", lambda _: lucky)
-    found = ledger.best(sweep)
+    found = best(sweep)
     from omegaconf import OmegaConf
 
     best_yml = OmegaConf.load(sweep / "best.yml")
@@ -290,6 +291,7 @@ def short_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_sweep_directory_carries_the_run_name(short_sweep: Path) -> None:
     assert short_sweep.parent.name == "runs" and short_sweep.name.startswith("tune-sweep-")
+    assert re.fullmatch(r"tune-sweep-\d{8}-\d{6}-[0-9a-f]{4}", short_sweep.name), short_sweep.name
 
 
 def test_table_rounds_sampled_values_and_counts_steps(short_sweep: Path) -> None:
@@ -303,7 +305,7 @@ def test_table_rounds_sampled_values_and_counts_steps(short_sweep: Path) -> None
         fields = line.split()
         assert fields[4:6] == ["1", "6"], f"ended in epoch 1, at step 6: {line}"
         assert fields[7] == f"optim.lr={lr:.4g}", line
-    ledger.best(short_sweep)
+    best(short_sweep)
     exact = re.search(r"\n  lr: (\S+)\n", (short_sweep / "best.yml").read_text())
     assert exact and exact.group(1) in {str(r.params["optim.lr"]) for r in rows}
 

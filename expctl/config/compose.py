@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl import dist, registry
+from expctl import dist, importpath, registry
 from expctl.config import confstore, frozen, schema, validate
 from expctl.config.explain import explain, parse_override
 from expctl.config.layers import (
@@ -188,7 +188,7 @@ def _compose_node(config_file: str | None, overrides: Sequence[str]) -> _Compose
     found = read_imports(dirs[0] / RunDir.IMPORTS) if dirs else {}
     folders = [*dirs, *(Path(f["path"]) for f in found.values())]
     for folder in folders:  # `imports: [my_components]` next to the file, here and in workers
-        dist.apply_env({registry.IMPORT_PATH: registry.add_import_path(folder)})
+        dist.apply_env({importpath.IMPORT_PATH: importpath.add_import_path(folder)})
     stack = Stack()
     stack.add(read_layer(read_yaml(builtin_conf_dir() / "config.yaml", BUILTIN), BUILTIN, dirs))
     for layer in read_layers(user, f"-C {config_file}", dirs) if user is not None else []:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl import registry
+from expctl import importpath
 from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.dist import DistEnv, check_sync_batchnorm, detect
@@ -397,9 +397,9 @@ class SlurmTask:
         self.run_dir, self.origin = run_dir, origin
 
     def __call__(self) -> dict[str, Any]:
-        registry.search_working_dir_last()  # submitit's `python -m` put the submission folder first
+        importpath.search_working_dir_last()  # submitit's `python -m` put the submission folder first
         if self.origin is not None and self.origin.snapshot is not None:
-            registry.search_first(self.origin.snapshot["paths"])
+            importpath.search_first(self.origin.snapshot["paths"])
         cfg = config_mod.load(self.run_dir)
         cfg = exploit.continue_as_copy(cfg) or cfg  # requeued while a PBT copy was under way
         while True:

@@ -13,7 +13,7 @@ job that waits in the queue runs what was submitted, not what is on disk when it
 
 The copy goes to RUN_DIR/code/ID (a sweep's: SWEEP_DIR/code/ID), one per submission, and is
 refused beyond ``launcher.snapshot_max_mb``. The job searches it for ``imports:`` modules before
-the working directory and the -C file's folder (`registry.search_first`); installed packages,
+the working directory and the -C file's folder (`importpath.search_first`); installed packages,
 and modules reached through PYTHONPATH (searched first by Python), come from there as always.
 
 submitit's own ``helpers.RsyncSnapshot`` does not fit: it clones ``.git`` into the snapshot,
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl import registry
+from expctl import importpath, registry
 from expctl.config.schema import Config
 from expctl.errors import UserError
 from expctl.rank.provenance import Launch, git_output, repo_root
@@ -67,7 +67,7 @@ def plan(cfg: Config, launch: Launch) -> Plan | None:
     if mode == "none":
         return None
     registry.import_user_modules(cfg.imports)  # imported already when the config was composed
-    found = {m: f for m, f in registry.origins(cfg.imports).items() if not _installed(f["file"])}
+    found = {m: f for m, f in importpath.origins(cfg.imports).items() if not _installed(f["file"])}
     root = repo_root(launch.folder())
     if mode == "auto":
         if not found:

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from expctl import registry
+from expctl import importpath
 from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.errors import UserError
@@ -217,7 +217,7 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> bytes 
         raise UserError(
             f"run.dir {path} is not empty and holds no config.yaml", "pick an empty or new run.dir"
         )
-    found = registry.origins(cfg.imports)  # load_model and -C config.yaml find them anywhere
+    found = importpath.origins(cfg.imports)  # load_model and -C config.yaml find them anywhere
     if found:
         _write(RunDir(path).imports, json.dumps(found, indent=2) + "\n")
     _write(target, text)

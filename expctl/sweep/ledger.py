@@ -1,4 +1,5 @@
-"""Reading a sweep: its trials by number, ended, running or not started yet; the best one.
+"""Reading a sweep: its trials by number, ended, running or not started yet (`best.py` picks the
+best one).
 
 The ledger is the sweep's Optuna journal (SWEEP_DIR/journal.log): per trial its status, the
 overrides that define it, the metric it reported, its wall time and, when it failed, the first
@@ -24,8 +25,7 @@ from typing import Any
 from expctl.config import frozen as config_mod
 from expctl.config.explain import parse_override
 from expctl.config.schema import PBTConfig, SweepConfig
-from expctl.errors import RunError, UserError
-from expctl.jobs import pbt
+from expctl.errors import UserError
 from expctl.jobs.slurmstate import FINAL_STATES, job_states
 from expctl.jobs.study import open_study
 from expctl.layout import (
@@ -35,7 +35,6 @@ from expctl.layout import (
     kept_path,
     metric_values,
     read_kept,
-    write_atomically,
 )
 
 log = logging.getLogger("expctl")
@@ -356,110 +355,3 @@ def fmt_float(v: float | None) -> str:
 
 def fmt_int(v: int | None) -> str:
     return "-" if v is None else str(v)
-
-
-@dataclass
-class Best:
-    """The best configuration of a sweep (with repeats: by the mean over its seeds)."""
-
-    trials: list[Row]  # its completed trials: one, or one per completed seed
-    value: float  # the trial's metric, or the mean over the seeds
-    std: float | None  # the spread over the seeds; None without repeats
-    runs: int  # its trials, completed or not
-    metric: str
-    path: Path  # SWEEP_DIR/best.yml
-
-    @property
-    def label(self) -> str:
-        """The configuration's overrides (without a repeat's seed)."""
-        return config_label(self.trials[0])
-
-    @property
-    def seeds(self) -> str:
-        done = len(self.trials)
-        return f"{done} seed(s)" if done == self.runs else f"{done} of {self.runs} seed(s)"
-
-    def describe(self) -> str:
-        """What `expctl sweep best` prints."""
-        top = self.trials[0]
-        if self.std is None:
-            return (
-                f"best trial {top.number}: {self.value:.6g}  {top.overrides}\n"
-                f"  directory {top.run_dir}\n  config    {self.path}"
-            )
-        trials = ", ".join(f"{r.number} ({fmt_float(r.value)})" for r in self.trials)
-        return (
-            f"best configuration: {self.metric}={self.value:.6g} ± {self.std:.2g} over "
-            f"{self.seeds}  {self.label}\n  trials    {trials}\n  config    {self.path}"
-        )
-
-
-def _best(rs: list[Row], mode: str) -> tuple[list[Row], float, float | None, int] | None:
-    """The best configuration's completed trials, its value, spread and number of trials."""
-    seeds = repeated(rs)
-    candidates = groups(rs) if seeds else [[r] for r in rs]
-    scored = [(g, m) for g in candidates if (m := mean(g)) is not None]
-    if not scored:
-        return None
-    g, value = min(scored, key=lambda gm: sort_key(gm[1], mode))
-    return done(g), value, std(g) if seeds else None, len(g)
-
-
-def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> None:
-    """Set a frozen config's values to a PBT timeline's first ones, the rest as its schedule."""
-    (_, first), *later = timeline
-    for key, value in first.items():
-        section, _, arg = key.partition(".")
-        cfg[section][arg] = value
-    cfg["train"]["hparam_schedule"] = [pbt.entry(step, values) for step, values in later]
-
-
-def best(sweep_dir: str | Path) -> Best:
-    """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
-    seed, not one repeat's), usable with -C."""
-    from omegaconf import OmegaConf  # lazy: keeps `sweep table` light
-
-    path = Path(sweep_dir)
-    s = settings(path)
-    every = rows(path)
-    found = _best(every, s.mode)
-    if found is None:
-        raise UserError(f"{path}: no completed trial yet", f"see `expctl sweep table {path}`")
-    top = Best(*found, s.metric, SweepDir(path).best)
-    first = top.trials[0]
-    cfg = config_mod.load(first.run_dir).to_dict()
-    cfg["run"]["dir"] = None
-    cfg["train"]["seed"] -= first.seed_idx
-    cfg.pop("sweep", None)
-    if s.scheduler == "pbt":  # the schedule that made its weights, from step 0
-        _replay(
-            cfg,
-            pbt.timeline(
-                first.number,
-                {r.number: r.params for r in every},
-                {r.number: r.lineage for r in every},
-            ),
-        )
-    if top.std is None:
-        header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {first.overrides}\n"
-    else:
-        numbers = ", ".join(str(r.number) for r in top.trials)
-        header = (
-            f"# best configuration of {path} ({s.metric}={top.value:.6g} ± {top.std:.2g} over "
-            f"trials {numbers}): {top.label}\n"
-        )
-    imports = RunDir(first.run_dir).imports  # -C best.yml finds the trial's modules anywhere
-    target = SweepDir(path).imports
-    try:  # each file whole or not at all; best.yml, last, completes the pair
-        if imports.is_file():
-            write_atomically(target, imports.read_bytes())
-        else:
-            target.unlink(missing_ok=True)
-        target = top.path
-        write_atomically(target, header + OmegaConf.to_yaml(OmegaConf.create(cfg)))
-    except OSError as e:
-        raise RunError(
-            f"could not write {target} ({e.strerror or e}): free space in {path}, then run "
-            f"`expctl sweep best {path}` again"
-        ) from None
-    return top

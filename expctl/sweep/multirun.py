@@ -1,8 +1,9 @@
 """Sweeps: `expctl run -m`, on Optuna's ask/tell API with a journal file as the ledger.
 
 The command line keeps Hydra's multirun grammar (``a=1,2``, ``range()``, ``choice()``,
-``interval()``, ``tag(log, ...)``), parsed by Hydra's own override parser (`space.py`); each
-trial is then composed once, frozen into ``SWEEP_DIR/trial_NNN`` and launched like any run. The study lives in
+``interval()``, ``tag(log, ...)``), parsed by Hydra's own override parser (`space.py`) and
+planned before anything exists (`plan.py`); each trial is then composed once, frozen into
+``SWEEP_DIR/trial_NNN`` and launched like any run (this module drives it). The study lives in
 ``SWEEP_DIR/journal.log`` (Optuna's JournalStorage: safe for many writers on a shared
 filesystem), so ranks of a trial report to it, other processes read it while trials run, and an
 interrupted sweep resumes from it.
@@ -12,192 +13,36 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
-import multiprocessing
 import os
-import secrets
 import shutil
 import socket
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl import dist
-from expctl.config import compose, layers
+from expctl.config import compose
 from expctl.config import frozen as config_mod
-from expctl.config.schema import Config, SweepConfig
+from expctl.config.schema import Config
 from expctl.errors import UserError
 from expctl.jobs import pbt, slurm, snapshot
 from expctl.jobs.study import TrialRef, open_study
-from expctl.layout import RunDir, SweepDir
+from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
 from expctl.rank.provenance import Launch
 from expctl.sweep import ledger, results
-from expctl.sweep.ledger import Best
+from expctl.sweep.best import Best, best
+from expctl.sweep.plan import Plan, compose_point, gridded, plan, point_overrides
 from expctl.sweep.pool import Pool
-from expctl.sweep.space import MAX_VALUES, Dimension, check_values, grid, parse_space
+from expctl.sweep.space import MAX_VALUES, Dimension
 
 log = logging.getLogger("expctl")
 
 DEFAULT_TRIALS = 10  # random / TPE sweeps without sweep.n_trials
-
-
-def _override(key: str, value: Any) -> str:
-    return f"{key}={value}"
-
-
-@dataclass
-class Plan:
-    """What `expctl run -m` runs: the config of its first point (the sweep's settings), the
-    overrides every trial gets, the dimensions, and the grid's points in order ([] when a
-    sampler picks them)."""
-
-    base: Config
-    plain: list[str]
-    dims: list[Dimension]
-    points: list[dict[str, Any]]
-
-
-def plan(
-    config_file: str | None,
-    overrides: Sequence[str],
-    notes: list[str],
-    on_base: Callable[[Config], None] | None = None,
-) -> Plan:
-    """The sweep of `expctl run -C config_file -m overrides`, every grid point composed (so
-    valid) before anything is created; `on_base` is called with the first point's config before
-    the others are composed.
-
-    The search space is Hydra's: the config's ``sweep.params``, then the command line, the last
-    value of a key winning (defaults < config file < command line); ``shuffle()`` draws from
-    ``sweep.seed``. `notes` receives compose's notes (settings an override set aside).
-    """
-    options = functools.partial(_group_options, config_file)
-    plain, dims = parse_space(overrides, options=options)
-    first = _overrides(plain, {d.key: d.values[0] for d in dims if d.values})
-    # the sweep's own settings (sweep.params, seed, sampler) come from a composed config
-    base = _compose(config_file, first, notes)
-    s = base.sweep
-    plain, dims = parse_space(overrides, s.params, s.seed, options)
-    check_values(dims)
-    points = grid(dims) if gridded(s, dims) else []
-    if s.n_trials:
-        points = points[: s.n_trials]
-    heads = points or [{d.key: d.values[0] for d in dims if d.values}]
-    over = _overrides(plain, heads[0])
-    if over != first:  # sweep.params or a shuffle moved the first point
-        base = _compose(config_file, over, notes)
-    if on_base is not None:
-        on_base(base)
-    others = [_overrides(plain, point) for point in heads[1:]]
-    vary = [d.key for d in dims]
-    for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get
-        for end in (d.low, d.high) if d.values is None else ():
-            value = round(end) if d.integer and end is not None else end
-            others.append(_overrides(plain, {**heads[0], d.key: value}))
-    _compose_all(config_file, others, notes, vary)
-    return Plan(base, plain, dims, points)
-
-
-def _compose_all(
-    config_file: str | None, todo: list[list[str]], notes: list[str], vary: list[str]
-) -> None:
-    """Compose every override list of `todo` (which differ in the values of `vary`'s keys) into
-    the cache, the first bad one raising. A point takes ~0.07 s of one core (~0.3 s when Hydra
-    composes it whole: a component or a preset varies), so a large grid is composed by forked
-    copies of this process (its imports and first composition done) on the cores it may use."""
-    todo = [o for o in todo if _key(config_file, o) not in _COMPOSED]
-    if todo:  # Hydra's composition of what the points share, made once, before any fork
-        _compose(config_file, todo.pop(0), notes, vary)
-    workers = min(dist.usable_cores(), len(todo) // _PER_WORKER)
-    if workers < 2 or threading.active_count() > 1:  # a fork copies other threads' locks held
-        for over in todo:
-            _compose(config_file, over, notes, vary)
-        return
-    chunks = [todo[i::workers] for i in range(workers)]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        done = list(pool.map(_compose_chunk, [config_file] * workers, chunks, [vary] * workers))
-    outcome: dict[tuple[str, ...], _Composed] = {}
-    for chunk, results_ in zip(chunks, done, strict=True):
-        outcome.update(zip(map(tuple, chunk), results_, strict=False))
-    for over in todo:  # in the order written: the first bad point is the one named
-        cfg, point_notes, error = outcome[tuple(over)]
-        notes += point_notes
-        if error is not None:
-            raise UserError(*error)
-        assert cfg is not None
-        _COMPOSED[_key(config_file, over)] = cfg
-
-
-_PER_WORKER = 16  # fewer points than this per core: forking costs more than it saves
-# a point's config (None: bad), its notes, and the message and hint of why it is bad
-_Composed = tuple[Config | None, list[str], tuple[str, str | None] | None]
-
-
-def _compose_chunk(
-    config_file: str | None, chunk: list[list[str]], vary: list[str]
-) -> list[_Composed]:
-    """In a forked copy: compose each override list until one is bad."""
-    out: list[_Composed] = []
-    for over in chunk:
-        notes: list[str] = []
-        try:
-            out.append((compose.compose(config_file, over, notes=notes, vary=vary), notes, None))
-        except UserError as e:
-            out.append((None, notes, (e.message, e.hint)))
-            break
-    return out
-
-
-def gridded(s: SweepConfig, dims: Sequence[Dimension]) -> bool:
-    """Whether the sweep's trials are the grid's points: a grid sampler's, also PBT's population
-    when every searched key is a list (as written); with an interval, PBT draws it at random."""
-    if s.scheduler == "pbt":
-        return s.sampler == "grid" and all(d.values is not None for d in dims)
-    return s.sampler == "grid"
-
-
-_COMPOSED: dict[tuple[str | None, tuple[str, ...]], Config] = {}
-
-
-def _compose(
-    config_file: str | None,
-    overrides: list[str],
-    notes: list[str] | None = None,
-    vary: Sequence[str] = (),
-) -> Config:
-    """compose.compose, once per point in this process: a grid's points are composed to check
-    them before the sweep starts, and again for each trial, a second or more on a small machine
-    (trials waited on it). The -C file cannot change in between (its digest is checked). A
-    point's overrides name each key once, so their order does not matter."""
-    key = _key(config_file, overrides)
-    if key not in _COMPOSED:
-        _COMPOSED[key] = compose.compose(config_file, overrides, notes=notes, vary=vary)
-    return _COMPOSED[key]
-
-
-def _key(config_file: str | None, overrides: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
-    where = str(Path(config_file).absolute()) if config_file else None  # sweep.json's form
-    return where, tuple(sorted(overrides))
-
-
-def _overrides(plain: list[str], point: dict[str, Any]) -> list[str]:
-    return [*plain, *(_override(k, v) for k, v in point.items())]
-
-
-def _group_options(config_file: str | None, group: str) -> list[str] | None:
-    """The options of a config group, what ``glob()`` picks from (None: not a group)."""
-    if group not in (*layers.GROUPS, layers.PRESETS):
-        return None
-    dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
-    return layers.group_options(group, dirs)
 
 
 @dataclass
@@ -212,12 +57,11 @@ class Outcome:
 def new_sweep_dir(root: Path, name: str | None = None) -> Path:
     """Create a fresh sweep directory atomically (two sweeps never share one):
     NAME-sweep-TIME-XXXX, or sweep-TIME-XXXX without a name."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     prefix = f"{name}-sweep" if name else "sweep"
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o750)
-        for _ in range(100):
-            path = root / f"{prefix}-{stamp}-{secrets.token_hex(2)}"
+        for fresh in fresh_names(prefix):
+            path = root / fresh
             try:
                 path.mkdir(mode=0o750)
                 return path
@@ -382,7 +226,7 @@ def _trial_configs(
             study.enqueue_trial(slot.params, skip_if_exists=False)
         trial = study.ask({d.key: d.distribution() for d in dims})
         chosen = dict(trial.params)
-        overrides = [*spec["plain"], *(_override(k, v) for k, v in chosen.items())]
+        overrides = point_overrides(spec["plain"], chosen)
         vary = list(chosen)
         if slot.seed_idx:
             overrides.append(f"train.seed={base.train.seed + slot.seed_idx}")
@@ -407,7 +251,7 @@ def _trial_configs(
         if slot.retry and slot.lineage:  # a PBT trial that copied: it goes on as its copy does
             cfg = config_mod.load(trial_dir).replace("run", dir=str(trial_dir))
         else:
-            cfg = _compose(spec["config_file"], overrides, vary=vary)
+            cfg = compose_point(spec["config_file"], overrides, vary=vary)
             cfg = cfg.replace("run", dir=str(trial_dir))
         if slot.retry:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
@@ -471,12 +315,12 @@ def run_trials(
     trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
-        print(_best_line(ledger.best(sweep_dir)), flush=True)
+        print(_best_line(best(sweep_dir)), flush=True)
     return _outcome(sweep_dir)
 
 
 def _best_line(top: Best) -> str:
-    """The end-of-sweep summary of `ledger.best`: with repeats, the mean ± std over the seeds of
+    """The end-of-sweep summary of `best`: with repeats, the mean ± std over the seeds of
     the best configuration (its test metrics too), as the table ranks it."""
     results = [RunDir(r.run_dir).read_result() for r in top.trials]
     keys = [k for k in results[0] if k.startswith("test/") and all(k in x for x in results)]

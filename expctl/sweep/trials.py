@@ -2,8 +2,8 @@
 
 `run_local` keeps as many trials running as the plan (resources.py) allows, starts the next one
 as soon as one ends (its share goes to the next), records what a trial could not record itself
-(a crash), and shows one line per running trial instead of their interleaved logs: each trial's
-console output is in TRIAL_DIR/output.log, its log in TRIAL_DIR/train.log.
+(a crash), and shows one line per running trial (board.py) instead of their interleaved logs:
+each trial's console output is in TRIAL_DIR/output.log, its log in TRIAL_DIR/train.log.
 
 A Ctrl-C (or SIGTERM) stops every running trial at a checkpoint (`interrupted` in the table;
 `expctl sweep resume` continues them); a second one kills them (they resume from their last
@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from expctl.config.schema import Config, SweepConfig
 from expctl.errors import (
@@ -50,6 +50,7 @@ from expctl.jobs.study import (
 from expctl.layout import RunDir, SweepDir
 from expctl.rank.provenance import Launch
 from expctl.sweep import resources
+from expctl.sweep.board import Board, placement
 from expctl.sweep.pool import Pool, Proc
 
 log = logging.getLogger("expctl")
@@ -220,7 +221,7 @@ def _start(pool: Pool, cfg: Config, slot: resources.Slot, launch_file: Path, gpu
     request = {
         "run_dir": str(run_dir.path),
         "launch": str(launch_file),
-        "where": _where(slot).strip(),
+        "where": placement(slot).strip(),
     }
     proc = Proc(
         key=ref.number,
@@ -380,111 +381,3 @@ def trial_main(argv: Sequence[str]) -> int:
             print(f"expctl: error: {failure_text(e)}", file=sys.stderr)  # the ledger says it too
             return EXIT_FAILED
         raise
-
-
-# ---------------------------------------------------------------------------------------------
-# the console: one line per running trial
-# ---------------------------------------------------------------------------------------------
-
-
-class Board:
-    """What the driver prints: a line when a trial starts or ends and, on a terminal, a block of
-    one line per running trial redrawn in place (elsewhere, that block every `quiet_s`)."""
-
-    def __init__(self, out: TextIO, sweep_dir: Path, quiet_s: float = 60.0) -> None:
-        self.out, self.sweep_dir, self.quiet_s = out, sweep_dir, quiet_s
-        self.tty = out.isatty() and os.environ.get("TERM") != "dumb"
-        self.tick = 1.0 if self.tty else 2.0
-        self._drawn = 0
-        self._last = time.monotonic()
-
-    def _clear(self) -> None:
-        if self._drawn:
-            self.out.write(f"\x1b[{self._drawn}F\x1b[J")
-            self._drawn = 0
-
-    def say(self, text: str) -> None:
-        self._clear()
-        self.out.write(f"expctl: {text}\n")
-        self.out.flush()
-
-    def started(self, r: Running) -> None:
-        self.say(f"trial {r.number} started{_where(r.slot)}: {r.label}")
-
-    def ended(self, r: Running, status: str, detail: str) -> None:
-        took = time.time() - r.proc.started
-        self.say(f"trial {r.number} {status} in {took:.1f} s: {detail}")
-
-    def show(self, running: Any) -> None:
-        rows = sorted(running, key=lambda r: r.number)
-        now = time.monotonic()
-        if not self.tty:
-            if rows and now - self._last >= self.quiet_s:
-                self._last = now
-                for r in rows:
-                    self.out.write(f"expctl:   {_progress(r)}\n")
-                self.out.flush()
-            return
-        self._clear()
-        for r in rows:
-            self.out.write(f"  {_progress(r)}\n")
-        self._drawn = len(rows)
-        self.out.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self._clear()
-            self.out.flush()
-
-
-def _where(slot: resources.Slot) -> str:
-    gpus = f" on GPU {','.join(slot.gpus)}" if slot.gpus else ""
-    cores = f"cores {_ranges(slot.cores)}" if slot.cores else ""
-    return f"{gpus} ({cores})" if cores else gpus
-
-
-def _ranges(cores: tuple[int, ...]) -> str:
-    """0,1,2,3,6 -> 0-3,6"""
-    out: list[str] = []
-    for c in cores:
-        if out and "-" not in out[-1] and int(out[-1]) == c - 1:
-            out[-1] = f"{out[-1]}-{c}"
-        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{c}"
-        else:
-            out.append(str(c))
-    return ",".join(out)
-
-
-def _progress(r: Running) -> str:
-    """`trial 3  GPU 0  step 120  val/acc=0.81  0:42  optim.lr=0.1`, from its metrics file."""
-    step, metrics = _tail(RunDir(r.proc.output.parent).metrics)
-    took = int(time.time() - r.proc.started)
-    where = f"GPU {','.join(r.slot.gpus)}  " if r.slot.gpus else ""
-    shown = "  ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-    return (
-        f"trial {r.number}  {where}step {step if step is not None else '-'}  {shown}  "
-        f"{took // 60}:{took % 60:02d}  {r.label}"
-    ).replace("    ", "  ")
-
-
-def _tail(path: Path, size: int = 8192) -> tuple[int | None, dict[str, float]]:
-    """The last step and the latest value of each val/ metric in a metrics.jsonl, from its end."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            start = max(0, f.tell() - size)
-            f.seek(start)
-            lines = f.read().decode(errors="replace").splitlines()[1 if start else 0 :]
-    except OSError:
-        return None, {}
-    step: int | None = None
-    metrics: dict[str, float] = {}
-    for line in lines:
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            row = json.loads(line)
-            step = int(row.get("step", step))
-            metrics.update(
-                {k: float(v) for k, v in row.items() if k.startswith("val/") and k != "val/loss"}
-            )
-    return step, metrics

@@ -1,0 +1,172 @@
+"""A sweep's plan: the search space of `expctl run -m` over the composed config, and every grid
+point composed (so checked) before the sweep exists; `compose_point` composes a point once per
+process, for the plan and again for its trial (`multirun.py` drives the sweep).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from expctl import dist
+from expctl.config import compose, layers
+from expctl.config.schema import Config, SweepConfig
+from expctl.errors import UserError
+from expctl.sweep.space import Dimension, check_values, grid, parse_space
+
+
+def _override(key: str, value: Any) -> str:
+    return f"{key}={value}"
+
+
+@dataclass
+class Plan:
+    """What `expctl run -m` runs: the config of its first point (the sweep's settings), the
+    overrides every trial gets, the dimensions, and the grid's points in order ([] when a
+    sampler picks them)."""
+
+    base: Config
+    plain: list[str]
+    dims: list[Dimension]
+    points: list[dict[str, Any]]
+
+
+def plan(
+    config_file: str | None,
+    overrides: Sequence[str],
+    notes: list[str],
+    on_base: Callable[[Config], None] | None = None,
+) -> Plan:
+    """The sweep of `expctl run -C config_file -m overrides`, every grid point composed (so
+    valid) before anything is created; `on_base` is called with the first point's config before
+    the others are composed.
+
+    The search space is Hydra's: the config's ``sweep.params``, then the command line, the last
+    value of a key winning (defaults < config file < command line); ``shuffle()`` draws from
+    ``sweep.seed``. `notes` receives compose's notes (settings an override set aside).
+    """
+    options = functools.partial(_group_options, config_file)
+    plain, dims = parse_space(overrides, options=options)
+    first = point_overrides(plain, {d.key: d.values[0] for d in dims if d.values})
+    # the sweep's own settings (sweep.params, seed, sampler) come from a composed config
+    base = compose_point(config_file, first, notes)
+    s = base.sweep
+    plain, dims = parse_space(overrides, s.params, s.seed, options)
+    check_values(dims)
+    points = grid(dims) if gridded(s, dims) else []
+    if s.n_trials:
+        points = points[: s.n_trials]
+    heads = points or [{d.key: d.values[0] for d in dims if d.values}]
+    over = point_overrides(plain, heads[0])
+    if over != first:  # sweep.params or a shuffle moved the first point
+        base = compose_point(config_file, over, notes)
+    if on_base is not None:
+        on_base(base)
+    others = [point_overrides(plain, point) for point in heads[1:]]
+    vary = [d.key for d in dims]
+    for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get
+        for end in (d.low, d.high) if d.values is None else ():
+            value = round(end) if d.integer and end is not None else end
+            others.append(point_overrides(plain, {**heads[0], d.key: value}))
+    _compose_all(config_file, others, notes, vary)
+    return Plan(base, plain, dims, points)
+
+
+def _compose_all(
+    config_file: str | None, todo: list[list[str]], notes: list[str], vary: list[str]
+) -> None:
+    """Compose every override list of `todo` (which differ in the values of `vary`'s keys) into
+    the cache, the first bad one raising. A point takes ~0.07 s of one core (~0.3 s when Hydra
+    composes it whole: a component or a preset varies), so a large grid is composed by forked
+    copies of this process (its imports and first composition done) on the cores it may use."""
+    todo = [o for o in todo if _key(config_file, o) not in _COMPOSED]
+    if todo:  # Hydra's composition of what the points share, made once, before any fork
+        compose_point(config_file, todo.pop(0), notes, vary)
+    workers = min(dist.usable_cores(), len(todo) // _PER_WORKER)
+    if workers < 2 or threading.active_count() > 1:  # a fork copies other threads' locks held
+        for over in todo:
+            compose_point(config_file, over, notes, vary)
+        return
+    chunks = [todo[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        done = list(pool.map(_compose_chunk, [config_file] * workers, chunks, [vary] * workers))
+    outcome: dict[tuple[str, ...], _Composed] = {}
+    for chunk, results_ in zip(chunks, done, strict=True):
+        outcome.update(zip(map(tuple, chunk), results_, strict=False))
+    for over in todo:  # in the order written: the first bad point is the one named
+        cfg, point_notes, error = outcome[tuple(over)]
+        notes += point_notes
+        if error is not None:
+            raise UserError(*error)
+        assert cfg is not None
+        _COMPOSED[_key(config_file, over)] = cfg
+
+
+_PER_WORKER = 16  # fewer points than this per core: forking costs more than it saves
+# a point's config (None: bad), its notes, and the message and hint of why it is bad
+_Composed = tuple[Config | None, list[str], tuple[str, str | None] | None]
+
+
+def _compose_chunk(
+    config_file: str | None, chunk: list[list[str]], vary: list[str]
+) -> list[_Composed]:
+    """In a forked copy: compose each override list until one is bad."""
+    out: list[_Composed] = []
+    for over in chunk:
+        notes: list[str] = []
+        try:
+            out.append((compose.compose(config_file, over, notes=notes, vary=vary), notes, None))
+        except UserError as e:
+            out.append((None, notes, (e.message, e.hint)))
+            break
+    return out
+
+
+def gridded(s: SweepConfig, dims: Sequence[Dimension]) -> bool:
+    """Whether the sweep's trials are the grid's points: a grid sampler's, also PBT's population
+    when every searched key is a list (as written); with an interval, PBT draws it at random."""
+    if s.scheduler == "pbt":
+        return s.sampler == "grid" and all(d.values is not None for d in dims)
+    return s.sampler == "grid"
+
+
+_COMPOSED: dict[tuple[str | None, tuple[str, ...]], Config] = {}
+
+
+def compose_point(
+    config_file: str | None,
+    overrides: list[str],
+    notes: list[str] | None = None,
+    vary: Sequence[str] = (),
+) -> Config:
+    """compose.compose, once per point in this process: a grid's points are composed to check
+    them before the sweep starts, and again for each trial, a second or more on a small machine
+    (trials waited on it). The -C file cannot change in between (its digest is checked). A
+    point's overrides name each key once, so their order does not matter."""
+    key = _key(config_file, overrides)
+    if key not in _COMPOSED:
+        _COMPOSED[key] = compose.compose(config_file, overrides, notes=notes, vary=vary)
+    return _COMPOSED[key]
+
+
+def _key(config_file: str | None, overrides: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
+    where = str(Path(config_file).absolute()) if config_file else None  # sweep.json's form
+    return where, tuple(sorted(overrides))
+
+
+def point_overrides(plain: list[str], point: dict[str, Any]) -> list[str]:
+    return [*plain, *(_override(k, v) for k, v in point.items())]
+
+
+def _group_options(config_file: str | None, group: str) -> list[str] | None:
+    """The options of a config group, what ``glob()`` picks from (None: not a group)."""
+    if group not in (*layers.GROUPS, layers.PRESETS):
+        return None
+    dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
+    return layers.group_options(group, dirs)
