@@ -150,9 +150,6 @@ def _groups(indices: Sequence[int], size: int) -> list[Sequence[int]]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
 
 
-AUGMENTS = ("none", "flip", "crop_flip")
-
-
 def augment(x: torch.Tensor, kind: str, pad: int = 2) -> torch.Tensor:
     """Random horizontal flips (and crops of a `pad`-padded copy), per sample, on x's device."""
     if kind == "none" or x.dim() != 4:
@@ -251,9 +248,6 @@ class TrainBatches:
             if self.augment != "none":
                 batch = (augment(batch[0], self.augment), *batch[1:])
             yield batch
-
-
-_END = object()
 
 
 def ahead(
