@@ -12,10 +12,17 @@ Importing expctl imports neither torch nor Hydra; they load when a run starts.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from expctl import _moved
 from expctl.errors import UserError
+
+if TYPE_CHECKING:
+    from expctl.api import evaluate, load_model, run
+    from expctl.builtin.data import DataInfo, Splits
+    from expctl.registry import register
+    from expctl.sweep.results import load as sweep_results
 
 __version__ = "0.2.0.dev0"
 _moved.install()  # the module paths from before the wings, for one release
@@ -33,43 +40,6 @@ __all__ = [
 ]
 
 
-def run(config: str | None = None, overrides: Any = (), wait: bool = True) -> Any:
-    """Train from a config file (see expctl.api.run)."""
-    from expctl.api import run as _run
-
-    return _run(config, overrides, wait)
-
-
-def load_model(
-    run_dir: Any, checkpoint: Any = None, device: str = "cpu", which: str | None = None
-) -> Any:
-    """Load a run's trained model(s) (see expctl.api.load_model)."""
-    from expctl.api import load_model as _load
-
-    return _load(run_dir, checkpoint, device, which)
-
-
-def evaluate(
-    run_dir: Any,
-    split: str = "val",
-    which: str | None = None,
-    overrides: Any = (),
-    name: str | None = None,
-) -> dict[str, Any]:
-    """Score a run's checkpoint on a split or other data (see expctl.api.evaluate)."""
-    from expctl.api import evaluate as _evaluate
-
-    return _evaluate(run_dir, split, which, overrides, name)
-
-
-def sweep_results(sweep_dir: Any) -> Any:
-    """Every trial of a sweep: params, metrics, status, run directory (see
-    expctl.sweep.results.load)."""
-    from expctl.sweep.results import load  # no torch: reading a sweep trains nothing
-
-    return load(sweep_dir)
-
-
 def runs(*roots: Any) -> Any:
     """Every run directory under `roots` (default: runs), sweep trials included: status, the
     config keys that differ, final and best metrics, wall time (see expctl.inspect.compare.load)."""
@@ -78,18 +48,22 @@ def runs(*roots: Any) -> Any:
     return load(roots) if roots else load()  # its default: run.root's
 
 
-def register(kind: str, name: str | None = None, **kwargs: Any) -> Any:
-    """Register a component factory under `name` (see expctl.registry.register)."""
-    from expctl.registry import register as _register
-
-    return _register(kind, name, **kwargs)
+# what `expctl.NAME` is, imported on first use: the functions themselves, not copies of their
+# signatures (help(expctl.run) shows api.run's); api.run and the dataset contract need torch
+_FORWARDED = {
+    "run": ("expctl.api", "run"),
+    "load_model": ("expctl.api", "load_model"),
+    "evaluate": ("expctl.api", "evaluate"),
+    "sweep_results": ("expctl.sweep.results", "load"),  # no torch: reading a sweep trains nothing
+    "register": ("expctl.registry", "register"),
+    "Splits": ("expctl.builtin.data", "Splits"),
+    "DataInfo": ("expctl.builtin.data", "DataInfo"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    """`expctl.Splits` and `expctl.DataInfo`, the dataset contract (see expctl.builtin.data),
-    imported on first use (they need torch)."""
-    if name in ("Splits", "DataInfo"):
-        from expctl.builtin import data
-
-        return getattr(data, name)
+    """The public API's functions and the dataset contract, from the modules that define them."""
+    if name in _FORWARDED:
+        module, attr = _FORWARDED[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'expctl' has no attribute {name!r}")

@@ -10,7 +10,6 @@ import difflib
 import re
 from collections.abc import Iterable
 
-EXIT_OK = 0
 EXIT_FAILED = 1  # RunError: one line, no traceback; what was checkpointed is kept
 EXIT_USER = 2  # UserError: a mistake the user fixes; nothing half-written on disk
 EXIT_PREEMPTED = 3  # Preempted: stopped by the signal at a checkpoint; the same command resumes

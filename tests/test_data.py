@@ -15,12 +15,14 @@ import torch
 from conftest import expctl, image_tree, run_dirs
 from torch.utils.data import Dataset
 
-from expctl.builtin.data import Loading, TrainBatches, ahead, check_splits, val_batches
+from expctl.builtin.data import check_splits
 from expctl.builtin.datasets.arrays import arrays
 from expctl.builtin.datasets.idx import fashion_mnist, find_idx
 from expctl.builtin.datasets.images import CorruptImage, ImageFiles, image_folder
 from expctl.builtin.datasets.vision import cifar10
+from expctl.builtin.reader import Loading
 from expctl.errors import UserError
+from expctl.rank.batches import TrainBatches, ahead, val_batches
 
 CPU = torch.device("cpu")
 

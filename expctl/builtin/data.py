@@ -1,4 +1,4 @@
-"""The dataset contract, and how each rank reads its batches.
+"""The dataset contract: what a dataset factory returns, and its check.
 
 The contract (exported as `expctl.Splits` and `expctl.DataInfo`): a factory registered with
 ``@expctl.register("datasets")`` returns ``Splits(train, val, info, test=None)``, where train, val
@@ -9,31 +9,19 @@ leaves out are filled from it. A dataset may also define
 ``collate(samples) -> batch`` (how DataLoader workers join samples; default: stacking) and
 ``on_device(batch, device) -> batch`` (work done on the training device: decoding, normalising).
 
-Two data paths, chosen by the dataset's type and reported in the run's first log line:
-- in memory: a TensorDataset is batched by indexing whole tensors, resident on the GPU when
-  ``data.device_resident`` allows it;
-- streamed: any other dataset is read by the rank's DataLoader workers (``data.num_workers``,
-  ``pin_memory``, ``prefetch_factor``, ``timeout``; one set for all splits, started once: see
-  reader.py) in the order of a DistributedSampler, never whole in memory. Each sample's random
-  transforms draw from torch's RNG seeded by (seed, epoch, index), so a run's result does not
-  depend on ``num_workers``.
+The per-rank batching of these splits: `expctl.rank.batches`.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
-from expctl.builtin.reader import Loading, Reader
 from expctl.builtin.reader import hook as _hook
 from expctl.errors import UserError
-
-NO_WORKERS = Loading()  # samples read by the rank's own process
 
 
 @dataclass(frozen=True)
@@ -130,223 +118,3 @@ def _check_info(name: str, made: Splits, first: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 # how streamed datasets are read
 # ---------------------------------------------------------------------------------------------
-
-
-def auto_workers(local_world_size: int) -> int:
-    """DataLoader workers per rank when data.num_workers is null: the cores this process may use
-    shared by the node's ranks, one left to each rank's own process, at most 32."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(32, (cores or 1) // max(1, local_world_size) - 1))
-
-
-def _to_device(dataset: Dataset[Any], device: torch.device) -> Callable[[Any], tuple[Any, ...]]:
-    finish = _hook(dataset, "on_device")
-    if finish is not None:
-        return lambda batch: tuple(finish(batch, device))
-    return lambda batch: tuple(t.to(device, non_blocking=True) for t in batch)
-
-
-def _groups(indices: Sequence[int], size: int) -> list[Sequence[int]]:
-    return [indices[i : i + size] for i in range(0, len(indices), size)]
-
-
-AUGMENTS = ("none", "flip", "crop_flip")
-
-
-def augment(x: torch.Tensor, kind: str, pad: int = 2) -> torch.Tensor:
-    """Random horizontal flips (and crops of a `pad`-padded copy), per sample, on x's device."""
-    if kind == "none" or x.dim() != 4:
-        return x
-    n, c, h, w = x.shape
-    flip = torch.rand(n, device=x.device) < 0.5
-    x = torch.where(flip[:, None, None, None], x.flip(3), x)
-    if kind == "crop_flip":
-        xp = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-        dy = torch.randint(0, 2 * pad + 1, (n,), device=x.device)
-        dx = torch.randint(0, 2 * pad + 1, (n,), device=x.device)
-        rows = (torch.arange(h, device=x.device)[None, :] + dy[:, None])[:, None, :, None]
-        cols = (torch.arange(w, device=x.device)[None, :] + dx[:, None])[:, None, None, :]
-        x = xp.gather(2, rows.expand(n, c, h, w + 2 * pad)).gather(3, cols.expand(n, c, h, w))
-    return x
-
-
-class TrainBatches:
-    """Per-rank training batches for one epoch, resumable at a batch index.
-
-    Order comes from DistributedSampler (seed + epoch), so it depends only on the seed, the epoch
-    and the world size: a resumed run sees exactly the batches the interrupted one would have.
-    In-memory datasets are batched by indexing whole tensors (resident on the GPU when asked);
-    others are streamed by the rank's `Reader`, whose workers persist for the run.
-    """
-
-    def __init__(
-        self,
-        dataset: Dataset[Any],
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        device: torch.device,
-        loading: Loading = NO_WORKERS,
-        resident: bool = False,
-        augment: str = "none",
-        reader: Reader | None = None,
-    ) -> None:
-        self.dataset, self.batch_size, self.device, self.augment = (
-            dataset,
-            batch_size,
-            device,
-            augment,
-        )
-        self.loading, self.seed = loading, seed
-        n = len(dataset)  # type: ignore[arg-type]
-        self.sampler: DistributedSampler[Any] = DistributedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
-        )
-        self.steps_per_epoch = (n // world_size) // batch_size
-        if self.steps_per_epoch == 0:
-            raise UserError(
-                f"data.batch_size={batch_size} x {world_size} worker(s) is larger than the "
-                f"{n} training samples: no full batch per epoch",
-                f"lower data.batch_size to at most {max(1, n // world_size)}",
-            )
-        self.tensors: tuple[torch.Tensor, ...] | None = None
-        self.reader: Reader | None = None
-        if isinstance(dataset, TensorDataset):
-            self.tensors = tuple(t.to(device) if resident else t for t in dataset.tensors)
-        else:
-            self.reader = reader or Reader({"train": dataset}, loading, seed, rank)
-        self._finish = _to_device(dataset, device)
-
-    def describe(self) -> str:
-        """How batches reach the model, for the run's first log line."""
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if self.tensors is not None:
-            where = self.tensors[0].device
-            return f"data {n} samples in memory on {where}" + (
-                "" if where == self.device else f", copied per batch to {self.device}"
-            )
-        extra = _hook(self.dataset, "describe")
-        return (
-            f"data {n} samples streamed by {self.loading.num_workers} DataLoader worker(s) per "
-            f"rank{f' ({extra()})' if extra else ''}"
-        )
-
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
-        """Yield this rank's batches of `epoch`, skipping the first `start` (a resumed epoch)."""
-        self.sampler.set_epoch(epoch)
-        indices = list(iter(self.sampler))[: self.steps_per_epoch * self.batch_size]
-        indices = indices[start * self.batch_size :]
-        if self.tensors is not None:
-            batches = _index_batches(self.tensors, indices, self.batch_size, self.device)
-        else:
-            assert self.reader is not None
-            batches = self.reader.read("train", epoch, _groups(indices, self.batch_size))
-            batches = (
-                ahead(batches, self._finish, self.device)
-                if self.device.type == "cuda"
-                else map(self._finish, batches)
-            )
-        for batch in batches:
-            if self.augment != "none":
-                batch = (augment(batch[0], self.augment), *batch[1:])
-            yield batch
-
-
-_END = object()
-
-
-def ahead(
-    batches: Iterator[Any],
-    finish: Callable[[Any], tuple[Any, ...]],
-    device: torch.device,
-    threads: int = 1,
-) -> Iterator[tuple[Any, ...]]:
-    """`finish` (copy to the device, decode, normalise) applied by `threads` threads to the
-    batches ahead of the one training, in order (torch releases the GIL in its kernels, so they
-    work while the step runs). On CUDA each thread works on its own stream, and the training
-    stream waits for each batch's event before using it."""
-    import threading
-    from collections import deque
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    cuda = device.type == "cuda"
-    local = threading.local()
-
-    def run(batch: Any) -> tuple[tuple[Any, ...], Any]:
-        if not cuda:
-            return finish(batch), None
-        if not hasattr(local, "stream"):
-            torch.cuda.set_device(device)  # a new thread starts on device 0
-            local.stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(local.stream):
-            out = finish(batch)
-            done = torch.cuda.Event()
-            done.record(local.stream)
-        return out, done
-
-    def take(future: Future[Any]) -> tuple[Any, ...]:
-        out, done = future.result()  # re-raises the thread's error here
-        if done is not None:
-            main = torch.cuda.current_stream(device)
-            main.wait_event(done)
-            for t in out:
-                if isinstance(t, torch.Tensor) and t.is_cuda:
-                    t.record_stream(main)  # its memory is not reused before the step used it
-        return out
-
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="expctl-feed")
-    pending: deque[Future[Any]] = deque()
-    try:
-        for batch in batches:  # read here: a DataLoader's iterator is not thread-safe
-            pending.append(pool.submit(run, batch))
-            if len(pending) > threads:
-                yield take(pending.popleft())
-        while pending:
-            yield take(pending.popleft())
-    finally:
-        for future in pending:
-            future.cancel()
-        pool.shutdown(wait=True)
-
-
-def _index_batches(
-    tensors: Sequence[torch.Tensor], indices: list[int], batch_size: int, device: torch.device
-) -> Iterator[tuple[torch.Tensor, ...]]:
-    idx = torch.tensor(indices, dtype=torch.long)
-    if tensors[0].device.type == "cuda":  # pinned and asynchronous: no host sync per epoch
-        idx = idx.pin_memory().to(tensors[0].device, non_blocking=True)
-    pin = device.type == "cuda" and tensors[0].device.type == "cpu"
-    for start in range(0, len(idx) - batch_size + 1, batch_size):
-        sel = idx[start : start + batch_size]
-        batch = [t.index_select(0, sel) for t in tensors]
-        if pin:
-            batch = [b.pin_memory() for b in batch]
-        yield tuple(b.to(device, non_blocking=True) for b in batch)
-
-
-def val_batches(
-    dataset: Dataset[Any],
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    loading: Loading = NO_WORKERS,
-    reader: Reader | None = None,
-    split: str = "val",
-) -> Iterator[tuple[torch.Tensor, ...]]:
-    """This rank's share of a validation or test set, without padding: every sample counted
-    once (a streamed set by `reader`'s workers, or workers of its own when it has no `split`)."""
-    n = len(dataset)  # type: ignore[arg-type]
-    indices = list(range(rank, n, world_size))
-    if isinstance(dataset, TensorDataset):
-        tensors = dataset.tensors
-        idx = torch.tensor(indices, dtype=torch.long, device=tensors[0].device)
-        for start in range(0, len(idx), batch_size):
-            sel = idx[start : start + batch_size]
-            yield tuple(t.index_select(0, sel).to(device, non_blocking=True) for t in tensors)
-        return
-    if reader is None or split not in reader.names:
-        reader = Reader({split: dataset}, loading, 0, rank)
-    batches = reader.read(split, -1, _groups(indices, batch_size))
-    yield from map(_to_device(dataset, device), batches)

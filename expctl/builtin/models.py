@@ -14,8 +14,6 @@ from torch import nn
 
 from expctl.registry import register
 
-_DATA = ("in_channels", "num_classes", "input_shape")
-
 
 @register("models", inferred=("input_shape", "num_classes"))
 def linear(input_shape: Sequence[int] = (), num_classes: int = 1) -> nn.Module:

@@ -356,11 +356,6 @@ def _cross_checks(cfg: Config) -> None:
     check_name("run.name", cfg.run.name)
     if ln.name == "slurm":
         check_slurm(cfg)
-    if ln.name == "inline" and ln.nproc > 1:
-        raise UserError(
-            f"launcher.nproc={ln.nproc} needs launcher=local (inline runs in this one process)",
-            f"use launcher=local launcher.nproc={ln.nproc}",
-        )
     resume = cfg.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
         raise UserError(

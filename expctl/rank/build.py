@@ -13,11 +13,13 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from expctl import registry
-from expctl.builtin.data import Loading, Reader, Splits, TrainBatches, auto_workers, check_splits
+from expctl.builtin.data import Splits, check_splits
+from expctl.builtin.reader import Loading, Reader
 from expctl.builtin.steps import StepContext
 from expctl.config.schema import Config
 from expctl.dist import DistEnv, check_sync_batchnorm, usable_cores
 from expctl.errors import UserError
+from expctl.rank.batches import TrainBatches, auto_workers
 from expctl.startup import freeze_for_this_run, paused_gc
 
 log = logging.getLogger("expctl")

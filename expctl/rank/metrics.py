@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from expctl.builtin.data import val_batches
 from expctl.dist import DistEnv
+from expctl.rank.batches import val_batches
 from expctl.rank.build import Parts
 
 

@@ -14,15 +14,13 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from expctl.builtin.datasets.files import not_found, root_of
+from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
 from expctl.errors import UserError
 from expctl.layout import cache_dir, cache_write
 from expctl.registry import register
 
 if TYPE_CHECKING:
     import torch
-
-    from expctl.builtin.data import Splits
 
 IDX_FILES = {
     "train_x": "train-images-idx3-ubyte",
@@ -171,75 +169,55 @@ def _check_idx(name: str) -> Any:
     return check
 
 
-def _idx_splits(
-    name: str,
-    root: str | None,
-    download: bool,
-    normalize: str,
-    val_split: float,
-    subset: int | None,
-) -> Splits:
-    files = find_idx(name, root, download)
-    arrays = {key: read_idx(files[key], IDX_SHAPES[key]) for key in IDX_FILES}
-    for part in ("train", "val"):
-        if len(arrays[f"{part}_x"]) != len(arrays[f"{part}_y"]):
-            raise UserError(
-                f"data file {files[f'{part}_y']} has {len(arrays[f'{part}_y'])} labels for "
-                f"{len(arrays[f'{part}_x'])} images",
-                "reinstall it",
-            )
-    from expctl.builtin.datasets.tensors import in_memory  # torch: see the module docstring
+def _idx_reader(name: str) -> Any:
+    """The `read` of fashion_mnist, mnist or kmnist (`files.in_memory_factory`)."""
 
-    return in_memory(
-        (arrays["train_x"].unsqueeze(1), arrays["train_y"]),
-        (arrays["val_x"].unsqueeze(1), arrays["val_y"]),
-        normalize,
-        val_split,
-        subset,
-        FASHION_CLASSES if name == "fashion_mnist" else None,
-        num_classes=10,
-    )
+    def read(root: str | None, download: bool) -> tuple[Any, Any, Any, int]:
+        files = find_idx(name, root, download)
+        arrays = {key: read_idx(files[key], IDX_SHAPES[key]) for key in IDX_FILES}
+        for part in ("train", "val"):
+            if len(arrays[f"{part}_x"]) != len(arrays[f"{part}_y"]):
+                raise UserError(
+                    f"data file {files[f'{part}_y']} has {len(arrays[f'{part}_y'])} labels for "
+                    f"{len(arrays[f'{part}_x'])} images",
+                    "reinstall it",
+                )
+        return (
+            (arrays["train_x"].unsqueeze(1), arrays["train_y"]),
+            (arrays["val_x"].unsqueeze(1), arrays["val_y"]),
+            FASHION_CLASSES if name == "fashion_mnist" else None,
+            10,
+        )
+
+    return read
 
 
-@register("datasets", check=_check_idx("fashion_mnist"))
-def fashion_mnist(
-    root: str | None = None,
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: float = 0,
-    subset: int | None = None,
-) -> Splits:
-    """Fashion-MNIST (60k/10k 28x28 grey images, 10 classes), held in memory.
+fashion_mnist = register("datasets", check=_check_idx("fashion_mnist"))(
+    in_memory_factory(
+        "fashion_mnist",
+        _idx_reader("fashion_mnist"),
+        """Fashion-MNIST (60k/10k 28x28 grey images, 10 classes), held in memory.
 
     Without `val_split` the 10k test images validate; with it (a count or a fraction) that part
     of the training images validates and the test images are scored once, at the end (test/
     metrics, as a tuning study needs). `subset` keeps the first N training images.
-    """
-    return _idx_splits("fashion_mnist", root, download, normalize, val_split, subset)
-
-
-@register("datasets", check=_check_idx("mnist"))
-def mnist(
-    root: str | None = None,
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: float = 0,
-    subset: int | None = None,
-) -> Splits:
-    """MNIST digits (60k/10k 28x28 grey images), from its IDX files; splits as fashion_mnist."""
-    return _idx_splits("mnist", root, download, normalize, val_split, subset)
-
-
-@register("datasets", check=_check_idx("kmnist"))
-def kmnist(
-    root: str | None = None,
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: float = 0,
-    subset: int | None = None,
-) -> Splits:
-    """Kuzushiji-MNIST (60k/10k 28x28 grey images), from its IDX files; splits as fashion_mnist."""
-    return _idx_splits("kmnist", root, download, normalize, val_split, subset)
+    """,
+    )
+)
+mnist = register("datasets", check=_check_idx("mnist"))(
+    in_memory_factory(
+        "mnist",
+        _idx_reader("mnist"),
+        "MNIST digits (60k/10k 28x28 grey images), from its IDX files; splits as fashion_mnist.",
+    )
+)
+kmnist = register("datasets", check=_check_idx("kmnist"))(
+    in_memory_factory(
+        "kmnist",
+        _idx_reader("kmnist"),
+        "Kuzushiji-MNIST (60k/10k 28x28 grey images), from its IDX files; splits as fashion_mnist.",
+    )
+)
 
 
 def _torchvision_mnist(cls_name: str, root: str | None, download: bool, **kw: Any) -> Any:
@@ -259,46 +237,35 @@ def _torchvision_mnist(cls_name: str, root: str | None, download: bool, **kw: An
         ) from None
 
 
-@register("datasets")
-def emnist(
-    root: str | None = None,
-    split: str = "balanced",
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: float = 0,
-    subset: int | None = None,
-) -> Splits:
-    """EMNIST letters/digits (split: byclass, bymerge, balanced, letters, digits, mnist)."""
+def _emnist(root: str | None, download: bool, split: str = "balanced") -> tuple[Any, ...]:
     train, test = _torchvision_mnist("EMNIST", root, download, split=split)
-    from expctl.builtin.datasets.tensors import in_memory  # torch: see the module docstring
-
-    return in_memory(
+    return (
         (train.data.unsqueeze(1), train.targets),
         (test.data.unsqueeze(1), test.targets),
-        normalize,
-        val_split,
-        subset,
         train.classes,
+        None,
     )
 
 
-@register("datasets")
-def qmnist(
-    root: str | None = None,
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: float = 0,
-    subset: int | None = None,
-) -> Splits:
-    """QMNIST (MNIST's reconstructed test set: 60k/60k 28x28 grey digits)."""
+def _qmnist(root: str | None, download: bool) -> tuple[Any, ...]:
     train, test = _torchvision_mnist("QMNIST", root, download)
-    from expctl.builtin.datasets.tensors import in_memory  # torch: see the module docstring
-
-    return in_memory(
+    return (
         (train.data.unsqueeze(1), train.targets[:, 0]),
         (test.data.unsqueeze(1), test.targets[:, 0]),
-        normalize,
-        val_split,
-        subset,
-        num_classes=10,
+        None,
+        10,
     )
+
+
+emnist = register("datasets")(
+    in_memory_factory(
+        "emnist",
+        _emnist,
+        "EMNIST letters/digits (split: byclass, bymerge, balanced, letters, digits, mnist).",
+    )
+)
+qmnist = register("datasets")(
+    in_memory_factory(
+        "qmnist", _qmnist, "QMNIST (MNIST's reconstructed test set: 60k/60k 28x28 grey digits)."
+    )
+)

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from expctl.builtin.data import DataInfo, Splits
-from expctl.builtin.datasets.files import not_found, root_of
+from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
 from expctl.builtin.datasets.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -27,7 +27,7 @@ from expctl.builtin.datasets.images import (
     PilTransform,
     check_choices,
 )
-from expctl.builtin.datasets.tensors import in_memory, with_val
+from expctl.builtin.datasets.tensors import with_val
 from expctl.errors import UserError
 from expctl.registry import register
 
@@ -136,67 +136,55 @@ def _read_cifar_batch(path: Path, label_key: str) -> tuple[torch.Tensor, torch.T
     return data, labels
 
 
-def _cifar(
-    name: str,
-    root: str | None,
-    download: bool,
-    normalize: str,
-    val_split: float,
-    subset: int | None,
-) -> Splits:
-    folder, train_files, test_files, label_key, meta, names_key = CIFAR[name]
-    if download:
-        import torchvision.datasets as tvd
+def _cifar_reader(name: str) -> Any:
+    """The `read` of cifar10 or cifar100 (`files.in_memory_factory`)."""
 
-        getattr(tvd, name.upper())(str(root_of(root)), download=True)
-    _require(name, root, _cifar_paths(name, root))
-    base = root_of(root) / folder
+    def read(root: str | None, download: bool) -> tuple[Any, ...]:
+        folder, train_files, test_files, label_key, meta, names_key = CIFAR[name]
+        if download:
+            import torchvision.datasets as tvd
 
-    def read(files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = [_read_cifar_batch(base / f, label_key) for f in files]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            getattr(tvd, name.upper())(str(root_of(root)), download=True)
+        _require(name, root, _cifar_paths(name, root))
+        base = root_of(root) / folder
 
-    classes = None
-    if (base / meta).exists():
-        try:
-            classes = _unpickle_cifar(base / meta).get(names_key)
-        except _NOT_CIFAR as e:
-            raise UserError(
-                f"data file {base / meta} is not CIFAR's class names ({type(e).__name__}: "
-                f"{str(e)[:80]})",
-                "re-extract the dataset's archive, or set data.download=true",
-            ) from None
-    num = 10 if name == "cifar10" else 100
-    return in_memory(
-        read(train_files), read(test_files), normalize, val_split, subset, classes, num
-    )
+        def batches(files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+            parts = [_read_cifar_batch(base / f, label_key) for f in files]
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+        classes = None
+        if (base / meta).exists():
+            try:
+                classes = _unpickle_cifar(base / meta).get(names_key)
+            except _NOT_CIFAR as e:
+                raise UserError(
+                    f"data file {base / meta} is not CIFAR's class names ({type(e).__name__}: "
+                    f"{str(e)[:80]})",
+                    "re-extract the dataset's archive, or set data.download=true",
+                ) from None
+        num = 10 if name == "cifar10" else 100
+        return batches(train_files), batches(test_files), classes, num
+
+    return read
 
 
-@register("datasets", check=_check_cifar("cifar10"))
-def cifar10(
-    root: str | None = None,
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: float = 0,
-    subset: int | None = None,
-) -> Splits:
-    """CIFAR-10 (50k/10k 32x32 colour images, 10 classes) from ROOT/cifar-10-batches-py, in memory.
+cifar10 = register("datasets", check=_check_cifar("cifar10"))(
+    in_memory_factory(
+        "cifar10",
+        _cifar_reader("cifar10"),
+        """CIFAR-10 (50k/10k 32x32 colour images, 10 classes) from ROOT/cifar-10-batches-py, in memory.
 
     Without `val_split` the test images validate; with it (a count or a fraction) part of train
-    validates and the test images are scored once, at the end."""
-    return _cifar("cifar10", root, download, normalize, val_split, subset)
-
-
-@register("datasets", check=_check_cifar("cifar100"))
-def cifar100(
-    root: str | None = None,
-    download: bool = False,
-    normalize: str = "standard",
-    val_split: float = 0,
-    subset: int | None = None,
-) -> Splits:
-    """CIFAR-100 (50k/10k 32x32 colour images, 100 fine classes) from ROOT/cifar-100-python."""
-    return _cifar("cifar100", root, download, normalize, val_split, subset)
+    validates and the test images are scored once, at the end.""",
+    )
+)
+cifar100 = register("datasets", check=_check_cifar("cifar100"))(
+    in_memory_factory(
+        "cifar100",
+        _cifar_reader("cifar100"),
+        "CIFAR-100 (50k/10k 32x32 colour images, 100 fine classes) from ROOT/cifar-100-python.",
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,21 +274,12 @@ class _Uint8Images(Dataset[Any]):
 def _factory(name: str, src: Source, classes: int) -> Any:
     """The registered factory of one torchvision dataset: in memory, or streamed from files."""
 
-    def in_memory_set(
-        root: str | None = None,
-        download: bool = False,
-        normalize: str = "standard",
-        val_split: float = 0,
-        subset: int | None = None,
-    ) -> Splits:
+    def read(root: str | None, download: bool) -> tuple[Any, ...]:
         train = _open(name, src, root, download, src.train)
         test = _open(name, src, root, download, src.test) if src.test else None
-        return in_memory(
+        return (
             _array_set(train),
             _array_set(test) if test is not None else None,
-            normalize,
-            val_split,
-            subset,
             getattr(train, "classes", None),
             classes,
         )
@@ -324,11 +303,13 @@ def _factory(name: str, src: Source, classes: int) -> Any:
         info = DataInfo((3, image_size, image_size), classes, _classes(first))
         return with_val(first, sets["test"], info, val_split, sets["val"], sets["train_view"])
 
-    make = in_memory_set if src.in_memory else streamed_set
-    make.__name__ = name
     how = "held in memory" if src.in_memory else "streamed, ImageNet-normalised"
-    make.__doc__ = f"torchvision's {src.cls}, {how}: ROOT holds {src.expected}; {classes} classes."
-    return make
+    doc = f"torchvision's {src.cls}, {how}: ROOT holds {src.expected}; {classes} classes."
+    if src.in_memory:
+        return in_memory_factory(name, read, doc)
+    streamed_set.__name__ = name
+    streamed_set.__doc__ = doc
+    return streamed_set
 
 
 def _classes(ds: Any) -> tuple[str, ...] | None:
