@@ -9,11 +9,13 @@ rank could (a worker that never started).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,14 +74,17 @@ def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
 
 
 def _storage(sweep_dir: Path) -> Any:
-    """The sweep's journal storage, one per journal file in this process: Optuna's storage reads
-    only what was appended since it last looked (other processes append), where a new one
-    replays the whole journal (the driver asked for one per trial start, label and end: 0.35 s
-    each by the 64th trial)."""
+    """The sweep's journal storage. While a local sweep's driver runs (`kept_storages`), one
+    per journal file: Optuna's storage reads only what was appended since it last looked (other
+    processes append), where a new one replays the whole journal (the driver asked for one per
+    trial start, label and end: 0.35 s each by the 64th trial). Elsewhere a new one, which reads
+    the file as it is now (one rewritten in place included)."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
     path = SweepDir(sweep_dir).journal.absolute()
+    if not _KEEPING:
+        return JournalStorage(JournalFileBackend(str(path)))
     backend = None if path.exists() else JournalFileBackend(str(path))  # creates it
     st = path.stat()
     key = (str(path), st.st_dev, st.st_ino)  # a journal replaced by another file: read anew
@@ -89,6 +94,20 @@ def _storage(sweep_dir: Path) -> Any:
 
 
 _STORAGES: dict[tuple[str, int, int], Any] = {}
+_KEEPING: list[bool] = []  # inside kept_storages (nested: one entry each)
+
+
+@contextlib.contextmanager
+def kept_storages() -> Iterator[None]:
+    """Within: `_storage` keeps one storage per journal file (the driver's loop; no one
+    rewrites the journal meanwhile, only appends). On leaving, they are dropped."""
+    _KEEPING.append(True)
+    try:
+        yield
+    finally:
+        _KEEPING.pop()
+        if not _KEEPING:
+            _STORAGES.clear()
 
 
 @dataclass(frozen=True)

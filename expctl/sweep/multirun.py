@@ -30,7 +30,7 @@ from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.errors import UserError
 from expctl.jobs import pbt, slurm, snapshot
-from expctl.jobs.study import TrialRef, open_study
+from expctl.jobs.study import TrialRef, kept_storages, open_study
 from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
 from expctl.rank.provenance import Launch
@@ -312,7 +312,8 @@ def run_trials(
         (cfg,) = _trial_configs(sweep_dir, base, [slot], study)
         return trials.with_share(cfg, use.share)
 
-    trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
+    with kept_storages():  # the driver's loop reads the journal as it grows
+        trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(best(sweep_dir)), flush=True)
