@@ -241,7 +241,7 @@ class _Made:
 
             time.sleep(10_000)
         if _hit("BAD_AT_SAMPLE", key):
-            from expctl.builtin.datasets.images import CorruptImage
+            from expctl.builtin.datasets.imagefiles import CorruptImage
 
             raise CorruptImage(
                 f"sample {key} of rank {os.environ.get('RANK', '0')} cannot be decoded"

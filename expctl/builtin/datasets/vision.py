@@ -4,7 +4,7 @@
 Small ones are held in memory as tensors: CIFAR-10/100 (read from their python pickles), SVHN,
 STL10 and USPS (torchvision's readers). Larger ones (Flowers102, Food101, DTD, ...) are streamed
 from their image files by DataLoader workers through the image_folder transforms (see
-`expctl.builtin.datasets.images`).
+`expctl.builtin.datasets.imagefiles`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from expctl.builtin.data import DataInfo, Splits
 from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
-from expctl.builtin.datasets.images import (
+from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     PRESETS,
