@@ -25,157 +25,22 @@
 
 Readers skip a line being written right now (the file is appended while they read) and a
 corrupt one, with a warning naming the file, so a live or damaged run can always be looked at.
+A file replaced whole is written by `atomic.py`'s writer; the user's cache folder is `cache.py`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from expctl.atomic import temporaries
 from expctl.errors import UserError
 
 log = logging.getLogger("expctl")
-
-
-CACHE_ENV = "EXPCTL_CACHE_DIR"  # the user's cache folder: `expctl list`, decoded .gz datasets
-
-
-def cache_dir() -> Path:
-    """EXPCTL_CACHE_DIR, else $XDG_CACHE_HOME/expctl, else ~/.cache/expctl."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "expctl"
-
-
-def cache_key(versions: Iterable[str], files: Iterable[Path]) -> str:
-    """A cache's key: what it was made from (package versions, and the path, size and mtime of
-    each source file it depends on)."""
-    import hashlib
-
-    stats = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
-    return hashlib.sha256(json.dumps([list(versions), stats]).encode()).hexdigest()[:24]
-
-
-def cache_write(path: Path, chunks: Iterable[bytes], stale: Iterable[Path] = ()) -> None:
-    """Write a cache file atomically (`atomic_file`, not flushed to disk: a lost cache is made
-    again) and remove `stale` older versions of it. A cache that cannot be written is no error:
-    the temporary file is removed whatever fails (a full disk, a signal's exception), and the
-    caller makes the content again next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path, durable=False) as f:
-            for chunk in chunks:
-                f.write(chunk)
-        for old in stale:
-            if old != path and not is_temporary(old):
-                old.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def _temporary(path: Path) -> Path:
-    """Where `atomic_file` writes `path` before it is whole: hidden beside it, this process's."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
-
-
-def is_temporary(path: Path) -> bool:
-    """Whether `path` is a file `atomic_file` has not finished."""
-    return path.name.startswith(".") and ".tmp-" in path.name
-
-
-def temporaries(folder: Path, name: str = "*") -> list[Path]:
-    """The unfinished files of `folder` whose final names match `name` (a glob): what a process
-    killed mid-write left."""
-    return sorted(folder.glob(f".{name}.tmp-*"))
-
-
-@contextmanager
-def atomic_file(path: Path, mode: int = 0o666, durable: bool = True) -> Iterator[BinaryIO]:
-    """A file written to whole or not at all, the one way expctl replaces a file: the block
-    writes a temporary file in the same folder, which then is flushed to disk (unless not
-    `durable`) and renamed over `path`. A reader (or a crash, or a full disk) never finds a
-    half-written or empty file under the name; the temporary file is removed whatever fails,
-    and `path` stays as it was when the block raises.
-
-    Args:
-        mode: the new file's permissions, less the umask.
-        durable: fsync before the rename (a cache that can be made again need not).
-
-    Raises:
-        OSError: the write failed (`path` is as it was).
-    """
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "xb", opener=lambda p, flags: os.open(p, flags, mode)) as f:
-            yield f  # f.name: the temporary file's path
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def kept_path(folder: str, source: Path, files: Iterable[Path]) -> Path | None:
-    """Where a value made from `files` is kept in the cache folder (`folder` in it): named by
-    `source` (one kept value per source) and stamped with each file's size, mtime, inode and
-    ctime (which nothing can set back); a file that is absent counts too. None: one cannot be
-    read."""
-    import hashlib
-
-    stamps = []
-    for f in files:
-        try:
-            st = f.stat()
-            stamps.append(f"{f}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
-        except FileNotFoundError:
-            stamps.append(f"{f}:-")
-        except OSError:
-            return None
-    name = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
-    stamp = hashlib.sha256("|".join(stamps).encode()).hexdigest()[:8]
-    return cache_dir() / folder / f"{name}-{stamp}"
-
-
-def read_kept(path: Path | None) -> Any:
-    """The value kept at `path` (`kept_path`), None when there is none."""
-    if path is None:
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def keep(path: Path | None, value: Any) -> None:
-    """Keep `value` at `path`, replacing what was kept for the same source, if JSON holds it as it
-    is (no tuples, no int keys)."""
-    if path is None:
-        return
-    text = json.dumps(value)
-    if json.loads(text) == value:
-        name = path.name.rsplit("-", 1)[0]
-        stale = list(path.parent.glob(f"{name}-*")) if path.parent.is_dir() else []
-        cache_write(path, [text.encode()], stale)
-
-
-def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
-    """Write `path` whole or not at all (`atomic_file`).
-
-    Args:
-        mode: the new file's permissions, less the umask.
-
-    Raises:
-        OSError: the write failed (`path` is as it was).
-    """
-    with atomic_file(path, mode) as f:
-        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:

@@ -485,24 +485,24 @@ def test_a_user_error_in_local_workers_is_said_once(tiny: Path) -> None:
 
 
 def test_atomic_file_replaces_a_file_whole_or_leaves_it_as_it_was(tmp_path: Path) -> None:
-    """The one atomic writer (`layout.atomic_file`): a reader sees the old file until the block
+    """The one atomic writer (`atomic.atomic_file`): a reader sees the old file until the block
     ends, a block that fails leaves the old file and no temporary one, and the new file gets the
     mode asked for (less the umask)."""
     import stat
 
-    from expctl import layout
+    from expctl import atomic
 
     target = tmp_path / "result.json"
     target.write_text("old\n")
-    with pytest.raises(RuntimeError), layout.atomic_file(target) as f:
+    with pytest.raises(RuntimeError), atomic.atomic_file(target) as f:
         f.write(b"half")
         raise RuntimeError("killed mid-write")
     assert target.read_text() == "old\n" and list(tmp_path.iterdir()) == [target]
-    with layout.atomic_file(target, 0o640) as f:
+    with atomic.atomic_file(target, 0o640) as f:
         f.write(b"new\n")
         assert target.read_text() == "old\n"
-        assert layout.temporaries(tmp_path, target.name) == [Path(f.name)]
+        assert atomic.temporaries(tmp_path, target.name) == [Path(f.name)]
     umask = os.umask(0)
     os.umask(umask)
-    assert target.read_text() == "new\n" and layout.temporaries(tmp_path) == []
+    assert target.read_text() == "new\n" and atomic.temporaries(tmp_path) == []
     assert stat.S_IMODE(target.stat().st_mode) == 0o640 & ~umask

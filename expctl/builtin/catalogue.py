@@ -4,7 +4,7 @@ completion and `expctl show` read.
 The built-in component modules import torch, torchvision and torch._dynamo (seconds). What those
 commands need of them (names, descriptions, signatures, settings) depends only on the versions
 of Python, torch, torchvision and expctl's own source files, so it is kept as a snapshot in the
-user's cache folder (`layout.cache_dir`), made once per set of versions by a background process
+user's cache folder (`cache.cache_dir`), made once per set of versions by a background process
 (`make`): the first command that finds none starts it, and `.ci/setup` makes it at install. The
 registry then serves described entries (`registry.describe_builtins`); calling a factory or a
 pre-flight check imports the module behind it. Plugins and ``--import`` / ``imports:`` modules
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl import registry
-from expctl.layout import cache_dir, cache_key, cache_write
+from expctl.cache import cache_dir, cache_key, cache_write
 
 _PREFIX = "registry-"
 _KEEP = 8  # snapshots kept in a shared cache folder: one per environment using it

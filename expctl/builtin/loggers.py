@@ -33,8 +33,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from expctl.atomic import write_atomically
 from expctl.errors import UserError
-from expctl.layout import RunDir, write_atomically
+from expctl.layout import RunDir
 from expctl.registry import get, register
 
 STATUSES = ("completed", "stopped", "preempted", "interrupted", "failed")

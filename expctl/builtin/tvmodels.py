@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch import nn
 
-from expctl.layout import cache_dir, cache_key, cache_write
+from expctl.cache import cache_dir, cache_key, cache_write
 from expctl.registry import add_provider, register
 
 _AUX_HEADS = {"googlenet", "inception_v3"}  # torchvision's default adds auxiliary outputs

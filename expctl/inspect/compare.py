@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from expctl import tables
+from expctl.cache import keep, kept_path, read_kept
 from expctl.config.frozen import flatten
 from expctl.config.schema import RunConfig
 from expctl.config.yamlfile import read_yaml
 from expctl.errors import UserError
 from expctl.inspect.status import STATES, not_a_run_hint, state
-from expctl.layout import RunDir, keep, kept_path, metric_values, read_kept
+from expctl.layout import RunDir, metric_values
 
 log = logging.getLogger("expctl")
 

@@ -34,17 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from expctl.atomic import atomic_file, write_atomically
 from expctl.config import frozen as config
 from expctl.config.schema import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
-from expctl.layout import (
-    RunDir,
-    atomic_file,
-    checkpoint_digest,
-    checkpoint_scores,
-    checkpoint_set,
-    write_atomically,
-)
+from expctl.layout import RunDir, checkpoint_digest, checkpoint_scores, checkpoint_set
 
 if TYPE_CHECKING:
     from expctl.rank.build import Parts

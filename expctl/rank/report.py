@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from expctl.atomic import write_atomically
 from expctl.builtin import loggers as loggers_mod
 from expctl.errors import RunError
-from expctl.layout import RunDir, write_atomically
+from expctl.layout import RunDir
 
 log = logging.getLogger("expctl")
 

@@ -23,16 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from expctl import importpath
+from expctl.atomic import write_atomically
 from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.errors import UserError
-from expctl.layout import (
-    RunDir,
-    checkpoint_scores,
-    checkpoint_step,
-    fresh_names,
-    write_atomically,
-)
+from expctl.layout import RunDir, checkpoint_scores, checkpoint_step, fresh_names
 from expctl.rank.runlock import RunLock
 from expctl.rank.runlock import is_locked as is_locked  # read by `expctl status`
 

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expctl.atomic import write_atomically
 from expctl.config import frozen as config_mod
 from expctl.errors import RunError, UserError
 from expctl.jobs import pbt
-from expctl.layout import RunDir, SweepDir, write_atomically
+from expctl.layout import RunDir, SweepDir
 from expctl.sweep import ledger
 
 

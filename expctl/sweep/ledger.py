@@ -22,20 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from expctl.cache import keep, kept_path, read_kept
 from expctl.config import frozen as config_mod
 from expctl.config.explain import parse_override
 from expctl.config.schema import PBTConfig, SweepConfig
 from expctl.errors import UserError
 from expctl.jobs.slurmstate import FINAL_STATES, job_states
 from expctl.jobs.study import open_study
-from expctl.layout import (
-    RunDir,
-    SweepDir,
-    keep,
-    kept_path,
-    metric_values,
-    read_kept,
-)
+from expctl.layout import RunDir, SweepDir, metric_values
 
 log = logging.getLogger("expctl")
 

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from expctl.atomic import write_atomically
 from expctl.config.schema import SweepConfig
 from expctl.errors import RunError, UserError
 from expctl.jobs.study import open_study
-from expctl.layout import SweepDir, write_atomically
+from expctl.layout import SweepDir
 from expctl.sweep import ledger
 from expctl.sweep.ledger import Row
 

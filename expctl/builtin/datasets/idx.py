@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
+from expctl.cache import cache_dir, cache_write
 from expctl.errors import UserError
-from expctl.layout import cache_dir, cache_write
 from expctl.registry import register
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def _decoded(path: Path) -> Path | None:
 
 
 def _keep(copy: Path, dims: list[int], body: bytearray) -> None:
-    """Store a decoded IDX file, replacing older versions of it (`layout.cache_write`)."""
+    """Store a decoded IDX file, replacing older versions of it (`cache.cache_write`)."""
     head = b"\x00\x00\x08" + bytes([len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims)
     stem = copy.name.rsplit("-", 1)[0]
     stale = list(copy.parent.glob(f"{stem}-*")) if copy.parent.is_dir() else []

@@ -1,0 +1,68 @@
+"""The one way expctl replaces a file: whole or not at all (`atomic_file`, `write_atomically`),
+and the unfinished files a process killed mid-write leaves (`temporaries`). `layout.py` names
+the files of a run and a sweep directory; every one that is replaced whole is written here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+
+def _temporary(path: Path) -> Path:
+    """Where `atomic_file` writes `path` before it is whole: hidden beside it, this process's."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
+
+
+def is_temporary(path: Path) -> bool:
+    """Whether `path` is a file `atomic_file` has not finished."""
+    return path.name.startswith(".") and ".tmp-" in path.name
+
+
+def temporaries(folder: Path, name: str = "*") -> list[Path]:
+    """The unfinished files of `folder` whose final names match `name` (a glob): what a process
+    killed mid-write left."""
+    return sorted(folder.glob(f".{name}.tmp-*"))
+
+
+@contextmanager
+def atomic_file(path: Path, mode: int = 0o666, durable: bool = True) -> Iterator[BinaryIO]:
+    """A file written to whole or not at all, the one way expctl replaces a file: the block
+    writes a temporary file in the same folder, which then is flushed to disk (unless not
+    `durable`) and renamed over `path`. A reader (or a crash, or a full disk) never finds a
+    half-written or empty file under the name; the temporary file is removed whatever fails,
+    and `path` stays as it was when the block raises.
+
+    Args:
+        mode: the new file's permissions, less the umask.
+        durable: fsync before the rename (a cache that can be made again need not).
+
+    Raises:
+        OSError: the write failed (`path` is as it was).
+    """
+    tmp = _temporary(path)
+    try:
+        with open(tmp, "xb", opener=lambda p, flags: os.open(p, flags, mode)) as f:
+            yield f  # f.name: the temporary file's path
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+    """Write `path` whole or not at all (`atomic_file`).
+
+    Args:
+        mode: the new file's permissions, less the umask.
+
+    Raises:
+        OSError: the write failed (`path` is as it was).
+    """
+    with atomic_file(path, mode) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
