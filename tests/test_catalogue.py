@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_env
 
-from expctl import registry
+from expctl import registry, signatures
 from expctl.builtin import catalogue
 from expctl.config import confstore
 from expctl.config.schema import COMPONENT_KINDS
@@ -26,10 +26,10 @@ def _seen(entry: registry.Entry, kind: str) -> dict[str, object]:
     params = entry.parameters()
     seen: dict[str, object] = {
         "params": [
-            (n, p.kind, repr(p.default), registry.annotation_options(p), registry.settable(p))
+            (n, p.kind, repr(p.default), signatures.annotation_options(p), signatures.settable(p))
             for n, p in params.items()
         ],
-        "listed": registry.describe(entry),
+        "listed": signatures.describe(entry),
         "defers": [n for n in params if entry.defers(n)],
         "any": entry.accepts_any(),
         "check": entry.check is not None,

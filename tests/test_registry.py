@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import compose_resnet
 
-from expctl import importpath, registry
+from expctl import importpath, registry, signatures
 from expctl.errors import UserError
 
 
@@ -39,26 +39,26 @@ def test_unknown_name_lists_choices_and_suggests() -> None:
 
 def test_unknown_argument_suggests_the_closest() -> None:
     with pytest.raises(UserError) as e:
-        registry.check_args("optimizers", "sgd", {"lr": 0.1, "momentun": 0.9}, "optim")
+        signatures.check_args("optimizers", "sgd", {"lr": 0.1, "momentun": 0.9}, "optim")
     assert "optim.momentun" in e.value.message and "Did you mean 'momentum'" in e.value.message
 
 
 def test_wrong_type_is_named() -> None:
     with pytest.raises(UserError, match=r"optim.lr: expected float"):
-        registry.check_args("optimizers", "sgd", {"lr": "fast"}, "optim")
+        signatures.check_args("optimizers", "sgd", {"lr": "fast"}, "optim")
 
 
 def test_missing_required_argument() -> None:
     with pytest.raises(UserError, match="needs argument 'milestones'"):
-        registry.check_args("schedulers", "multistep", {}, "sched")
+        signatures.check_args("schedulers", "multistep", {}, "sched")
 
 
 def test_torchvision_model_arguments_are_checked_against_the_class() -> None:
-    registry.check_args(
+    signatures.check_args(
         "models", "resnet18", {"num_classes": 10, "zero_init_residual": True}, "model"
     )
     with pytest.raises(UserError, match="Did you mean 'zero_init_residual'"):
-        registry.check_args("models", "resnet18", {"zero_init_residul": True}, "model")
+        signatures.check_args("models", "resnet18", {"zero_init_residul": True}, "model")
 
 
 def test_user_registration_and_import_errors() -> None:
@@ -154,10 +154,10 @@ def _facts(entry: registry.Entry) -> object:
     params = entry.parameters().values()
     return (
         [
-            (p.name, p.kind, p.default, type(p.default), registry._annotation_name(p))
+            (p.name, p.kind, p.default, type(p.default), signatures._annotation_name(p))
             for p in params
         ],
-        registry.describe(entry),
+        signatures.describe(entry),
         entry.accepts_any(),
         [entry.defers(p.name) for p in params],
         confstore.node_defaults("model", entry),

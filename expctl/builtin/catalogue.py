@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from expctl import registry
+from expctl import registry, signatures
 from expctl.cache import cache_dir, cache_key, cache_write
 
 _PREFIX = "registry-"
@@ -141,7 +141,7 @@ def render(kind: str) -> str:
     for name in registry.names(kind):
         entry = registry.get(kind, name)
         lines.append(f"  {name:<28} {entry.description}")
-        sig = registry.describe(entry)
+        sig = signatures.describe(entry)
         if sig:
             lines.append(f"  {'':<28}   ({sig})")
     return "\n".join(lines) + "\n"

@@ -3,8 +3,8 @@
 A component's node holds ``name``, the section's framework keys (``data.batch_size``) with the
 entry's own defaults, and every argument of the factory a YAML value can set, with its signature
 default; ``null`` means "inferred from the data" or "the model builder's own default", ``???``
-"required". OmegaConf checks the types it can express (int, float, bool, str); the registry's
-signature check runs on top.
+"required". OmegaConf checks the types it can express (int, float, bool, str); the signature
+check (`signatures.check_args`) runs on top.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from expctl import registry
+from expctl import registry, signatures
 from expctl.config import schema
 from expctl.errors import UserError
 
@@ -174,7 +174,7 @@ def _annotation(text: Any) -> Any:
 def settable(p: inspect.Parameter) -> bool:
     """Whether YAML can set the parameter: its annotation allows a plain value (not only a
     class, function, module or tensor) and its default is one."""
-    return registry.settable(p) and (p.default is p.empty or _yaml_value(p.default))
+    return signatures.settable(p) and (p.default is p.empty or _yaml_value(p.default))
 
 
 def _yaml_value(value: Any) -> bool:
@@ -193,7 +193,7 @@ _SIMPLE = {"int": int, "float": float, "bool": bool, "str": str}
 def _param_type(p: inspect.Parameter) -> Any:
     """int, float, bool or str (optional where None is allowed) when the annotation says one
     of them and the default fits it, else Any."""
-    opts = [o for o in registry.annotation_options(p) if o not in registry.NEVER_FROM_YAML]
+    opts = [o for o in signatures.annotation_options(p) if o not in signatures.NEVER_FROM_YAML]
     simple = [o for o in opts if o != "None"]
     if len(simple) != 1 or simple[0] not in _SIMPLE:
         return Any

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from expctl import registry
+from expctl import registry, signatures
 from expctl.config import schema
 from expctl.errors import UserError, choices_text, did_you_mean
 
@@ -156,7 +156,7 @@ def component_keys(section: str, name: str | None) -> list[str]:
         except UserError:
             return keys
         params = entry.parameters().items()
-        keys += [k for k, p in params if k not in keys and registry.settable(p)]
+        keys += [k for k, p in params if k not in keys and signatures.settable(p)]
     return keys
 
 
@@ -168,7 +168,7 @@ def _takes_an_object(section: str, name: str, key: str) -> bool:
         params = registry.get(kind, name).parameters() if kind else {}
     except UserError:
         return False
-    return key in params and not registry.settable(params[key])
+    return key in params and not signatures.settable(params[key])
 
 
 def _owners(section: str, key: str) -> list[str]:

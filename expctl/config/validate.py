@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from expctl import registry
+from expctl import registry, signatures
 from expctl.config.schema import (
     COMPONENT_KINDS,
     DEFAULT_EPOCHS,
@@ -96,17 +96,17 @@ def check_registered(cfg: Config) -> None:
         comp = getattr(cfg, section)
         if comp.name is None:
             continue
-        registry.check_args(kind, comp.name, comp.args, section)
+        signatures.check_args(kind, comp.name, comp.args, section)
     registry.get("steps", cfg.train.step)
     for i, entry in enumerate(cfg.train.hparam_schedule):
         for section in set(entry) & set(HPARAM_SECTIONS):
             comp = getattr(cfg, section)
             where = f"train.hparam_schedule[{i}].{section}"
-            registry.check_args(
+            signatures.check_args(
                 COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
             )
     for name, args in cfg.logger.items():
-        registry.check_args("loggers", name, args, f"logger.{name}")
+        signatures.check_args("loggers", name, args, f"logger.{name}")
     if cfg.sched.name is not None:
         steps_on_metric = "monitor" in registry.get("schedulers", cfg.sched.name).settings
         if steps_on_metric != (cfg.sched.monitor is not None):
