@@ -14,7 +14,7 @@ import pytest
 from conftest import cli_env
 
 from expctl import registry, signatures
-from expctl.builtin import catalogue
+from expctl.builtin import catalogue, description
 from expctl.config import confstore
 from expctl.config.schema import COMPONENT_KINDS
 
@@ -44,9 +44,9 @@ def _seen(entry: registry.Entry, kind: str) -> dict[str, object]:
 def test_described_entries_read_as_their_modules_register_them() -> None:
     builtins = registry.builtin_entries()
     assert {k for k, _, _ in builtins} == set(registry.KINDS) and len(builtins) > 150
-    stored = json.loads(json.dumps([catalogue.encode(*b) for b in builtins]))  # as on disk
+    stored = json.loads(json.dumps([description.encode(*b) for b in builtins]))  # as on disk
     for (kind, entry, module), d in zip(builtins, stored, strict=True):
-        k, described, m = catalogue.decode(d)
+        k, described, m = description.decode(d)
         assert (k, m) == (kind, module) and module.startswith("expctl.")
         assert _seen(described, kind) == _seen(entry, kind), f"{kind} {entry.name}"
 
@@ -99,7 +99,7 @@ def test_the_shipped_description_is_this_source_trees() -> None:
     versions = {k: v for k, v in key.items() if k != "sources"}
     if {k: shipped["made_from"][k] for k in versions} != versions:
         pytest.skip(f"made for {shipped['made_from']}, the versions CI pins; here {versions}")
-    fresh = json.loads(json.dumps([catalogue.encode(*b) for b in registry.builtin_entries()]))
+    fresh = json.loads(json.dumps([description.encode(*b) for b in registry.builtin_entries()]))
     hint = "describe them again: python -m expctl.builtin.catalogue"
     assert shipped["entries"] == fresh, hint
     assert shipped["made_from"] == key, hint
@@ -186,7 +186,7 @@ tab "expctl list mo"; tab "expctl list "; tab "expctl run logger=t"; tab "expctl
 def test_a_damaged_description_is_made_again(tmp_path: Path) -> None:
     path = tmp_path / "registry-x.json"
     kind, entry, module = registry.builtin_entries()[0]
-    catalogue.write(path, [catalogue.encode(kind, entry, module)])
+    catalogue.write(path, [description.encode(kind, entry, module)])
     assert catalogue._read(path) is not None
     for damaged in (path.read_text()[:-9], path.read_text().replace(entry.name, "other")):
         path.write_text(damaged)
