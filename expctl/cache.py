@@ -57,18 +57,24 @@ def kept_path(folder: str, source: Path, files: Iterable[Path]) -> Path | None:
     read."""
     import hashlib
 
-    stamps = []
-    for f in files:
-        try:
-            st = f.stat()
-            stamps.append(f"{f}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
-        except FileNotFoundError:
-            stamps.append(f"{f}:-")
-        except OSError:
-            return None
+    stamps = [(f, file_stamp(f)) for f in files]
+    if any(stamp == "?" for _, stamp in stamps):
+        return None
     name = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
-    stamp = hashlib.sha256("|".join(stamps).encode()).hexdigest()[:8]
+    stamp = hashlib.sha256("|".join(f"{f}:{st}" for f, st in stamps).encode()).hexdigest()[:8]
     return cache_dir() / folder / f"{name}-{stamp}"
+
+
+def file_stamp(f: Path) -> str:
+    """What changes whenever `f` does: its size, mtime, inode and ctime (which nothing can set
+    back); "-" when it is absent, "?" when it cannot be read."""
+    try:
+        st = f.stat()
+    except FileNotFoundError:
+        return "-"
+    except OSError:
+        return "?"
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
 
 
 def read_kept(path: Path | None) -> Any:

@@ -397,8 +397,7 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from expctl.builtin import catalogue
-    from expctl.config import compose
-    from expctl.config import frozen as config
+    from expctl.config import kept
     from expctl.dist import detect
     from expctl.startup import paused_gc
 
@@ -408,10 +407,10 @@ def _show(args: argparse.Namespace) -> int:
     # loads torchvision too
     catalogue.describe(wait=False)
     with paused_gc():  # a component's pre-flight check may load torch (datasets but MNIST's)
-        cfg = compose.compose(args.config, args.overrides, notes=notes)
+        cfg, text = kept.compose(args.config, args.overrides, notes=notes)
     env = detect(os.environ)
     out = [
-        config.to_yaml(cfg, frozen=False),
+        text,
         "# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()) + "\n",
     ]
     if cfg.launcher.name == "slurm":  # rendered before anything is printed: it may refuse

@@ -44,7 +44,7 @@ from expctl.config.layers import (
     read_user_file,
     resolve_option,
 )
-from expctl.config.yamlfile import read_yaml
+from expctl.config.yamlfile import read_yaml, touch
 from expctl.errors import UserError
 from expctl.layout import RunDir, read_imports
 
@@ -185,7 +185,7 @@ def _compose_node(config_file: str | None, overrides: Sequence[str]) -> _Compose
     user = read_user_file(config_file) if config_file else None
     dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
     # a run's config.yaml or a sweep's best.yml: where its `imports:` were found, beside it
-    found = read_imports(dirs[0] / RunDir.IMPORTS) if dirs else {}
+    found = read_imports(touch(dirs[0] / RunDir.IMPORTS)) if dirs else {}
     folders = [*dirs, *(Path(f["path"]) for f in found.values())]
     for folder in folders:  # `imports: [my_components]` next to the file, here and in workers
         dist.apply_env({importpath.IMPORT_PATH: importpath.add_import_path(folder)})

@@ -18,7 +18,7 @@ from typing import Any
 
 from expctl import registry
 from expctl.config import confstore, frozen, schema
-from expctl.config.yamlfile import read_yaml
+from expctl.config.yamlfile import read_yaml, touch
 from expctl.errors import UserError, choices_text, did_you_mean
 
 GROUPS = ("model", "data", "optim", "sched", "loss", "launcher")
@@ -36,7 +36,7 @@ def yaml_options(group: str, dirs: Sequence[Path] = ()) -> list[str]:
     """Names of the YAML files of a config group, built-in and in `dirs`."""
     names: set[str] = set()
     for root in (builtin_conf_dir(), *dirs):
-        folder = root / group
+        folder = touch(root / group)
         if folder.is_dir():
             names |= {p.stem for p in folder.glob("*.y*ml") if p.suffix in (".yaml", ".yml")}
     return sorted(names)
@@ -54,7 +54,7 @@ def group_options(group: str, dirs: Sequence[Path] = ()) -> list[str]:
 
 def read_user_file(path: str) -> dict[str, Any]:
     """Read a -C file (.yml or .yaml, anywhere on disk) into a plain dict, unresolved."""
-    p = Path(path).expanduser()
+    p = touch(Path(path).expanduser())
     if p.suffix not in (".yml", ".yaml"):
         raise UserError(
             f"-C {path}: config files must end in .yml or .yaml",
@@ -89,7 +89,7 @@ def _option_file(root: Path, group: str, option: str, suffix: str) -> Path:
             "not a path",
             f"put the file in {group}/ next to your -C file and name it: {group}=NAME",
         )
-    return root / group / f"{option}{suffix}"
+    return touch(root / group / f"{option}{suffix}")
 
 
 @dataclass

@@ -89,6 +89,14 @@ def validate(
     return cfg
 
 
+def recheck(cfg: Config) -> None:
+    """The checks of `validate` whose outcome may change while the config does not: the files
+    a key names (cross-section checks) and each component's pre-flight check. For a Config
+    validated earlier (`config/kept.py`)."""
+    _cross_checks(cfg)
+    check_registered(cfg)
+
+
 def check_registered(cfg: Config) -> None:
     """Check every component name and argument against the registries."""
     registry.import_user_modules(cfg.imports)

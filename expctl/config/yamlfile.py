@@ -4,6 +4,8 @@ never keep expctl busy or fill its memory. The one place expctl parses YAML."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,29 @@ from expctl.errors import UserError
 
 YAML_MAX_BYTES = 1 << 20  # a config file holds a few KB; more is a mistake or an attack
 YAML_MAX_VALUES = 10_000  # nodes, aliases (*name) expanded: OmegaConf takes ~1 s per 10000
+
+
+# the lists that `touched` records into, innermost last
+_TOUCHED: list[list[Path]] = []
+
+
+@contextlib.contextmanager
+def touched() -> Iterator[list[Path]]:
+    """Record every file a composition reads or looks for while inside: what `config/kept.py`
+    checks before it serves a composition again."""
+    files: list[Path] = []
+    _TOUCHED.append(files)
+    try:
+        yield files
+    finally:
+        _TOUCHED.remove(files)
+
+
+def touch(path: Path) -> Path:
+    """`path` was read or looked for (`touched`); returns it."""
+    for files in _TOUCHED:
+        files.append(path)
+    return path
 
 
 def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
@@ -30,7 +55,7 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     try:
-        with open(p, "rb") as f:
+        with open(touch(p), "rb") as f:
             data = f.read(YAML_MAX_BYTES + 1)
         text = data.decode("utf-8")
     except OSError as e:

@@ -80,23 +80,20 @@ def multirun(
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
     notes: list[str] = []
-    pool: Pool | None = None
+    from expctl.sweep import trials  # lazy: `sweep table` never needs it
 
-    def start_forker(base: Config) -> None:  # it imports torch while the sweep is made
-        nonlocal pool
-        if base.launcher.name != "slurm":
-            from expctl.sweep import trials  # lazy: `sweep table` never needs it
-
-            pool = trials.forker()
-
+    # the local trials' forker starts first: it imports torch while the points are composed
+    # (seconds of each; on Slurm it is closed once the first point says so)
+    pool = trials.forker()
     try:
         # every point is valid before anything exists
-        space = plan(config_file, overrides, notes, start_forker)
+        space = plan(config_file, overrides, notes)
         local = space.base.launcher.name != "slurm"
+        if not local:
+            pool.close()
         return _multirun(config_file, overrides, space, notes, repeat, pool if local else None)
     finally:
-        if pool is not None:
-            pool.close()
+        pool.close()  # a second close does nothing
 
 
 def _multirun(

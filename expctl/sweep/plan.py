@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +41,9 @@ def plan(
     config_file: str | None,
     overrides: Sequence[str],
     notes: list[str],
-    on_base: Callable[[Config], None] | None = None,
 ) -> Plan:
     """The sweep of `expctl run -C config_file -m overrides`, every grid point composed (so
-    valid) before anything is created; `on_base` is called with the first point's config before
-    the others are composed.
+    valid) before anything is created.
 
     The search space is Hydra's: the config's ``sweep.params``, then the command line, the last
     value of a key winning (defaults < config file < command line); ``shuffle()`` draws from
@@ -66,8 +64,6 @@ def plan(
     over = point_overrides(plain, heads[0])
     if over != first:  # sweep.params or a shuffle moved the first point
         base = compose_point(config_file, over, notes)
-    if on_base is not None:
-        on_base(base)
     others = [point_overrides(plain, point) for point in heads[1:]]
     vary = [d.key for d in dims]
     for d in dims:  # an interval's ends are values a trial (or a PBT mutation) may get

@@ -192,6 +192,10 @@ def serve(req_fd: int, ev_fd: int, entry: Entry) -> None:
     with paused_gc():
         # torch, and torch._dynamo, which a trial's first optimizer imports (seconds: more than
         # a short trial trains), imported once for every trial; neither starts a thread
+        # what each trial imports next: its launch, its frozen config (OmegaConf), and Optuna,
+        # which reports to the study (0.1 s a trial, a tenth of a short trial's start)
+        import omegaconf  # noqa: F401
+        import optuna  # noqa: F401
         import torch._dynamo  # noqa: F401
 
         from expctl.jobs import launch  # noqa: F401

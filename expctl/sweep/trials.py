@@ -82,9 +82,9 @@ def machine(base: Config) -> resources.Machine:
 
 def forker() -> Pool:
     """The trials' processes' forker (a zygote that imports torch and torch._dynamo: seconds on
-    a GPU machine), started now: a sweep's driver starts it once its first point is composed
-    (the `imports:` modules loaded), so that it loads while the driver composes the other
-    points and makes the sweep."""
+    a GPU machine), started now: a sweep's driver starts it first, so that it loads while the
+    driver composes the points and makes the sweep (each trial imports its `imports:` modules
+    itself, after torch: milliseconds)."""
     return Pool(trial_main)
 
 
