@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from expctl.config.frozen import redacted
 from expctl.config.schema import Config, TrainConfig, monitors
 from expctl.dist import DistEnv, apply_env, init_process_group
@@ -118,8 +120,6 @@ def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
         yield Control(env, store)
     finally:
         if env.distributed:
-            import torch.distributed as dist  # torch is loaded by now; kept off `import expctl`
-
             if dist.is_initialized():
                 dist.destroy_process_group()
 
