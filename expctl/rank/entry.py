@@ -119,9 +119,8 @@ def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
         store = init_process_group(env, backend, ln.rdzv_timeout, ln.collective_timeout)
         yield Control(env, store)
     finally:
-        if env.distributed:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if env.distributed and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # what a rank's collective raises when a peer's process ended (gloo, NCCL)
