@@ -43,7 +43,7 @@ __all__ = [
 def runs(*roots: Any) -> Any:
     """Every run directory under `roots` (default: runs), sweep trials included: status, the
     config keys that differ, final and best metrics, wall time (see expctl.inspect.compare.load)."""
-    from expctl.inspect.compare import load  # no torch: reading runs trains nothing
+    from expctl.inspect.compare import load  # noqa: PLC0415 - `import expctl` stays light (~0.3 s)
 
     return load(roots) if roots else load()  # its default: run.root's
 

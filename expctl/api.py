@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from expctl import registry
 from expctl.config import compose
 from expctl.config import frozen as config_mod
@@ -23,6 +25,8 @@ from expctl.errors import UserError, did_you_mean
 from expctl.jobs import launch
 from expctl.jobs.launch import Result
 from expctl.layout import RunDir
+from expctl.rank import checkpoint as ckpt
+from expctl.rank.entry import Evaluation
 from expctl.rank.provenance import Launch
 
 
@@ -69,8 +73,6 @@ def caller_state_kept() -> Iterator[None]:
     """A run inside a larger program leaves it as it found it, returned or raised: its signal
     handlers (torch's elastic agent installs its own), environment variables (`env:`),
     ``sys.path``, torch's global flags and RNG streams, and the ``expctl`` logger."""
-    import torch  # lazy: loaded by the launch anyway, never by `import expctl`
-
     main = threading.current_thread() is threading.main_thread()
     handlers = {
         sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in _SIGNALS) if main
@@ -128,8 +130,6 @@ def load_model(
     Raises:
         UserError: no run directory or no such loadable checkpoint.
     """
-    from expctl.rank import checkpoint as ckpt  # lazy: torch loads only when a model does
-
     if checkpoint is not None and which is not None:
         raise UserError(
             "load_model: pass checkpoint= or which=, not both", "which=PATH is the same"
@@ -169,9 +169,6 @@ def evaluate(
     Raises:
         UserError: not a run, no such checkpoint or split, a bad override.
     """
-    from expctl.rank import checkpoint as ckpt  # lazy: torch loads only when a model does
-    from expctl.rank.entry import Evaluation
-
     overrides = override_list(overrides)
     run = RunDir(Path(run_dir).expanduser().absolute())
     if not run.is_run():

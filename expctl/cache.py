@@ -6,6 +6,7 @@ flushed to disk; a cache that cannot be written or read is made again, never an 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -27,8 +28,6 @@ def cache_dir() -> Path:
 def cache_key(versions: Iterable[str], files: Iterable[Path]) -> str:
     """A cache's key: what it was made from (package versions, and the path, size and mtime of
     each source file it depends on)."""
-    import hashlib
-
     stats = [(str(f), st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
     return hashlib.sha256(json.dumps([list(versions), stats]).encode()).hexdigest()[:24]
 
@@ -55,8 +54,6 @@ def kept_path(folder: str, source: Path, files: Iterable[Path]) -> Path | None:
     `source` (one kept value per source) and stamped with each file's size, mtime, inode and
     ctime (which nothing can set back); a file that is absent counts too. None: one cannot be
     read."""
-    import hashlib
-
     stamps = [(f, file_stamp(f)) for f in files]
     if any(stamp == "?" for _, stamp in stamps):
         return None

@@ -16,7 +16,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from expctl.config import explain, schema
+from expctl import registry
+from expctl.config import confstore, explain, schema
 from expctl.config.layers import GROUPS, LOGGER, PRESETS, group_options
 from expctl.errors import UserError
 from expctl.registry import KINDS, names
@@ -71,9 +72,6 @@ def completion_words(described: bool = True) -> list[str]:
 
 
 def _logger_keys(name: str) -> list[str]:
-    from expctl import registry
-    from expctl.config import confstore
-
     return list(confstore.node_defaults(LOGGER, registry.get("loggers", name)))
 
 
@@ -116,7 +114,7 @@ def completion_script(parser: Any, shell: str) -> str:
     config groups, their options and every key for KEY=VALUE arguments (asked of this Python's
     expctl when first needed) and the kinds `expctl list` takes."""
     try:
-        import shtab
+        import shtab  # noqa: PLC0415 - shtab off `run --help` and `_words`
     except ImportError:
         raise UserError("shell completion needs shtab", "pip install shtab") from None
     command = f"{shlex.quote(sys.executable)} -m expctl"

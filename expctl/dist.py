@@ -11,6 +11,8 @@ import hashlib
 import logging
 import os
 import re
+import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -284,8 +286,6 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
     """
     if not env.distributed:
         return None
-    import threading
-
     # whatever blocks below (a silent peer on the port, a rank 0 that died after listening),
     # the rendezvous ends within the timeout: a watchdog ends the process with the message
     bounded = threading.Timer(
@@ -301,14 +301,13 @@ def init_process_group(env: DistEnv, backend: str, rdzv_timeout_s: float, timeou
 
 
 def _abort(error: UserError) -> None:
-    import sys
-
     print(f"expctl: error: {error}", file=sys.stderr, flush=True)
     os._exit(2)
 
 
 def _join(env: DistEnv, backend: str, rdzv_timeout_s: float, timeout_s: float) -> Any:
-    import torch.distributed as dist
+    # torch off `show`, which detects the environment:
+    import torch.distributed as dist  # noqa: PLC0415
 
     try:
         store = dist.TCPStore(

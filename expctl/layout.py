@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,8 +266,6 @@ class RunDir:
 def fresh_names(prefix: str, tries: int = 100) -> Iterator[str]:
     """Names for a new run or sweep directory, PREFIX-YYYYmmdd-HHMMSS-XXXX, another random
     suffix each: the caller makes the first that does not exist yet (`mkdir`, atomic)."""
-    import secrets
-    import time
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for _ in range(tries):

@@ -8,6 +8,7 @@ as CSV or filter text, CSV, a pandas DataFrame, and a text table fitted to the t
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import math
@@ -116,8 +117,6 @@ def pick(columns: Sequence[str], patterns: Sequence[str], option: str, listing: 
     Raises:
         UserError: a pattern that names no column (with a did-you-mean).
     """
-    import fnmatch
-
     out: dict[str, None] = {}
     for pattern in patterns:
         hits = [c for c in columns if fnmatch.fnmatchcase(c, pattern)]
@@ -198,7 +197,7 @@ def to_pandas(records: Sequence[Mapping[str, Any]], index: str, what: str) -> An
         UserError: pandas is not installed (`what` names the method asked).
     """
     try:
-        import pandas  # lazy: optional, and heavy
+        import pandas  # noqa: PLC0415 - optional (expctl[pandas]), and heavy
     except ImportError:
         raise UserError(
             f"{what} needs pandas, which is not installed",

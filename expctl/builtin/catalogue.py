@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,6 @@ _WAIT_S = 600.0  # the longest wait for a builder that holds its lock
 def key() -> str:
     """What the snapshot is made of: Python, torch, torchvision, expctl's source files (its
     version among them: __init__.py)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     versions = [sys.version]
     for dist in ("torch", "torchvision"):
         try:
@@ -87,8 +86,6 @@ def shipped_key() -> dict[str, str]:
     """What the shipped snapshot must have been made from to describe this environment: the
     Python minor version, torch's and torchvision's versions, and the contents of the modules
     that register the built-in components (and of those that describe them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": "{}.{}".format(*sys.version_info[:2])}
     for dist in ("torch", "torchvision"):
         try:

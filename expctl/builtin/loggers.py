@@ -109,7 +109,8 @@ class TensorBoard(Logger):
     with the newest value of every metric."""
 
     def __init__(self, run_dir: Path, start_step: int = 0) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # torch is loaded: this is a rank
+        # optional (expctl[tensorboard]), and torch off `status`, `list` (report imports this):
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
 
         # a resumed run hides what an earlier attempt logged after its checkpoint
         purge = start_step + 1 if start_step else None
@@ -127,7 +128,7 @@ class TensorBoard(Logger):
         self.last.update(metrics)
 
     def close(self, status: str) -> None:
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard.summary import hparams  # noqa: PLC0415 - as in __init__
 
         events = self.writer.file_writer  # the run's own event file (not add_hparams' subfolder)
         if self.params and events is not None:
@@ -226,7 +227,7 @@ class MLflow(Logger):
         experiment: str = "expctl",
         run_name: str | None = None,  # null: the run directory's name
     ) -> None:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - optional: expctl[mlflow]
 
         self.client = MlflowClient(tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
@@ -249,7 +250,7 @@ class MLflow(Logger):
             self.run_id = run.info.run_id
 
     def log_hparams(self, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # noqa: PLC0415 - optional: expctl[mlflow]
 
         if self.resumed:
             return  # logged by the first attempt (MLflow refuses a changed value)
@@ -258,7 +259,7 @@ class MLflow(Logger):
             self.client.log_batch(self.run_id, params=items[i : i + _MLFLOW_BATCH])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # noqa: PLC0415 - optional: expctl[mlflow]
 
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
@@ -292,7 +293,7 @@ class WandB(Logger):
         mode: str = "offline",  # offline | online | disabled
         name: str | None = None,  # null: the run directory's name
     ) -> None:
-        import wandb
+        import wandb  # noqa: PLC0415 - optional: expctl[wandb]
 
         path = Path(run_dir).resolve()
         self.run = wandb.init(

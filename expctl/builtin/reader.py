@@ -16,6 +16,8 @@ that stops answering ends the run after `data.timeout` seconds, naming the rank.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import multiprocessing
 import signal
 import threading
@@ -98,9 +100,6 @@ def _worker_init(worker_id: int) -> None:
     along (Linux's PR_SET_PDEATHSIG), stuck ones included."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import ctypes
-    import ctypes.util
-
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -9,10 +9,16 @@ launches workers) never imports torchvision.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import inspect
 import json
 import math
+import re
+import sys
 import typing
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from torch import nn
@@ -25,7 +31,8 @@ _AUX_HEADS = {"googlenet", "inception_v3"}  # torchvision's default adds auxilia
 
 def _torchvision_factory(name: str) -> Callable[..., nn.Module]:
     def factory(in_channels: int = 3, num_classes: int = 1000, **kwargs: object) -> nn.Module:
-        from torchvision import models as tvm
+        # torchvision off composing and other models' runs:
+        from torchvision import models as tvm  # noqa: PLC0415
 
         # a null argument is the builder's own default (wide_resnet50_2 sets width_per_group)
         given = {k: v for k, v in kwargs.items() if v is not None}
@@ -68,9 +75,6 @@ def _builder_sets(builder: object, cls: type) -> list[str] | None:
     calls (wide_resnet50_2's width_per_group, densenet121's growth_rate): they stay null unless
     the user sets them, while the others show the class's defaults. None when the builder's
     source cannot be read (then all are null)."""
-    import inspect
-    import re
-
     try:
         source = inspect.getsource(builder)  # type: ignore[arg-type]
     except (OSError, TypeError):
@@ -145,7 +149,8 @@ def _register_imported() -> None:
 
 def _torchvision_classes() -> list[tuple[str, object, object]]:
     """(name, the class its builder returns or None, the builder) of every classifier."""
-    from torchvision import models as tvm
+    # torchvision off composing and other models' runs:
+    from torchvision import models as tvm  # noqa: PLC0415
 
     out = []
     for name in tvm.list_models(module=tvm):
@@ -180,8 +185,6 @@ def _torchvision_specs() -> dict[str, typing.Any]:
 def _spec(cls: object) -> typing.Any:
     """[[name, kind, default, annotation], ...] of `cls`'s signature; None when `cls` is not a
     class (any argument is accepted); _UNCACHEABLE when a default is no JSON value."""
-    import inspect
-
     if not isinstance(cls, type):
         return None
     out = []
@@ -219,8 +222,6 @@ def _decode(value: typing.Any) -> object:
 
 def _stub(name: str, params: typing.Any) -> Callable[..., object] | None:
     """A callable carrying the signature a spec describes (what `params_of` is read for)."""
-    import inspect
-
     if params is None:
         return None
 
@@ -245,10 +246,6 @@ def _stub(name: str, params: typing.Any) -> Callable[..., object] | None:
 def _signature_cache() -> Path | None:
     """The cache file for this Python, torch, torchvision and this file; None without
     torchvision (its import then fails as before)."""
-    import importlib.util
-    import sys
-    from importlib.metadata import PackageNotFoundError, version
-
     spec = importlib.util.find_spec("torchvision")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -283,8 +280,6 @@ def _read_specs(path: Path) -> dict[str, typing.Any] | None:
 
 
 def _digest(specs: object) -> str:
-    import hashlib
-
     return hashlib.sha256(json.dumps(specs, sort_keys=True).encode()).hexdigest()
 
 

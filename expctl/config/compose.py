@@ -18,11 +18,15 @@ Hydra gets one generated option per group
 from __future__ import annotations
 
 import contextlib
+import copy
 import tempfile
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from expctl import dist, importpath, registry
 from expctl.config import confstore, frozen, schema, validate
@@ -80,7 +84,8 @@ _HYDRA_HINTS = {
 
 def parse_command_line(overrides: Sequence[str]) -> CommandLine:
     """Sort `overrides` (Hydra's grammar, parsed by Hydra's parser)."""
-    from hydra.core.override_parser.types import OverrideType
+    # Hydra off load_model and the workers (api, launch import this):
+    from hydra.core.override_parser.types import OverrideType  # noqa: PLC0415
 
     out = CommandLine()
     for text in overrides:
@@ -214,8 +219,9 @@ def _compose_node(config_file: str | None, overrides: Sequence[str]) -> _Compose
     confstore.store_schema(GROUPS)
     confstore.store_components(stack.choices)
     with _generated(stack) as cdir, _hydra_errors(stack, cli.keys):
-        from hydra import compose as hydra_compose
-        from hydra import initialize_config_dir
+        # Hydra off load_model and the workers (api, launch import this):
+        from hydra import compose as hydra_compose  # noqa: PLC0415
+        from hydra import initialize_config_dir  # noqa: PLC0415
 
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             node = hydra_compose(config_name=PRIMARY, overrides=cli.keys)
@@ -238,7 +244,8 @@ def _plain_values(overrides: Sequence[str], vary: Collection[str]) -> list[str]:
     what Hydra does); else [] (compose it whole)."""
     if not vary:
         return []
-    from hydra.core.override_parser.types import OverrideType
+    # Hydra off load_model and the workers (api, launch import this):
+    from hydra.core.override_parser.types import OverrideType  # noqa: PLC0415
 
     parsed = [(text, parse_override(text)) for text in overrides]
     varied = [text for text, o in parsed if o.key_or_group in vary]
@@ -267,11 +274,8 @@ def _set_values(stem: Any, varied: Sequence[str]) -> Any:
     """A copy of Hydra's composed `stem` with `varied` set as Hydra sets a `key=value` override
     on the composed config (`OmegaConf.update(cfg, key, value, merge=True)`, in struct mode);
     None when one fails (Hydra's composition then says why, in its words)."""
-    import copy
-
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    # Hydra off load_model and the workers (api, launch import this):
+    from hydra.errors import HydraException  # noqa: PLC0415
 
     node = copy.deepcopy(stem)
     try:
@@ -330,8 +334,6 @@ _QUIET_HYDRA = [
 @contextlib.contextmanager
 def _generated(stack: Stack) -> Iterator[Path]:
     """A temporary config folder: the primary config and one generated option per group."""
-    from omegaconf import OmegaConf
-
     defaults: list[Any] = [confstore.SCHEMA]
     with tempfile.TemporaryDirectory(prefix="expctl-compose-") as tmp:
         for group in GROUPS:
@@ -351,8 +353,8 @@ def _generated(stack: Stack) -> Iterator[Path]:
 @contextlib.contextmanager
 def _hydra_errors(stack: Stack, keys: Sequence[str]) -> Iterator[None]:
     """Turn Hydra's composition errors into one-or-two-line UserErrors."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    # Hydra off load_model and the workers (api, launch import this):
+    from hydra.errors import HydraException  # noqa: PLC0415
 
     try:
         yield

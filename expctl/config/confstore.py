@@ -27,8 +27,9 @@ _STORED: set[tuple[str, str]] = set()
 def store_schema(groups: tuple[str, ...]) -> None:
     """Store the schema root (fixed sections typed, `groups` left to their options), the
     launchers and ``sched=none`` (once per process)."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import MISSING, OmegaConf
+    # Hydra and OmegaConf off `run --help` and completion:
+    from hydra.core.config_store import ConfigStore  # noqa: PLC0415
+    from omegaconf import MISSING, OmegaConf  # noqa: PLC0415
 
     if ("", SCHEMA) in _STORED:
         return
@@ -54,7 +55,8 @@ def store_schema(groups: tuple[str, ...]) -> None:
 
 def store_components(choices: Mapping[str, str]) -> None:
     """Store the nodes of the chosen registered components (each once per process)."""
-    from hydra.core.config_store import ConfigStore
+    # Hydra off `run --help`, completion:
+    from hydra.core.config_store import ConfigStore  # noqa: PLC0415
 
     cs = ConfigStore.instance()
     for section, kind in schema.COMPONENT_KINDS.items():
@@ -68,7 +70,7 @@ def store_components(choices: Mapping[str, str]) -> None:
 
 def _child(node: Any, key: Any) -> Any:
     """The node under `key` when it is a config (a DictConfig is returned as itself)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # noqa: PLC0415 - OmegaConf off `run --help`, completion
 
     return OmegaConf.select(
         node, str(key), throw_on_missing=False, throw_on_resolution_failure=False
@@ -77,7 +79,7 @@ def _child(node: Any, key: Any) -> Any:
 
 def _unfrozen(node: Any) -> Any:
     """A structured node of a frozen dataclass, made writable (Hydra merges into it)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # noqa: PLC0415 - OmegaConf off `run --help`, completion
 
     OmegaConf.set_readonly(node, None)
     for key in node:
@@ -89,7 +91,8 @@ def _unfrozen(node: Any) -> Any:
 
 def _open_maps(node: Any) -> Any:
     """Dict-typed keys (sbatch, params) accept new keys."""
-    from omegaconf import DictConfig, OmegaConf
+    # OmegaConf off `run --help`, completion:
+    from omegaconf import DictConfig, OmegaConf  # noqa: PLC0415
 
     for key in node:
         child = _child(node, key)
@@ -100,7 +103,7 @@ def _open_maps(node: Any) -> Any:
 
 def component_node(section: str, entry: Any) -> type:
     """The dataclass of one registered component's node (see the module docstring)."""
-    from omegaconf import MISSING
+    from omegaconf import MISSING  # noqa: PLC0415 - OmegaConf off `run --help`, completion
 
     fields: list[tuple[str, Any, Any]] = []
     for key, f in schema.framework_keys(section).items():
@@ -125,7 +128,7 @@ def component_node(section: str, entry: Any) -> type:
 
 def node_defaults(section: str, entry: Any) -> dict[str, Any]:
     """The values of a component's node as a plain dict (``???`` for required arguments)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # noqa: PLC0415 - OmegaConf off `run --help`, completion
 
     made = _DEFAULTS.get((section, id(entry)))
     if made is None or made[0] is not entry:  # made once per registered entry
@@ -141,7 +144,7 @@ _DEFAULTS: dict[tuple[str, int], tuple[Any, dict[str, Any]]] = {}
 def complete(raw: dict[str, Any]) -> None:
     """Fill every chosen component's missing arguments with its signature defaults (a section
     that reached the config without its node, e.g. from a frozen config of an older version)."""
-    from omegaconf import MISSING
+    from omegaconf import MISSING  # noqa: PLC0415 - OmegaConf off `run --help`, completion
 
     for section, kind in schema.COMPONENT_KINDS.items():
         value = raw.get(section)

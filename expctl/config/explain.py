@@ -4,6 +4,7 @@ one-or-two-line UserErrors with a did-you-mean, and the keys each section and co
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,7 +16,8 @@ from expctl.errors import UserError, choices_text, did_you_mean
 
 def explain(e: Exception, choices: Mapping[str, str], keys: Sequence[str]) -> UserError:
     """A Hydra / OmegaConf composition error as a UserError naming the key at fault."""
-    from omegaconf.errors import ConfigKeyError, ValidationError
+    # OmegaConf off `run --help`, completion:
+    from omegaconf.errors import ConfigKeyError, ValidationError  # noqa: PLC0415
 
     cause: Any = e
     while not isinstance(cause, (ConfigKeyError, ValidationError)):
@@ -122,8 +124,6 @@ def unknown_key(key: str, choices: Mapping[str, str]) -> UserError:
 
 
 def _closest(word: str, choices: Sequence[str]) -> str | None:
-    import difflib
-
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return close[0] if close else None
 
@@ -188,8 +188,9 @@ def _owners(section: str, key: str) -> list[str]:
 
 def parse_override(text: str) -> Any:
     """One override parsed by Hydra's own parser (an ``Override``), or a UserError."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    # Hydra off `run --help`, completion:
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: PLC0415
+    from hydra.errors import HydraException  # noqa: PLC0415
 
     try:
         (o,) = OverridesParser.create().parse_overrides([text])

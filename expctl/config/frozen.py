@@ -24,7 +24,7 @@ def to_yaml(cfg: Config, frozen: bool = True) -> str:
     """The config as YAML text. Frozen (config.yaml) leaves ``run.dir`` out: a run directory is
     where its config.yaml lies (a moved run resumes there; the file reused with -C starts a new
     run)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # noqa: PLC0415 - OmegaConf off `status` and `run --help`
 
     d = cfg.to_dict()
     if frozen:
@@ -36,7 +36,7 @@ def load(run_dir: str | Path, path: Path | None = None) -> Config:
     """Read RUN_DIR/config.yaml (or another frozen config of that run, `path`) back into a
     Config (no composition, no Hydra); environment interpolations resolve in this process's
     environment."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # noqa: PLC0415 - OmegaConf off `status` and `run --help`
 
     path = path or RunDir(run_dir).config
     if not path.is_file():
@@ -81,8 +81,9 @@ def drop_legacy(raw: dict[str, Any]) -> None:
 def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
     """A resolved plain dict of an OmegaConf node, and the dotted keys whose values come from
     ``${oc.env:...}`` (directly or through another key), with their unresolved text."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    # OmegaConf off `status` and `run --help`:
+    from omegaconf import OmegaConf  # noqa: PLC0415
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
 
     raw = OmegaConf.to_container(node, resolve=False)
     found: dict[str, str] = {}
@@ -113,8 +114,9 @@ def _from_environment(raw: Any, found: dict[str, str], resolved: Any) -> dict[st
     """The interpolated keys whose values depend on the environment, however they reach it
     (``${oc.env:..}``, a key that holds one, ``oc.select``, a relative key, ``oc.dict.values``,
     a parent node): those whose value changes when every ``oc.env`` returns one of its own."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    # OmegaConf off `status` and `run --help`:
+    from omegaconf import OmegaConf  # noqa: PLC0415
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
 
     if not any(_ENV_RESOLVER.search(v) for v in found.values()):
         return {}  # no oc.env anywhere (run.name's default interpolates too): nothing to probe

@@ -165,8 +165,13 @@ def check_hparam_schedule(cfg: Config) -> None:
 def _typed(where: str, cls: type, value: Any) -> Any:
     """`value` checked against the dataclass `cls` by OmegaConf (types, unknown keys), then
     against the fields' choices and minimums; returns an instance of `cls`."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+    # OmegaConf off `status` and `run --help`:
+    from omegaconf import OmegaConf  # noqa: PLC0415
+    from omegaconf.errors import (  # noqa: PLC0415
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
 
     if value is None:
         value = {}
@@ -207,7 +212,7 @@ _STRUCTURED: dict[type, Any] = {}
 
 def _structured(cls: type) -> Any:
     """OmegaConf's node of the dataclass `cls`, made once (a sweep validates every point)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # noqa: PLC0415 - OmegaConf off `status` and `run --help`
 
     if cls not in _STRUCTURED:
         _STRUCTURED[cls] = OmegaConf.structured(cls)

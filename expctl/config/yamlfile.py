@@ -51,8 +51,9 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
             more than 10000 values once its aliases are expanded (an alias bomb), naming the
             file and the limit.
     """
-    import yaml
-    from omegaconf import OmegaConf
+    # PyYAML and OmegaConf off `status` and `run --help`:
+    import yaml  # noqa: PLC0415
+    from omegaconf import OmegaConf  # noqa: PLC0415
 
     try:
         with open(touch(p), "rb") as f:
@@ -94,7 +95,7 @@ def read_yaml(p: Path, where: str, empty: str | None = None) -> dict[str, Any]:
 
 
 def _has_alias(text: str) -> bool:
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML off `status` and `run --help`
 
     return any(isinstance(t, yaml.AliasToken) for t in yaml.scan(text, Loader=yaml.SafeLoader))
 
@@ -115,7 +116,7 @@ def _too_many(where: str, aliased: bool) -> UserError:
 def _check_expansion(text: str, where: str) -> None:
     """Count the values of a YAML text with its aliases expanded, on PyYAML's node graph (an
     alias is one shared node there) before any object is built: each node once, no recursion."""
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML off `status` and `run --help`
 
     root = yaml.compose(text, Loader=yaml.SafeLoader)  # pure Python: deep nesting raises
     sizes: dict[int, int] = {}

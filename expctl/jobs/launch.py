@@ -9,6 +9,8 @@ the run directory here and hand its path to the workers, which read RUN_DIR/conf
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import json
 import logging
@@ -20,6 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from expctl import importpath
 from expctl.config import frozen as config_mod
@@ -64,8 +68,6 @@ def visible_gpus(cfg: Config) -> int:
     """GPUs this process would train on (0 for train.device=cpu or no CUDA)."""
     if cfg.train.device == "cpu":
         return 0
-    import torch
-
     return torch.cuda.device_count()
 
 
@@ -194,9 +196,10 @@ def _local(
 def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
     """`launcher.nproc` workers of `python -c WORKER_MAIN _worker RUN_DIR ARGS` through torch's
     elastic agent, restarted up to `launcher.max_restarts` times."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    # torch's elastic agent (~0.1 s) off inline runs, Slurm tasks and the workers:
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # noqa: PLC0415
 
     n = cfg.launcher.nproc
     lc = LaunchConfig(
@@ -297,9 +300,6 @@ def _die_with_the_launcher() -> None:
     """A local worker ends when its launcher does, even by SIGKILL: torch's agent starts workers
     in sessions of their own, and an orphan would train on beside the next launch (the launcher
     holds the run's lock). Linux's PR_SET_PDEATHSIG; elsewhere workers outlive a killed agent."""
-    import ctypes
-    import ctypes.util
-
     parent = os.getppid()
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -410,6 +410,6 @@ class SlurmTask:
             cfg = copy
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        from submitit.helpers import DelayedSubmission
+        from submitit.helpers import DelayedSubmission  # noqa: PLC0415 - submitit off local runs
 
         return DelayedSubmission(SlurmTask(self.run_dir, self.origin))

@@ -63,7 +63,8 @@ def parameters(cfg: Config) -> dict[str, Any]:
 
 def render(cfg: Config, run_dir: Path) -> str:
     """The exact sbatch script `submit` would hand to sbatch for this run."""
-    from submitit.slurm.slurm import _make_sbatch_string
+    # submitit off runs not on Slurm (launch imports this module)
+    from submitit.slurm.slurm import _make_sbatch_string  # noqa: PLC0415
 
     folder = RunDir(run_dir).slurm
     command = " ".join(
@@ -91,7 +92,7 @@ def check_cluster(cfg: Config) -> None:
 def submit(cfg: Config, task: Callable[[], Any]) -> str:
     """Submit the frozen run `cfg` (its run directory exists), each task running `task`;
     return the job id."""
-    import submitit
+    import submitit  # noqa: PLC0415 - submitit off runs not on Slurm (launch imports this)
 
     run_dir = Path(str(cfg.run.dir))
     executor = submitit.SlurmExecutor(
@@ -114,7 +115,7 @@ def submit_array(
 ) -> list[str]:
     """Submit frozen runs (sweep trials, each with its task) as job arrays, one per distinct set
     of sbatch values; submitit's files go to SWEEP_DIR/slurm."""
-    import submitit
+    import submitit  # noqa: PLC0415 - submitit off runs not on Slurm (launch imports this)
 
     groups: dict[str, list[int]] = {}
     for i, cfg in enumerate(cfgs):

@@ -3,6 +3,7 @@ Slurm client, which `expctl status` and `expctl sweep table` use without torch o
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 
@@ -52,8 +53,6 @@ def job_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
 def restarts(job_id: str) -> int | None:
     """How many times Slurm requeued a job it still knows (scontrol's Restarts), counted at the
     requeue itself, before the job runs again; None when it cannot say."""
-    import re
-
     q = subprocess.run(
         ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
     )

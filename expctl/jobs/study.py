@@ -31,7 +31,7 @@ STUDY = "expctl"
 
 def make_pruner(s: SweepConfig) -> Any:
     """Optuna's pruner for the sweep settings (ASHA = asynchronous successive halving)."""
-    import optuna
+    import optuna  # noqa: PLC0415 - Optuna off plain runs (launch imports this)
 
     if s.pruner == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(
@@ -43,7 +43,7 @@ def make_pruner(s: SweepConfig) -> Any:
 
 
 def _sampler(s: SweepConfig, offset: int = 0) -> Any:
-    import optuna
+    import optuna  # noqa: PLC0415 - Optuna off plain runs (launch imports this)
 
     seed = (s.seed + offset) % 2**32  # NumPy's range, which Optuna's samplers seed
     if s.sampler == "tpe":
@@ -53,7 +53,7 @@ def _sampler(s: SweepConfig, offset: int = 0) -> Any:
 
 def open_study(sweep_dir: Path, s: SweepConfig, create: bool = False) -> Any:
     """The sweep's Optuna study on its journal file."""
-    import optuna
+    import optuna  # noqa: PLC0415 - Optuna off plain runs (launch imports this)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = _storage(sweep_dir)
@@ -79,8 +79,8 @@ def _storage(sweep_dir: Path) -> Any:
     processes append), where a new one replays the whole journal (the driver asked for one per
     trial start, label and end: 0.35 s each by the 64th trial). Elsewhere a new one, which reads
     the file as it is now (one rewritten in place included)."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages import JournalStorage  # noqa: PLC0415 - Optuna off plain runs
+    from optuna.storages.journal import JournalFileBackend  # noqa: PLC0415 - the same
 
     path = SweepDir(sweep_dir).journal.absolute()
     if not _KEEPING:
@@ -215,7 +215,7 @@ def finish(
     ref: TrialRef, s: SweepConfig, metrics: dict[str, Any], error: BaseException | None = None
 ) -> None:
     """Tell the study how the trial ended: completed, stopped (pruned) or failed."""
-    import optuna
+    import optuna  # noqa: PLC0415 - Optuna off plain runs (launch imports this)
 
     study = open_study(Path(ref.sweep_dir), s)
     number = ref.number
@@ -243,7 +243,7 @@ def _report_last(
 ) -> None:
     """The final metric as the trial's last intermediate value, unless a validation at that
     budget reported it: a trial that ended inside an epoch (train.max_steps) has a point too."""
-    import optuna
+    import optuna  # noqa: PLC0415 - Optuna off plain runs (launch imports this)
 
     budget = metrics.get(s.budget)
     trial = study.get_trials(deepcopy=False)[ref.number]
@@ -301,7 +301,7 @@ class TrialHooks(Hooks):
         value = metrics.get(self.s.metric)
         if not self.is_main or value is None:
             return False
-        import optuna
+        import optuna  # noqa: PLC0415 - Optuna off plain runs (launch imports this)
 
         if self._study is None:
             storage = _storage(Path(self.ref.sweep_dir))

@@ -13,7 +13,10 @@ Two data paths, chosen by the dataset's type and reported in the run's first log
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -154,10 +157,6 @@ def ahead(
     batches ahead of the one training, in order (torch releases the GIL in its kernels, so they
     work while the step runs). On CUDA each thread works on its own stream, and the training
     stream waits for each batch's event before using it."""
-    import threading
-    from collections import deque
-    from concurrent.futures import Future, ThreadPoolExecutor
-
     cuda = device.type == "cuda"
     local = threading.local()
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 
 from expctl import registry
@@ -87,8 +89,6 @@ def _cpu_threads(env: DistEnv) -> None:
     agent, which `launcher=local` uses, sets nothing). On GPUs too: each rank's intra-op pool
     would otherwise start a thread per core, N ranks x all cores (the raw loop under torchrun ran
     one per rank beside expctl's 64 on 4 x H200); a trial pinned to 2 of 64 cores, 64 threads."""
-    import os
-
     cores = usable_cores()
     narrowed = cores < (os.cpu_count() or cores)
     if (env.local_world_size > 1 or narrowed) and "OMP_NUM_THREADS" not in os.environ:
@@ -383,8 +383,6 @@ def _batchnorm_buffers_only(model: nn.Module) -> bool:
 def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
     out: nn.Module = model
     if env.distributed and any(p.requires_grad for p in model.parameters()):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         sync = not _batchnorm_buffers_only(model)
         # torch >= 2.13 names it forward_sync_buffers (buffers still synced once at init);
         # broadcast_buffers, its older name, is deprecated there

@@ -32,6 +32,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from expctl.atomic import atomic_file, write_atomically
@@ -372,19 +373,14 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (
-            kind,
-            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            pos,
-            has_gauss,
-            cached,
-        )
-    except ImportError:
-        pass
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (
+        kind,
+        torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        pos,
+        has_gauss,
+        cached,
+    )
     return state
 
 
@@ -396,7 +392,5 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
     if "numpy" in state:
-        import numpy as np
-
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))

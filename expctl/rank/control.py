@@ -7,10 +7,13 @@ checkpoints) and names the ranks that stopped answering; `StopFlag` turns a stop
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from expctl.dist import DistEnv
 
@@ -23,16 +26,12 @@ class Control:
         self.env, self.store = env, store
         self.group: Any = None
         if env.distributed:
-            import torch.distributed as dist
-
             self.group = dist.new_group(backend="gloo")
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
         if self.group is None:
             return obj
-        import torch.distributed as dist
-
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
@@ -59,8 +58,6 @@ class Control:
         """Every rank's `obj`, in rank order."""
         if self.group is None:
             return [obj]
-        import torch.distributed as dist
-
         out: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(out, obj, group=self.group)
         return out
@@ -82,9 +79,6 @@ class StopFlag:
     EVERY = 10
 
     def __init__(self, signame: str, ctl: Control) -> None:
-        import signal
-        import threading
-
         self.ctl, self.requested, self._calls = ctl, 0, 0
         self.configured = int(getattr(signal, f"SIG{signame}"))
         self.agreed_signal = 0
@@ -101,8 +95,6 @@ class StopFlag:
     @property
     def signame(self) -> str:
         """The name of the signal the ranks agreed on (SIGTERM, SIGUSR2, ...)."""
-        import signal
-
         return signal.Signals(self.agreed_signal).name
 
     @property
@@ -119,8 +111,6 @@ class StopFlag:
         self._calls += 1
         if self._calls % self.EVERY:
             return False
-        import torch.distributed as dist
-
         if self._work is not None:
             self._work.wait()
             self._work = None
@@ -135,8 +125,6 @@ class StopFlag:
 
     def close(self) -> None:
         """Finish the pending agreement and restore the previous handlers."""
-        import signal
-
         if self._work is not None:
             self._work.wait()
             self._work = None

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from expctl.config.frozen import redacted
 from expctl.config.schema import Config, TrainConfig, monitors
 from expctl.dist import DistEnv, apply_env, init_process_group
@@ -117,11 +119,8 @@ def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
         store = init_process_group(env, backend, ln.rdzv_timeout, ln.collective_timeout)
         yield Control(env, store)
     finally:
-        if env.distributed:
-            import torch.distributed as dist  # torch is loaded by now; kept off `import expctl`
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if env.distributed and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # what a rank's collective raises when a peer's process ended (gloo, NCCL)

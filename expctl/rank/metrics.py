@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from expctl.dist import DistEnv
@@ -47,8 +48,6 @@ class Meter:
         keys = sorted(self.sums)
         vec = torch.stack([self.sums[k] for k in keys]) / self.count
         if env.distributed:
-            import torch.distributed as dist
-
             dist.all_reduce(vec)
             vec /= env.world_size
         self.sums, self.count = {}, 0
@@ -61,8 +60,6 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
     after a step the ranks would evaluate and save different models. One broadcast per dtype."""
     if not env.distributed:
         return
-    import torch.distributed as dist
-
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for m in models.values():
         for b in m.buffers():
@@ -107,8 +104,6 @@ def evaluate(
     keys = sorted(sums)
     vec = torch.tensor([[float(sums[k][0]), float(sums[k][1])] for k in keys], dtype=torch.float64)
     if env.distributed:
-        import torch.distributed as dist
-
         vec = vec.to(ctx.device)
         dist.all_reduce(vec)
     return {

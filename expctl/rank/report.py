@@ -98,7 +98,7 @@ class _Console(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         if not getattr(record, "console", True):
             return
-        from tqdm import tqdm
+        from tqdm import tqdm  # noqa: PLC0415 - tqdm off read-only commands (cli imports this)
 
         try:
             tqdm.write(self.format(record), file=self.stream)
@@ -348,7 +348,7 @@ def _brief(metrics: Mapping[str, float]) -> str:
 
 
 def _interval(seconds: float) -> str:
-    from tqdm import tqdm
+    from tqdm import tqdm  # noqa: PLC0415 - tqdm off read-only commands (cli imports this)
 
     return str(tqdm.format_interval(seconds))
 
@@ -356,7 +356,7 @@ def _interval(seconds: float) -> str:
 def _bar(total: int, initial: int, samples_per_step: int, desc: str) -> Any:
     """A tqdm bar of optimizer steps that shows the rate in samples/s (40.0k samples/s) and
     follows the terminal's width."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # noqa: PLC0415 - tqdm off read-only commands (cli imports this)
 
     class Bar(tqdm):
         @property

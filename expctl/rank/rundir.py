@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -318,8 +319,6 @@ def discard_if_unstarted(path: Path, fresh: bool = False) -> None:
     """Remove a run directory that a user error stopped before it saved anything to continue
     from: no checkpoint, no result, and no metrics of an earlier launch (with `fresh`, this
     launch made the folder: whatever it holds goes, metrics of this launch included)."""
-    import shutil
-
     run = RunDir(path)
     if (run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt"))) or run.result.exists():
         return

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from expctl.atomic import write_atomically
 from expctl.config import frozen as config_mod
 from expctl.errors import RunError, UserError
@@ -78,8 +80,6 @@ def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> 
 def best(sweep_dir: str | Path) -> Best:
     """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
     seed, not one repeat's), usable with -C."""
-    from omegaconf import OmegaConf  # lazy: keeps `sweep table` light
-
     path = Path(sweep_dir)
     s = ledger.settings(path)
     every = ledger.rows(path)

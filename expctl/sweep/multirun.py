@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import shutil
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -30,11 +32,11 @@ from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.errors import UserError
 from expctl.jobs import pbt, slurm, snapshot
-from expctl.jobs.study import TrialRef, kept_storages, open_study
+from expctl.jobs.study import TrialRef, attrs_of, kept_storages, mark, open_study
 from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
 from expctl.rank.provenance import Launch
-from expctl.sweep import ledger, results
+from expctl.sweep import ledger, results, trials
 from expctl.sweep.best import Best, best
 from expctl.sweep.plan import Plan, compose_point, gridded, plan, point_overrides
 from expctl.sweep.pool import Pool
@@ -80,7 +82,6 @@ def multirun(
 ) -> Outcome:
     """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
     notes: list[str] = []
-    from expctl.sweep import trials  # lazy: `sweep table` never needs it
 
     # the local trials' forker starts first: it imports torch while the points are composed
     # (seconds of each; on Slurm it is closed once the first point says so)
@@ -118,8 +119,6 @@ def _multirun(
                 "give it two or more: sweep.n_trials=4, or a list of two or more values",
             )
     if base.launcher.name != "slurm":  # a share this machine cannot give: before anything exists
-        from expctl.sweep import trials  # lazy: it counts GPUs with torch
-
         trials.plan_for(base, 1)
     for note in dict.fromkeys(notes):
         print(f"expctl: note: {note}", file=sys.stderr)
@@ -174,8 +173,6 @@ def _check_size(configurations: int, repeat: int) -> None:
 
 def _digest(config_file: str | None) -> str | None:
     """The SHA-256 of the -C file's text (None without one, or when it is gone)."""
-    import hashlib
-
     if config_file is None:
         return None
     try:
@@ -282,7 +279,7 @@ def run_trials(
         plan = ledger.planned(SweepDir(sweep_dir).read_spec())
         todo = [Slot(n, p, i) for n, (p, i) in enumerate(plan)]
     if base.launcher.name == "slurm":
-        from expctl.jobs import launch  # lazy: it loads torch, which `sweep table` never needs
+        from expctl.jobs import launch  # noqa: PLC0415 - torch off a local sweep's driver
 
         cfgs = _trial_configs(sweep_dir, base, todo)
         planned = planned or snapshot.plan(base, origin)
@@ -297,10 +294,6 @@ def run_trials(
         )
         print(f"expctl: follow them with `expctl sweep table {sweep_dir}`", flush=True)
         return Outcome(sweep_dir, len(cfgs), 0)
-    from expctl.sweep import (
-        trials,  # lazy: it counts GPUs with torch, which `sweep table` never needs
-    )
-
     use = trials.plan_for(base, len(todo))
 
     study = open_study(sweep_dir, base.sweep)
@@ -353,8 +346,6 @@ def _copies(r: ledger.Row) -> str:
 
 
 def _spread(values: list[float]) -> str:
-    import statistics
-
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.4g} ± {std:.2g}"
 
@@ -386,8 +377,7 @@ def _finish_cut_copies(path: Path) -> None:
     copy not): finish the copy here, as a requeued Slurm job does, so each resumes as what its
     checkpoint may already be (the donor's state) with its explored values and lineage, not as
     its old self."""
-    from expctl.jobs.exploit import continue_as_copy  # torch: checkpoints
-    from expctl.jobs.study import attrs_of, mark
+    from expctl.jobs.exploit import continue_as_copy  # noqa: PLC0415 - torch off the driver
 
     for r in ledger.rows(path):
         ref = TrialRef.read(r.run_dir) if r.status in ledger.UNFINISHED else None
@@ -407,7 +397,7 @@ def _finish_cut_copies(path: Path) -> None:
 def resume(sweep_dir: str | Path) -> Outcome:
     """Re-run the trials that failed or were lost (in their own directories, resuming their
     checkpoints), and the ones the sweep never got to."""
-    import optuna
+    import optuna  # noqa: PLC0415 - Optuna off `run -m`'s checks: a bad sweep fails without it
 
     path = Path(sweep_dir).absolute()
     if not SweepDir(path).spec.is_file():

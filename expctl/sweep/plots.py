@@ -22,11 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
 from expctl.atomic import write_atomically
 from expctl.config.schema import SweepConfig
 from expctl.errors import RunError, UserError
 from expctl.jobs.study import open_study
-from expctl.layout import SweepDir
+from expctl.layout import RunDir, SweepDir, json_lines
 from expctl.sweep import ledger
 from expctl.sweep.ledger import Row
 
@@ -120,17 +124,16 @@ _ONE = "one swept parameter takes two values among the completed trials: it is a
 
 def _imports() -> tuple[Any, Any, Any]:
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional (expctl[plot]): missing, a UserError
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - after matplotlib.use
     except ImportError:
         raise UserError(
             "expctl sweep plot needs matplotlib, which is not installed",
             "pip install 'expctl[plot]' (or pip install matplotlib)",
         ) from None
-    import optuna
-    import optuna.visualization.matplotlib as vis
+    import optuna.visualization.matplotlib as vis  # noqa: PLC0415 - it imports pyplot
 
     return plt, vis, optuna
 
@@ -138,9 +141,6 @@ def _imports() -> tuple[Any, Any, Any]:
 def _study(path: Path, s: SweepConfig, rows: list[Row]) -> Any:
     """An in-memory study holding each trial's latest attempt, numbered as the sweep's trials
     (those not started as waiting ones, which no plot draws)."""
-    import optuna
-    from optuna.trial import TrialState, create_trial
-
     attempts = {t.number: t for t in open_study(path, s).get_trials(deepcopy=False)}
     study = optuna.create_study(direction="maximize" if s.mode == "max" else "minimize")
     for r in rows:  # by number, from 0: Optuna numbers them as they come
@@ -171,8 +171,6 @@ def _study(path: Path, s: SweepConfig, rows: list[Row]) -> Any:
 def _numeric(dist: Any) -> Any:
     """Grid points that are all numbers as a range (log when they span two decades or more):
     a plot puts them on an axis in order, not as labels. None for any other distribution."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
     if not isinstance(dist, CategoricalDistribution):
         return None
     values = [_value(c) for c in dist.choices]
@@ -196,7 +194,7 @@ def _varies(key: str, trials: list[Any]) -> bool:
 
 def progress_figure(ax: Any, s: SweepConfig, n: int) -> Any:
     """Optuna's figure, labelled in the sweep's words; its legend only while it stays legible."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415 - matplotlib is optional
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are whole
     ax.set_xlabel(s.budget)
@@ -241,8 +239,6 @@ def pbt_figure(plt: Any, s: SweepConfig, rows: list[Row]) -> Any:
 
 def _segments(r: Row, metric: str) -> list[tuple[dict[str, Any], list[tuple[int, float]]]]:
     """A trial's validation points cut where it copied another trial, each with its values."""
-    from expctl.layout import RunDir, json_lines
-
     history = json_lines(RunDir(r.run_dir).metrics) if r.run_dir else []
     cuts = [int(e.get("row", len(history))) for e in r.lineage] + [len(history)]
     values = [dict(r.params), *(dict(e["params"]) for e in r.lineage)]

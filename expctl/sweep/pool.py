@@ -16,6 +16,8 @@ the driver (a SIGKILLed driver leaves no trial training behind).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import selectors
@@ -24,12 +26,14 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl.startup import WORKER_MAIN
+from expctl.dist import apply_env
+from expctl.startup import WORKER_MAIN, paused_gc
 
 Entry = Callable[[Sequence[str]], int]  # cli.main: the trial runs `expctl _trial ...` in-process
 
@@ -187,18 +191,16 @@ def serve(req_fd: int, ev_fd: int, entry: Entry) -> None:
     It ends, killing its trials, when the driver closes the request pipe (or dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     _die_with_parent()
-    from expctl.startup import paused_gc
-
     with paused_gc():
         # torch, and torch._dynamo, which a trial's first optimizer imports (seconds: more than
         # a short trial trains), imported once for every trial; neither starts a thread
         # what each trial imports next: its launch, its frozen config (OmegaConf), and Optuna,
         # which reports to the study (0.1 s a trial, a tenth of a short trial's start)
-        import omegaconf  # noqa: F401
-        import optuna  # noqa: F401
-        import torch._dynamo  # noqa: F401
+        import omegaconf  # noqa: F401, PLC0415 - in the zygote, never in the driver
+        import optuna  # noqa: F401, PLC0415 - in the zygote, never in the driver
+        import torch._dynamo  # noqa: F401, PLC0415 - in the zygote, never in the driver
 
-        from expctl.jobs import launch  # noqa: F401
+        from expctl.jobs import launch  # noqa: F401, PLC0415 - the same
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -265,15 +267,11 @@ def _fork_trial(request: dict[str, Any], entry: Entry, fds: tuple[int, ...]) -> 
         os.close(out)
         if request["cores"] and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, request["cores"])
-        from expctl.dist import apply_env
-
         apply_env(request["env"])
         code = entry(request["argv"])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - a bug: its traceback goes to the trial's output
-        import traceback
-
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -284,9 +282,6 @@ def _fork_trial(request: dict[str, Any], entry: Entry, fds: tuple[int, ...]) -> 
 
 def _die_with_parent() -> None:
     """End this process when its parent does, even by SIGKILL (Linux's PR_SET_PDEATHSIG)."""
-    import ctypes
-    import ctypes.util
-
     parent = os.getppid()
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

@@ -12,6 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hydra.core.override_parser.types import Glob, IntervalSweep, RangeSweep
+from hydra.errors import HydraException
+
 from expctl.config.explain import parse_override
 from expctl.errors import UserError
 
@@ -29,7 +32,12 @@ class Dimension:
     step: float | None = None
 
     def distribution(self) -> Any:
-        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+        # Optuna off `run -m`'s checks: a bad sweep fails without it
+        from optuna.distributions import (  # noqa: PLC0415
+            CategoricalDistribution,
+            FloatDistribution,
+            IntDistribution,
+        )
 
         if self.values is not None:
             return CategoricalDistribution(self.values)
@@ -82,9 +90,6 @@ def parse_space(
 def _dimension(text: str, o: Any, options: Callable[[str], list[str] | None] | None) -> Dimension:
     """The values of one swept key, enumerated by Hydra's own iterator (its float ranges step
     in decimal: range(0,1,0.1) ends at 0.9), or its interval."""
-    from hydra.core.override_parser.types import Glob, IntervalSweep, RangeSweep
-    from hydra.errors import HydraException
-
     key, value = o.get_key_element(), o.value()
     if isinstance(value, IntervalSweep):
         return _interval(text, key, value)

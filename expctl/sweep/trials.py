@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expctl.config import frozen as config_mod
 from expctl.config.schema import Config, SweepConfig
 from expctl.errors import (
     EXIT_FAILED,
@@ -49,6 +50,7 @@ from expctl.jobs.study import (
 )
 from expctl.layout import RunDir, SweepDir
 from expctl.rank.provenance import Launch
+from expctl.startup import process_is_the_run
 from expctl.sweep import resources
 from expctl.sweep.board import Board, placement
 from expctl.sweep.pool import Pool, Proc
@@ -74,7 +76,7 @@ def machine(base: Config) -> resources.Machine:
     """This machine as the sweep's trials may use it (no GPU for train.device=cpu)."""
     gpus = 0
     if base.train.device != "cpu":
-        import torch  # lazy: the driver counts GPUs only when trials may use them
+        import torch  # noqa: PLC0415 - torch off a CPU sweep's driver (it counts GPUs)
 
         gpus = torch.cuda.device_count()
     return resources.Machine.here(gpus)
@@ -347,15 +349,12 @@ class _Stop:
 def trial_main(argv: Sequence[str]) -> int:
     """One trial in its process (started by the pool): train its frozen config and return the
     CLI's exit code; errors are printed to its output as the CLI prints them."""
-    from expctl.config import frozen as config_mod
-    from expctl.startup import process_is_the_run
-
     request = json.loads(argv[0])
     process_is_the_run()
     print(f"{HEADER} {request['where']}".rstrip(), flush=True)
     try:
-        from expctl.jobs import launch  # torch: a trial's, never its driver's
-        from expctl.jobs.exploit import continue_as_copy  # torch's checkpoints
+        from expctl.jobs import launch  # noqa: PLC0415 - torch: a trial's, never its driver's
+        from expctl.jobs.exploit import continue_as_copy  # noqa: PLC0415 - the same (checkpoints)
 
         cfg = config_mod.load(request["run_dir"])
         origin = Launch.from_json(Path(request["launch"]).read_text())

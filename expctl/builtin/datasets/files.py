@@ -58,7 +58,7 @@ def in_memory_factory(name: str, read: Callable[..., Any], doc: str) -> Callable
         train, test, classes, num_classes = read(
             a["root"], a["download"], **{p.name: a[p.name] for p in own}
         )
-        from expctl.builtin.datasets.tensors import in_memory  # torch: see the module docstring
+        from expctl.builtin.datasets.tensors import in_memory  # noqa: PLC0415 - torch off `show`
 
         return in_memory(
             train, test, a["normalize"], a["val_split"], a["subset"], classes, num_classes

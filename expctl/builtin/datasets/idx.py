@@ -58,7 +58,7 @@ def find_idx(name: str, root: str | None, download: bool = False) -> dict[str, P
         if len(found) == len(IDX_FILES):
             return found
     if download:
-        import torchvision.datasets as tvd
+        import torchvision.datasets as tvd  # noqa: PLC0415 - torchvision off other datasets
 
         target = root_of(root)
         for train in (True, False):
@@ -84,7 +84,7 @@ def read_idx(path: Path, limit: tuple[int, ...]) -> torch.Tensor:
     A .gz file is decompressed once: later reads take the decoded copy kept in the user's cache
     folder (`_decoded`), read and checked the same way (~0.2 s of Fashion-MNIST's start).
     """
-    import torch  # here, not at the top: see the module docstring
+    import torch  # noqa: PLC0415 - torch off `expctl show`: see the module docstring
 
     copy = _decoded(path) if path.suffix == ".gz" else None
     if copy is not None and copy.is_file():
@@ -222,7 +222,7 @@ kmnist = register("datasets", check=_check_idx("kmnist"))(
 
 def _torchvision_mnist(cls_name: str, root: str | None, download: bool, **kw: Any) -> Any:
     """torchvision's EMNIST / QMNIST reader on ROOT/<Name>/raw, with a clear missing-files error."""
-    import torchvision.datasets as tvd
+    import torchvision.datasets as tvd  # noqa: PLC0415 - torchvision off other datasets
 
     cls = getattr(tvd, cls_name)
     try:

@@ -90,8 +90,9 @@ def pil_sample(image: Any, size: int, channels: int, train: bool, preset: str) -
 
     A JPEG not yet decoded is decoded at the smallest of 1, 1/2, 1/4, 1/8 scale that still
     gives the crop at least `size` pixels a side (libjpeg's DCT scaling: much faster)."""
-    from PIL import Image
-    from torchvision.transforms.v2.functional import pil_to_tensor
+    # Pillow and torchvision off `expctl show`'s pre-flight check of an image dataset
+    from PIL import Image  # noqa: PLC0415
+    from torchvision.transforms.v2.functional import pil_to_tensor  # noqa: PLC0415
 
     mode = "RGB" if channels == 3 else "L"
     width, height = image.size
@@ -173,7 +174,7 @@ class ImageFiles(Dataset[Any]):
             ) from None
 
     def _pixels(self, data: bytes) -> tuple[Any, ...]:
-        from PIL import Image
+        from PIL import Image  # noqa: PLC0415 - Pillow off `expctl show`'s pre-flight check
 
         try:
             image = Image.open(io.BytesIO(data))
@@ -187,7 +188,8 @@ class ImageFiles(Dataset[Any]):
         if data[:2] == b"\xff\xd8" and image.mode in ("RGB", "L"):
             raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             return raw, torch.tensor(box, dtype=torch.float32), flip  # decoded by on_device
-        from torchvision.transforms.v2.functional import pil_to_tensor  # PNG & co: whole, here
+        # PNG & co: decoded whole, here; torchvision off `expctl show`'s pre-flight check
+        from torchvision.transforms.v2.functional import pil_to_tensor  # noqa: PLC0415
 
         whole = pil_to_tensor(image.convert("RGB" if self.channels == 3 else "L"))
         return whole, torch.tensor(box, dtype=torch.float32), flip
@@ -231,7 +233,7 @@ class ImageFiles(Dataset[Any]):
         (or skip it: None)."""
         if not data:
             return []
-        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.io import ImageReadMode, decode_jpeg  # noqa: PLC0415 - as above
 
         mode = ImageReadMode.RGB if self.channels == 3 else ImageReadMode.GRAY
         warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)  # torchcodec
@@ -262,7 +264,7 @@ class ImageFiles(Dataset[Any]):
         """Each image's box resized to size x size, all in one call: the images zero-padded into
         one batch, then torchvision's roi_align, whose adaptive sampling (ceil(box / size)
         points a side per output pixel) averages like an antialiasing filter; then the flips."""
-        from torchvision.ops import roi_align
+        from torchvision.ops import roi_align  # noqa: PLC0415 - torchvision off the pre-flight
 
         height = max(int(img.shape[1]) for img in images)
         width = max(int(img.shape[2]) for img in images)

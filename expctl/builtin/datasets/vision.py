@@ -142,7 +142,7 @@ def _cifar_reader(name: str) -> Any:
     def read(root: str | None, download: bool) -> tuple[Any, ...]:
         folder, train_files, test_files, label_key, meta, names_key = CIFAR[name]
         if download:
-            import torchvision.datasets as tvd
+            import torchvision.datasets as tvd  # noqa: PLC0415 - torchvision off other datasets
 
             getattr(tvd, name.upper())(str(root_of(root)), download=True)
         _require(name, root, _cifar_paths(name, root))
@@ -208,7 +208,7 @@ class Source:
 def _open(
     name: str, src: Source, root: str | None, download: bool, split: dict[str, Any], **kw: Any
 ) -> Any:
-    import torchvision.datasets as tvd
+    import torchvision.datasets as tvd  # noqa: PLC0415 - torchvision off other datasets
 
     try:
         return getattr(tvd, src.cls)(str(root_of(root)), download=download, **split, **kw)
