@@ -464,24 +464,35 @@ def test_trials_run_side_by_side_each_on_its_own_cores(tiny: Path) -> None:
     assert cores == {"0", "1"} and len(list((tiny.parent / "met").iterdir())) == 2
 
 
+# a driver that runs another thread when the sweep starts (as a notebook's kernel does); -P:
+# its own imports do not search the working directory either
+THREADED_DRIVER = """\
+import sys, threading, time
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+from expctl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P is 3.11's")
 def test_a_driver_with_threads_starts_its_trials_from_a_fresh_zygote(tiny: Path) -> None:
-    """A driver that runs another thread (a notebook's kernel; here a module of `imports:`)
-    does not fork: its trials come from a zygote started as a fresh interpreter, which does not
-    search the working directory first (a json.py there would run in every trial)."""
+    """A driver that runs another thread does not fork: its trials come from a zygote started
+    as a fresh interpreter, which does not search the working directory first (a json.py there
+    would run in every trial). (A thread that an `imports:` module starts comes after the
+    zygote, which the sweep starts first: that one forks.)"""
     (tiny.parent / "json.py").write_text("raise SystemExit('the working directory was searched')\n")
     parents = tiny.parent / "parents.txt"
-    proc = run_cli(
-        "run",
-        "-C",
-        str(tiny),
-        "-m",
-        "optim.lr=0.1,0.2",
-        "imports=[threaded]",
-        "train.step=parent_cmdline",
-        "train.max_steps=2",
+    args = ["-m", "optim.lr=0.1,0.2", "imports=[threaded]", "train.step=parent_cmdline"]
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", THREADED_DRIVER, "run", "-C", str(tiny), *args]
+        + ["train.max_steps=2"],
         cwd=tiny.parent,
         env=cli_env(PARENT_FILE=str(parents)),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = ledger.rows(sweep_dir_of(proc.stdout))
     assert [r.status for r in rows] == ["completed", "completed"]
     written = parents.read_text()  # one line per step, of 2 trials x 2 steps
