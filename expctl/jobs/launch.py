@@ -335,7 +335,14 @@ def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
     ref = study.TrialRef.read(cfg.run.dir) if env.is_main else None  # rank 0 speaks for a trial
     if ref is not None and study.is_open(ref, cfg.sweep):
         hooks.append(
-            study.TrialHooks(ref, cfg.sweep, env.is_main, not under_agent, cfg.train.max_epochs)
+            study.TrialHooks(
+                ref,
+                cfg.sweep,
+                env.is_main,
+                not under_agent,
+                cfg.train.max_epochs,
+                cfg.train.max_steps,
+            )
         )
     elif ref is not None:  # re-run or continued after its sweep recorded it: a run of its own
         log.info(

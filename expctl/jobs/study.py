@@ -276,9 +276,11 @@ class TrialHooks(Hooks):
         is_main: bool,
         record_failures: bool = True,
         last_epoch: int | None = None,
+        last_step: int | None = None,
     ) -> None:
         self.ref, self.s, self.is_main, self.record_failures = ref, s, is_main, record_failures
-        self.last_epoch = last_epoch  # PBT: no copy at the run's last validation (it is done)
+        # the run's budget (train.max_epochs, train.max_steps): its last validation ends it
+        self.last_epoch, self.last_step = last_epoch, last_step
         self._study: Any = None
         self._trial_id = -1
         self._run_dir = Path()
@@ -297,7 +299,10 @@ class TrialHooks(Hooks):
 
     def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
         """Report the metric to the study (every trial: `sweep plot` draws it), then ask the
-        pruner, if any, whether to stop."""
+        pruner, if any, whether to stop; never at the run's last validation: the trial trained
+        its whole budget, so it completed (ASHA's top rung is the budget, as Ray Tune's max_t;
+        Optuna's SuccessiveHalvingPruner knows no budget and would "stop" a trial there that
+        reached it after a better one, side by side)."""
         value = metrics.get(self.s.metric)
         if not self.is_main or value is None:
             return False
@@ -313,14 +318,22 @@ class TrialHooks(Hooks):
         with warnings.catch_warnings():  # a PBT copy may report a step again: Optuna keeps one
             warnings.simplefilter("ignore")
             trial.report(float(value), epoch if self.s.budget == "epoch" else step)
+        last = self._at_end(epoch, step)
         if self.s.scheduler == "pbt":
-            return self._pbt(float(value), epoch, epoch if self.s.budget == "epoch" else step)
-        stop = self.s.pruner != "none" and bool(trial.should_prune())
+            budget = epoch if self.s.budget == "epoch" else step
+            return self._pbt(float(value), epoch, budget, last)
+        stop = self.s.pruner != "none" and not last and bool(trial.should_prune())
         if stop:
             log.info("sweep: this trial stopped early at epoch %d (%s)", epoch, self.s.pruner)
         return stop
 
-    def _pbt(self, value: float, epoch: int, budget: int) -> bool:
+    def _at_end(self, epoch: int, step: int) -> bool:
+        """Whether the validation at `epoch` / `step` is the run's last (its budget spent)."""
+        return (self.last_epoch is not None and epoch >= self.last_epoch) or (
+            self.last_step is not None and step >= self.last_step
+        )
+
+    def _pbt(self, value: float, epoch: int, budget: int, last: bool) -> bool:
         """Population Based Training: record the score at this budget point; every
         `pbt.interval` epochs (not at the last), stop to continue from a better trial's
         checkpoint when this one is in the bottom quantile of the running trials scored at the
@@ -328,7 +341,6 @@ class TrialHooks(Hooks):
         ahead of the others is compared where they have caught up, not never)."""
         self._scores[str(budget)] = value
         me = SweepDir.number_of(self._run_dir)
-        last = self.last_epoch is not None and epoch >= self.last_epoch
         if epoch % self.s.pbt.interval or last or me is None:
             mark(self.ref, "running", pbt_scores=self._scores)
             return False
