@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -23,7 +24,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,8 @@ def key() -> str:
     versions = [sys.version]
     for dist in ("torch", "torchvision"):
         try:
-            versions.append(version(dist))
-        except PackageNotFoundError:
+            versions.append(importlib.metadata.version(dist))
+        except importlib.metadata.PackageNotFoundError:
             versions.append("")
     return cache_key(versions, sorted(Path(__file__).resolve().parents[1].rglob("*.py")))
 
@@ -89,8 +89,8 @@ def shipped_key() -> dict[str, str]:
     out = {"python": "{}.{}".format(*sys.version_info[:2])}
     for dist in ("torch", "torchvision"):
         try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             out[dist] = ""
     digest = hashlib.sha256()
     describing = (
