@@ -113,3 +113,24 @@ def test_kept_compositions_are_bounded(tmp_path: Path) -> None:
     assert len(left) == kept.KEEP and "old000.json" not in left and "old001.json" in left
     new = [p for p in folder.glob("*.json") if not p.name.startswith("old")]
     assert len(new) == 1 and json.loads(new[0].read_text())["files"]
+
+
+def test_a_resolver_in_a_value_or_a_damaged_entry_composes_afresh(tmp_path: Path) -> None:
+    """`${now:...}` is resolved while composing (its value differs next time): never kept. A
+    kept entry that does not read back whole is composed again, not a traceback."""
+    cache, cfg = tmp_path / "cache", tmp_path / "exp.yml"
+    cfg.write_text(TINY + "run: {name: 'exp-${now:%H%M%S%f}'}\n")
+    names = set()
+    for _ in range(2):
+        rc, out, how = show(tmp_path, cache, "-C", "exp.yml")
+        assert (rc, how) == (0, "composed"), out
+        names.add(next(line for line in out.splitlines() if "name: exp-" in line))
+    assert len(names) == 2 and not list((cache / "show").glob("*"))
+    cfg.write_text(TINY)
+    assert show(tmp_path, cache, "-C", "exp.yml")[::2] == (0, "composed")
+    (entry,) = (cache / "show").glob("*.json")
+    kept = json.loads(entry.read_text())
+    for damage in ({"config": "garbage"}, {"yaml": "x"}):
+        entry.write_text(json.dumps({**kept, **damage}))
+        rc, out, how = show(tmp_path, cache, "-C", "exp.yml")
+        assert (rc, how) == (0, "composed") and "Traceback" not in out, out

@@ -19,14 +19,15 @@ those compose afresh every time. `run` never uses this: it always composes afres
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import pickle
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from expctl import cache, layout
 from expctl.config import validate
@@ -49,10 +50,10 @@ def compose(
     entry = _entry(config_file, overrides)
     kept = _read(entry)
     if kept is not None:
-        cfg = pickle.loads(base64.b64decode(kept["config"]))
+        cfg, text, kept_notes = kept
         validate.recheck(cfg)
-        notes += kept["notes"]
-        return cfg, kept["yaml"]
+        notes += kept_notes
+        return cfg, text
     # Hydra and OmegaConf: only when nothing is kept (what this module saves)
     from expctl.config import compose as composer  # noqa: PLC0415 - Hydra off a kept `show`
     from expctl.config import frozen  # noqa: PLC0415 - OmegaConf off a kept `show`
@@ -64,12 +65,14 @@ def compose(
     text = frozen.to_yaml(cfg, frozen=False)
     notes += own
     stamps = _stamps([*files, *_environment()])
-    if _keepable(cfg, files) and all(stamp != "?" for _, stamp in stamps):
+    if _keepable(cfg, files, overrides) and all(stamp != "?" for _, stamp in stamps):
+        payload = base64.b64encode(pickle.dumps(cfg)).decode()
         value = {
             "files": stamps,
-            "config": base64.b64encode(pickle.dumps(cfg)).decode(),
+            "config": payload,
             "yaml": text,
             "notes": own,
+            "sum": _sum(payload, text, own),
         }
         cache.cache_write(entry, [json.dumps(value).encode()], _oldest(entry.parent))
     return cfg, text
@@ -90,19 +93,43 @@ def _entry(config_file: str | None, overrides: Sequence[str]) -> Path:
     return cache.cache_dir() / FOLDER / f"{name}.json"
 
 
-def _read(entry: Path) -> dict[str, Any] | None:
+def _sum(payload: str, text: str, notes: list[str]) -> str:
+    return hashlib.sha256(json.dumps([payload, text, notes]).encode()).hexdigest()
+
+
+def _read(entry: Path) -> tuple[Config, str, list[str]] | None:
+    """The kept (Config, YAML text, notes) when every stamp still holds; None for anything
+    else, a damaged entry included (then it is composed afresh and written again)."""
     kept = cache.read_kept(entry)
-    if not isinstance(kept, dict) or not isinstance(kept.get("files"), list):
-        return None
-    for path, stamp in kept["files"]:
-        if cache.file_stamp(Path(path)) != stamp:
+    try:
+        for path, stamp in kept["files"]:
+            if cache.file_stamp(Path(path)) != stamp:
+                return None
+        payload, text, notes = kept["config"], kept["yaml"], kept["notes"]
+        if kept["sum"] != _sum(payload, text, notes):
             return None
-    return kept
+        cfg = pickle.loads(base64.b64decode(payload))
+    except Exception:  # noqa: BLE001 - whatever is wrong with a kept entry, compose afresh
+        return None
+    if not isinstance(cfg, Config) or not isinstance(text, str) or not isinstance(notes, list):
+        return None
+    return cfg, text, [str(n) for n in notes]
 
 
-def _keepable(cfg: Config, files: list[Path]) -> bool:
+# a resolver call in a value (`${now:%H%M%S}`, `${oc.env:X}`): its value may differ next time
+_RESOLVER = re.compile(r"\$\{\s*[A-Za-z_][\w.]*\s*:")
+
+
+def _keepable(cfg: Config, files: list[Path], overrides: Sequence[str]) -> bool:
     if cfg.imports or cfg.interpolations:
         return False
+    if any(_RESOLVER.search(o) for o in overrides):
+        return False
+    for f in files:
+        if f.suffix in (".yaml", ".yml") and f.is_file():
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                if _RESOLVER.search(f.read_text()):
+                    return False
     if any(f.name == layout.RunDir.IMPORTS and f.exists() for f in files):
         return False
     from importlib.metadata import entry_points  # noqa: PLC0415 - only when keeping
