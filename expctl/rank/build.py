@@ -19,7 +19,7 @@ from expctl.builtin.data import Splits, check_splits
 from expctl.builtin.reader import Loading, Reader
 from expctl.builtin.steps import StepContext
 from expctl.config.schema import Config
-from expctl.dist import DistEnv, check_sync_batchnorm, usable_cores
+from expctl.dist import CUDNN_BENCHMARK_ENV, DistEnv, check_sync_batchnorm, usable_cores
 from expctl.errors import UserError
 from expctl.rank.batches import TrainBatches, auto_workers
 from expctl.startup import freeze_for_this_run, paused_gc
@@ -76,9 +76,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def _cuda_defaults() -> None:
-    """Fast defaults on CUDA: cuDNN picks the fastest kernels for our fixed shapes; fp32
-    matmuls and convolutions may use TF32 (what autocast-free fp32 runs would otherwise lose)."""
-    torch.backends.cudnn.benchmark = True
+    """Fast defaults on CUDA: cuDNN picks the fastest kernels for our fixed shapes (unless
+    EXPCTL_CUDNN_BENCHMARK=0: a GPU shared with other trials); fp32 matmuls and convolutions may
+    use TF32 (what autocast-free fp32 runs would otherwise lose)."""
+    torch.backends.cudnn.benchmark = os.environ.get(CUDNN_BENCHMARK_ENV, "1") != "0"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
