@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager
@@ -43,38 +41,6 @@ def paused_gc(freeze: bool = True) -> Iterator[None]:
             gc.freeze()
         if was:
             gc.enable()
-
-
-_IMPORTING: list[threading.Thread] = []  # `import_in_background`'s, until `background_imports_done`
-
-
-def import_in_background(modules: Sequence[str]) -> None:
-    """Import `modules` in a thread while this process goes on: a sweep's first trials, forked
-    before their zygote imported torch._dynamo (seconds), import it while they create their CUDA
-    context and load their data. `background_imports_done` waits for it; a process that calls
-    this forks nothing before that wait (DESIGN.md trap 13: a fork while a thread imports)."""
-    missing = [m for m in modules if m not in sys.modules]
-    if missing:
-        thread = threading.Thread(target=_import, args=(missing,), name="expctl-import")
-        thread.daemon = True
-        thread.start()
-        _IMPORTING.append(thread)
-
-
-def _import(modules: Sequence[str]) -> None:
-    for module in modules:
-        with contextlib.suppress(Exception):  # the main thread's own import says what failed
-            importlib.import_module(module)
-
-
-def background_imports_done(freeze: bool = False) -> None:
-    """Wait for what `import_in_background` imports: before a fork, or work that needs it. With
-    `freeze`, what it imported is then frozen, as `paused_gc` freezes what it imports."""
-    joined = bool(_IMPORTING)
-    while _IMPORTING:
-        _IMPORTING.pop().join()
-    if joined and freeze:
-        gc.freeze()
 
 
 _ONE_RUN = False  # this process exists for one run (`expctl run`), and ends with it

@@ -502,32 +502,6 @@ def test_trials_run_side_by_side_each_on_its_own_cores(tiny: Path) -> None:
     assert cores == {"0", "1"} and len(list((tiny.parent / "met").iterdir())) == 2
 
 
-def test_the_first_trials_fork_their_data_workers_while_no_other_thread_runs(tiny: Path) -> None:
-    """The first trials are forked before their zygote imports torch._dynamo, and import it in
-    a thread while they start (pool.serve); their DataLoader workers fork after that thread
-    ended (DESIGN.md trap 13), as tests/plugins/forkprobe.py sees at every fork."""
-    tiny.write_text(
-        TINY.replace(
-            "data: {name: synthetic, shape: [20], num_classes: 4, num_samples: 512, "
-            "val_samples: 128, batch_size: 32}",
-            "data: {name: streamed, num_samples: 64, val_samples: 16, batch_size: 8, "
-            "num_workers: 2}",
-        )
-    )
-    forks = tiny.parent / "forks.jsonl"
-    proc = subprocess.run(  # a fresh driver (the warm CLI server has torch._dynamo already)
-        [sys.executable, "-m", "expctl", "run", "-C", str(tiny), "-m", "optim.lr=0.1,0.2",
-         "imports=[faulty,forkprobe]", "train.max_steps=2"],
-        cwd=tiny.parent, env=cli_env(FORK_PROBE=str(forks)), capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [r.status for r in ledger.rows(sweep_dir_of(proc.stdout))] == ["completed"] * 2
-    records = [json.loads(line) for line in forks.read_text().splitlines()]
-    assert len({r["pid"] for r in records}) == 2, records  # each trial forked its workers
-    assert all(r["threads"] == [] and r["frames"] == 0 for r in records), records
-
-
 # a driver that runs another thread when the sweep starts (as a notebook's kernel does); -P:
 # its own imports do not search the working directory either
 THREADED_DRIVER = """\

@@ -22,7 +22,7 @@ from expctl.config.schema import Config
 from expctl.dist import CUDNN_BENCHMARK_ENV, DistEnv, check_sync_batchnorm, usable_cores
 from expctl.errors import UserError
 from expctl.rank.batches import TrainBatches, auto_workers
-from expctl.startup import background_imports_done, freeze_for_this_run, paused_gc
+from expctl.startup import freeze_for_this_run, paused_gc
 
 log = logging.getLogger("expctl")
 
@@ -102,8 +102,6 @@ def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     splits = _splits(cfg, device)
     loading = _loading(cfg, env, device, splits)
-    # no thread may run while the DataLoader workers fork
-    background_imports_done(freeze=freeze_for_this_run(env.distributed))
     reader = _reader(splits, loading, cfg.train.seed, env.rank)
     try:
         return _build(cfg, env, device, splits, loading, reader)

@@ -196,12 +196,13 @@ def serve(req_fd: int, ev_fd: int, entry_name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     _die_with_parent()
     with paused_gc():
-        # torch (imports no thread), imported once for every trial, and what each trial imports
-        # next: its launch, its frozen config (OmegaConf), and Optuna, which reports to the
-        # study (0.1 s a trial, a tenth of a short trial's start)
+        # torch, and torch._dynamo, which a trial's first optimizer imports (seconds: more than
+        # a short trial trains), imported once for every trial; neither starts a thread
+        # what each trial imports next: its launch, its frozen config (OmegaConf), and Optuna,
+        # which reports to the study (0.1 s a trial, a tenth of a short trial's start)
         import omegaconf  # noqa: F401, PLC0415 - in the zygote, never in the driver
         import optuna  # noqa: F401, PLC0415 - in the zygote, never in the driver
-        import torch  # noqa: F401, PLC0415 - in the zygote, never in the driver
+        import torch._dynamo  # noqa: F401, PLC0415 - in the zygote, never in the driver
 
         from expctl.jobs import launch  # noqa: F401, PLC0415 - the same
 
@@ -239,12 +240,6 @@ def serve(req_fd: int, ev_fd: int, entry_name: str) -> None:
                 pid = _fork_trial(json.loads(line), entry, (req_fd, ev_fd, wake_r, wake_w))
                 children.add(pid)
                 say({"event": "started", "pid": pid})
-            if lines and "torch._dynamo" not in sys.modules:
-                # what a trial's first optimizer imports (seconds on a GPU machine: 5 s after
-                # torch's 4 s on 4 x H100), imported once for the later trials; the first ones,
-                # forked without it, import it while their CUDA context and data load
-                with paused_gc():
-                    import torch._dynamo  # noqa: F401, PLC0415 - in the zygote, after its first trials
         _reap(children, say)
 
 

@@ -51,7 +51,7 @@ from expctl.jobs.study import (
 )
 from expctl.layout import RunDir, SweepDir
 from expctl.rank.provenance import Launch
-from expctl.startup import import_in_background, process_is_the_run
+from expctl.startup import process_is_the_run
 from expctl.sweep import resources
 from expctl.sweep.board import Board, placement
 from expctl.sweep.pool import Pool, Proc
@@ -360,8 +360,6 @@ def trial_main(argv: Sequence[str]) -> int:
         from expctl.jobs.exploit import continue_as_copy  # noqa: PLC0415 - the same (checkpoints)
 
         cfg = config_mod.load(request["run_dir"])
-        if cfg.launcher.name == "inline":  # its rank is this process: see pool.serve
-            import_in_background(["torch._dynamo"])
         origin = Launch.from_json(Path(request["launch"]).read_text())
         launch.launch(cfg, origin=origin)
         copy = continue_as_copy(cfg)
