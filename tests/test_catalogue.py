@@ -124,7 +124,8 @@ def test_first_use_after_install_reads_the_shipped_description(tmp_path: Path) -
         assert code == 0 and imported == ["hydra"] and "width_per_group: 64" in shown
 
 
-# Datasets whose modules import torch, with a value their pre-flight check refuses (None: none)
+# Datasets whose modules import torch (and built-in models, optimizers), with a value their
+# pre-flight check refuses (None: none)
 CHECKED_WITHOUT_TORCH = [
     ("data=synthetic", None),
     ("data=synthetic data.task=segmentation", "data.task: 'segmentation' is not one of"),
@@ -133,6 +134,10 @@ CHECKED_WITHOUT_TORCH = [
     ("data=arrays data.train=gone.npz", "gone.npz does not exist"),
     ("data=image_folder data.root=pics", None),
     ("data=image_folder data.root=gone", "does not exist"),
+    ("data=image_folder data.root=pics data.preset=bogus", "data.preset: 'bogus' is not one"),
+    ("data=image_folder data.root=pics data.val_split=1.5", "data.val_split=1.5: neither"),
+    ("data=synthetic model.width=0", "model.width=0: a size of the model"),
+    ("data=synthetic optim=adam optim.betas=[0.9]", "optim.betas=[0.9]: two numbers"),
     ("data=imagenet data.image_size=4", "data.image_size=4"),
     ("data=cifar10 data.download=true", None),
     ("data=cifar100", "data=cifar100: not found under data"),

@@ -110,9 +110,12 @@ def check_registered(cfg: Config) -> None:
         for section in set(entry) & set(HPARAM_SECTIONS):
             comp = getattr(cfg, section)
             where = f"train.hparam_schedule[{i}].{section}"
-            signatures.check_args(
-                COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
-            )
+            try:
+                signatures.check_args(
+                    COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
+                )
+            except UserError as e:  # a component's check names its section: say which entry
+                raise UserError(f"{where}: {e.message}", e.hint) from None
     for name, args in cfg.logger.items():
         signatures.check_args("loggers", name, args, f"logger.{name}")
     if cfg.sched.name is not None:

@@ -240,7 +240,7 @@ def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> A
         return factory(*args, **kwargs)
     except UserError:
         raise
-    except (ValueError, TypeError, RuntimeError) as e:
+    except (ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         text = " ".join(str(e).split())[:200]
         raise UserError(

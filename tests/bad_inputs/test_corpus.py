@@ -73,7 +73,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "launcher=local", "launcher.max_restarts=-1"], "below the minimum 0"),
     (["run", "launcher.rdzv_timeout=0"], "below the minimum 1"),
     (["run", "data=synthetic", "data.num_classes=0"], "num_samples and num_classes must be >= 1"),
-    (["run", "model=mlp", "+model.hidden=[-5]"], "rejected its arguments"),
+    (["run", "model=mlp", "+model.hidden=[-5]"], "model.hidden[0]=-5: a size of the model"),
     (["run", "train.channels_last=maybe"], "not one of: auto, true, false"),
     (["run", "sched=multistep", "sched.interval=hourly"], "not one of: epoch, step"),
     (["run", "train.on_nan=ignore"], "not one of: stop, skip"),
@@ -379,7 +379,7 @@ CORPUS: list[tuple[list[str], str]] = [
     ),
     (  # the optimizer refuses it when built; from the schedule it trained on to exit 0
         ["run", "sched=none", "train.hparam_schedule=[{step: 3, optim: {lr: -1}}]"],
-        "train.hparam_schedule[0].optim 'sgd' rejected its arguments",
+        "train.hparam_schedule[0].optim: optim.lr=-1: negative",
     ),
     (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
     (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),
@@ -444,6 +444,14 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "resume", "swept_op"], "swept_op/journal.log is damaged (AssertionError"),
     (["sweep", "resume", "swept_spec"], "swept_spec/sweep.json is damaged"),
     (["sweep", "resume", "swept_nojournal"], "not a sweep directory (no journal.log)"),
+    # found by a new user (stop 35): a traceback, and a run directory left behind, before
+    (["run", "data=synthetic", "model.width=0"], "model.width=0: a size of the model, at least 1"),
+    (["run", "model=mlp", "model.hidden=[16,0]"], "model.hidden[1]=0: a size of the model"),
+    (["run", "data=synthetic", "model.dropout=1.5"], "model.dropout=1.5: a probability"),
+    (["run", "optim=adam", "optim.betas=[0.9]"], "optim.betas=[0.9]: two numbers"),
+    (["run", "optim=adam", "optim.betas=[0.9,1.0]"], "each from 0 up to (not including) 1"),
+    (["run", "optim.lr=-1"], "optim.lr=-1: negative"),
+    (["run", "optim=adamw", "optim.weight_decay=-0.1"], "optim.weight_decay=-0.1: negative"),
 ]
 
 

@@ -23,10 +23,8 @@ from expctl.builtin.datasets.files import not_found, root_of
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    PRESETS,
     ImageFiles,
     Normalized,
-    check_choices,
 )
 from expctl.builtin.datasets.tensors import carve
 from expctl.errors import UserError
@@ -35,8 +33,6 @@ from expctl.registry import register
 log = logging.getLogger("expctl")
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm")
-NORMALIZE = ("imagenet", "computed", "none")
-DECODE = ("auto", "cpu", "gpu")
 STATS_SAMPLES = 256  # images read for normalize=computed
 
 
@@ -158,14 +154,7 @@ def image_splits(
 ) -> Splits:
     """Splits of image files: with `val_split`, part of train validates and the val files (or
     the test files, when there are some) are the test set."""
-    check_choices(
-        preset=(o.preset, PRESETS),
-        normalize=(o.normalize, NORMALIZE),
-        decode=(o.decode, DECODE),
-        on_corrupt=(o.on_corrupt, ("error", "skip")),
-        channels=(o.channels, (1, 3)),
-    )
-    preflight.image_size(o.image_size)
+    preflight.image_options(vars(o))
     if o.val_split:
         keep, held = carve(len(train_samples), o.val_split)
         train_samples, val_samples, test_samples = (

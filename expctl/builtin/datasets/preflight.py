@@ -7,6 +7,7 @@ factory's, read from the registry (stated once, in the factory's signature)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ TASKS = ("classification", "regression")
 ARRAY_SUFFIXES = (".csv", ".npy", ".npz")
 ARRAY_MAX_BYTES = 8 * 2**30  # one file read whole into memory
 MAX_IMAGE_SIZE = 8192  # a side of the samples: 3 x 8192^2 float32 is 805 MB an image
+PRESETS = ("imagenet", "flip", "center")  # train transform; evaluation is always "center"
+IMAGE_NORMALIZE = ("imagenet", "computed", "none")
+DECODE = ("auto", "cpu", "gpu")
 
 CIFAR = {  # name: (folder, train files, test files, label key, meta file, names key)
     "cifar10": (
@@ -108,6 +112,40 @@ def arrays(**given: Any) -> None:
             array_file(key, a[key])
 
 
+def check_choices(**values: tuple[Any, Sequence[Any]]) -> None:
+    """data.KEY is one of its choices: ``check_choices(preset=(value, PRESETS))``."""
+    for key, (value, choices) in values.items():
+        if value not in choices:
+            raise UserError(
+                f"data.{key}: '{value}' is not one of: {', '.join(map(str, choices))}",
+                f"set data.{key} to one of them",
+            )
+
+
+def split_form(val_split: float) -> None:
+    """data.val_split: 0 (none), a fraction in (0, 1), or a whole count of samples (`carve`
+    checks it against the number of samples once they are read)."""
+    if val_split < 0 or (val_split >= 1 and val_split != int(val_split)):
+        raise UserError(
+            f"data.val_split={val_split:g}: neither a fraction in (0, 1) nor a whole count",
+            "e.g. data.val_split=0.1 (a tenth of the training samples) or 0 for no split",
+        )
+
+
+def image_options(a: dict[str, Any]) -> None:
+    """What image_folder and imagenet share (`images.ImageOptions`), checked before any file is
+    read: the choices, the image size and the form of val_split."""
+    check_choices(
+        preset=(a["preset"], PRESETS),
+        normalize=(a["normalize"], IMAGE_NORMALIZE),
+        decode=(a["decode"], DECODE),
+        on_corrupt=(a["on_corrupt"], ("error", "skip")),
+        channels=(a["channels"], (1, 3)),
+    )
+    image_size(a["image_size"])
+    split_form(a["val_split"])
+
+
 def image_size(size: int) -> None:
     """data.image_size: what a model can take, and a batch of it fits in memory."""
     if not 8 <= size <= MAX_IMAGE_SIZE:
@@ -120,15 +158,15 @@ def image_size(size: int) -> None:
 
 @light
 def imagenet(**given: Any) -> None:
-    """data=imagenet: its image size (torchvision checks its folder when it is read)."""
-    image_size(_args("imagenet", given)["image_size"])
+    """data=imagenet: its options (torchvision checks its folder when it is read)."""
+    image_options(_args("imagenet", given))
 
 
 @light
 def image_folder(**given: Any) -> None:
-    """data=image_folder: its image size, and its folders there (no image is read yet)."""
+    """data=image_folder: its options, and its folders there (no image is read yet)."""
     a = _args("image_folder", given)
-    image_size(a["image_size"])
+    image_options(a)
     image_folders(a["root"], a["train"], a["val"], None, a["val_split"])
 
 

@@ -24,10 +24,8 @@ from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    PRESETS,
     Normalized,
     PilTransform,
-    check_choices,
 )
 from expctl.builtin.datasets.tensors import with_val
 from expctl.errors import UserError
@@ -258,7 +256,7 @@ def _factory(name: str, src: Source, classes: int) -> Any:
                 f"data={name} has a single split: set data.val_split (a count or a fraction)",
                 "e.g. data.val_split=0.1",
             )
-        check_choices(preset=(preset, PRESETS))
+        preflight.check_choices(preset=(preset, preflight.PRESETS))
         sets = _streamed_sets(name, src, root, download, image_size, 3, preset)
         first = sets["train"]
         assert first is not None
