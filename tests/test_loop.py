@@ -151,8 +151,10 @@ def test_limit_val_batches_scores_that_many_batches(tmp_path: Path) -> None:
 
     parts = build(_cfg(tmp_path, "data.val_batch_size=4"), DistEnv(), torch.device("cpu"))
     scored: list[int] = []
-    val_step = parts.step.val_step
-    parts.step.val_step = lambda ctx, batch: scored.append(len(batch[0])) or val_step(ctx, batch)
+    val_step = parts.batch_step.val_step
+    parts.batch_step.val_step = lambda ctx, batch: (
+        scored.append(len(batch[0])) or val_step(ctx, batch)
+    )
     evaluate(parts, DistEnv())
     assert scored == [4, 4, 4, 4]  # 16 validation samples
     scored.clear()

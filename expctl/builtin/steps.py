@@ -1,8 +1,9 @@
-"""Training steps: what one batch does. Built-ins ``supervised`` and ``gan`` (seed 000's DCGAN).
+"""Batch steps: what one batch does. Built-ins ``supervised`` and ``gan`` (seed 000's DCGAN).
 
-A step is a class registered under ``steps`` with ``train_step(ctx, batch)`` returning a dict of
-detached scalar tensors (averaged over ranks at log time), and optionally ``val_step(ctx,
-batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then divided):
+A batch step is a class registered under ``steps`` (picked with ``train.step``) with
+``train_step(ctx, batch)`` returning a dict of detached scalar tensors (averaged over ranks at log
+time), and optionally ``val_step(ctx, batch)`` returning ``{name: (sum, count)}`` tensors (summed
+over ranks, then divided):
 
     @register("steps", "my_step")
     class MyStep:
@@ -33,7 +34,7 @@ from expctl.registry import register
 
 @dataclass
 class StepContext:
-    """What a step sees: models, optimizers, the loss, and helpers that apply the train config."""
+    """What a batch step sees: models, optimizers, the loss, and helpers that apply the train config."""
 
     models: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]

@@ -69,7 +69,7 @@ class TrainConfig:
     val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
     val_every_steps: int | None = _f(None, min=1)  # also validate every N optimizer steps
     limit_val_batches: int | None = _f(None, min=1)  # validations: N batches per rank (debug)
-    step: str = "supervised"  # registered training step
+    step: str = "supervised"  # the batch step (registered under `steps`): what one batch does
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
     channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
     compile: bool = False  # torch.compile the models (warm-up cost: see bench/RESULTS.md)

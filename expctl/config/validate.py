@@ -392,7 +392,7 @@ def _cross_checks(cfg: Config) -> None:
         raise UserError(
             f"train.grad_accum={t.grad_accum} is handled by the supervised step only "
             f"(train.step={t.step})",
-            "set train.grad_accum=1, or accumulate inside your own step",
+            "set train.grad_accum=1, or accumulate inside your own batch step",
         )
 
 

@@ -32,9 +32,9 @@ class Parts:
     """Everything the loop needs, built identically on every rank."""
 
     models: dict[str, nn.Module]  # unwrapped: what checkpoints save
-    ctx: StepContext  # holds the DDP-wrapped / compiled models the step calls
+    ctx: StepContext  # holds the DDP-wrapped / compiled models the batch step calls
     schedulers: dict[str, Any]
-    step: Any
+    batch_step: Any  # the train.step component: what one batch does (train_step, val_step)
     splits: Splits
     batches: TrainBatches
     total_steps: int  # optimizer steps of the whole run
@@ -186,11 +186,11 @@ def _build(
         skip_nonfinite=cfg.train.on_nan == "skip",
     )
     torch.manual_seed(cfg.train.seed + env.rank)  # dropout & co differ per rank
-    step = registry.get("steps", cfg.train.step).factory()
-    missing = [m for m in getattr(step, "requires", ()) if m not in models]
+    batch_step = registry.get("steps", cfg.train.step).factory()
+    missing = [m for m in getattr(batch_step, "requires", ()) if m not in models]
     if missing:
         raise UserError(
-            f"train.step={cfg.train.step} trains models {', '.join(step.requires)}, but model "
+            f"train.step={cfg.train.step} trains models {', '.join(batch_step.requires)}, but model "
             f"'{cfg.model.name}' gives {', '.join(models)}",
             "pick a model that gives them (e.g. model=dcgan for train.step=gan)",
         )
@@ -198,7 +198,7 @@ def _build(
         models,
         ctx,
         schedulers,
-        step,
+        batch_step,
         splits,
         batches,
         total_steps,

@@ -210,7 +210,7 @@ def _loop(
                 loop.hparams.at(state.step)
             ctx.boundary = (state.batch + 1) % t.grad_accum == 0
             with no_sync(ctx.models, skip=not ctx.boundary):
-                meter.add(parts.step.train_step(ctx, batch))
+                meter.add(parts.batch_step.train_step(ctx, batch))
             state.batch += 1
             if not ctx.boundary:
                 continue
