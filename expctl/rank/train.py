@@ -221,7 +221,7 @@ def _loop(
                 state.step, state.epoch_number
             )  # the bar moves; integers only, no sync
             _step_schedulers(parts, "step")
-            collector.step(state.step)
+            collector.after_step(state.step)
             if state.step % t.log_every == 0:
                 _log_train(t, parts, state, meter, loop)
             if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
