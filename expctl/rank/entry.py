@@ -26,7 +26,7 @@ from expctl.rank import provenance, rundir
 from expctl.rank.build import Parts, build, pick_device, resolve_precision
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
-from expctl.rank.metrics import evaluate as score
+from expctl.rank.metrics import score_split
 from expctl.rank.provenance import Launch
 from expctl.rank.report import Reporter, setup_logging, truncate_metrics, write_json
 from expctl.rank.restore import load_weights, put_weights, restore
@@ -324,7 +324,7 @@ class Evaluation:
         return cls(**json.loads(text))
 
 
-def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
+def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
     """Score a checkpoint on this rank (metrics reduced exactly over ranks); rank 0 writes
     RUN_DIR/eval/NAME.json. Returns the run directory and that record.
 
@@ -346,7 +346,7 @@ def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str,
                     f"{path} does not fit this config's models: {e}",
                     "evaluate with the run's own model settings (no model.* overrides)",
                 ) from None
-            metrics = score(parts, env, ev.split)
+            metrics = score_split(parts, env, ev.split)
     if not metrics:
         raise UserError(
             f"data '{cfg.data.name}' has no {ev.split} split to score (or train.step has no "

@@ -1,5 +1,5 @@
 """Metrics reduced exactly over ranks: `Meter` averages the batch step's train metrics (on the
-device, one host sync at log time), `evaluate` scores a whole split (sums and counts over
+device, one host sync at log time), `score_split` scores a whole split (sums and counts over
 unpadded shards: every sample counted once), and `sync_buffers` makes the ranks' models
 identical first, so the metric reported is the saved model's."""
 
@@ -72,7 +72,7 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
                 b.copy_(v.view_as(b))
 
 
-def evaluate(
+def score_split(
     parts: Parts, env: DistEnv, split: str = "val", limit: int | None = None
 ) -> dict[str, float]:
     """Metrics over a whole split (val, test or train), reduced exactly (sums and counts) over

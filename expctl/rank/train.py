@@ -31,7 +31,7 @@ from expctl.rank.build import Parts
 from expctl.rank.collector import GarbageCollection
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
-from expctl.rank.metrics import Meter, evaluate, sync_buffers
+from expctl.rank.metrics import Meter, score_split, sync_buffers
 from expctl.rank.report import Reporter
 
 log = logging.getLogger("expctl")
@@ -271,7 +271,7 @@ def _finish(
     if loop.meter.count:  # the steps since the last train row: the run's last row, logged after
         # the checkpoint that keeps them as its window (a longer budget logs the next row whole)
         _log_train(t, parts, state, loop.meter, loop)
-    test = evaluate(parts, loop.env, "test") if status == "completed" else {}
+    test = score_split(parts, loop.env, "test") if status == "completed" else {}
     if test:
         loop.rep.record(state.step, state.epoch_number, test, "test")
     result: dict[str, Any] = {**state.train, **state.val, **test}
@@ -298,7 +298,7 @@ def check_monitors(names: dict[str, str], parts: Parts, env: DistEnv) -> None:
     if not names:
         return
     rng = checkpoint.rng_state()
-    reported = evaluate(parts, env, limit=1)
+    reported = score_split(parts, env, limit=1)
     checkpoint.set_rng_state(rng)
     for where, name in names.items():
         monitored(reported, where, name)
@@ -339,7 +339,7 @@ def _validate(
     if loop.validated_at == state.step:
         return
     sync_buffers(parts.models, loop.env)
-    scored = evaluate(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
+    scored = score_split(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
     state.val = loop.ctl.broadcast(scored)  # rank 0's: every rank decides alike
     loop.validated_at = state.step
     loop.rep.record(state.step, state.epoch_number, state.val, "val")
