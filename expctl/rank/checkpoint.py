@@ -316,13 +316,6 @@ def read_verified(path: Path, map_location: str | torch.device = "cpu") -> Any:
     return payload
 
 
-def newest_valid(
-    run_dir: Path, map_location: str | torch.device = "cpu"
-) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads, skipping corrupt ones with a warning naming each."""
-    return _first_valid(list_checkpoints(run_dir), map_location)
-
-
 def resume_point(
     run_dir: Path, map_location: str | torch.device = "cpu"
 ) -> tuple[Path, dict[str, Any]] | None:
