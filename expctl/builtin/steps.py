@@ -1,8 +1,9 @@
-"""Training steps: what one batch does. Built-ins ``supervised`` and ``gan`` (seed 000's DCGAN).
+"""Batch steps: what one batch does. Built-ins ``supervised`` and ``gan`` (seed 000's DCGAN).
 
-A step is a class registered under ``steps`` with ``train_step(ctx, batch)`` returning a dict of
-detached scalar tensors (averaged over ranks at log time), and optionally ``val_step(ctx,
-batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then divided):
+A batch step is a class registered under ``steps`` (picked with ``train.step``) with
+``train_step(ctx, batch)`` returning a dict of detached scalar tensors (averaged over ranks at log
+time), and optionally ``val_step(ctx, batch)`` returning ``{name: (sum, count)}`` tensors (summed
+over ranks, then divided):
 
     @register("steps", "my_step")
     class MyStep:
@@ -11,7 +12,7 @@ batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then div
             with ctx.autocast():
                 loss = ctx.loss_fn(ctx.model(x), y)
             ctx.backward(loss)
-            ctx.step()
+            ctx.optimizer_step()
             return {"loss": loss.detach()}
 
 `ctx` hides precision, gradient accumulation, clipping and the GradScaler.
@@ -20,9 +21,10 @@ batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then div
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -32,7 +34,7 @@ from expctl.registry import register
 
 @dataclass
 class StepContext:
-    """What a step sees: models, optimizers, the loss, and helpers that apply the train config."""
+    """What a batch step sees: models, optimizers, the loss, and helpers that apply the train config."""
 
     models: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
@@ -46,6 +48,7 @@ class StepContext:
     boundary: bool = True  # the last micro-batch before an optimizer step
     skip_nonfinite: bool = False  # train.on_nan=skip: drop updates whose gradients are not finite
     skipped: int = 0  # updates dropped so far
+    _warned_step: ClassVar[bool] = False  # `step()` has warned in this process
 
     @property
     def model(self) -> nn.Module:
@@ -66,8 +69,9 @@ class StepContext:
             loss = self.scaler.scale(loss)
         loss.backward()
 
-    def step(self, name: str | None = None) -> None:
-        """At an accumulation boundary: unscale, clip, step and zero the grads of one optimizer."""
+    def optimizer_step(self, name: str | None = None) -> None:
+        """At an accumulation boundary: unscale, clip, step and zero the grads of one optimizer
+        (`name`; default: the first)."""
         if not self.boundary:
             return
         key = name or next(iter(self.optimizers))
@@ -86,6 +90,18 @@ class StepContext:
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def step(self, name: str | None = None) -> None:
+        """Deprecated name of `optimizer_step` (goes in a later release)."""
+        if not StepContext._warned_step:  # once: a warning per batch would cost the hot loop
+            StepContext._warned_step = True
+            warnings.warn(
+                "StepContext.step() is StepContext.optimizer_step() now; call ctx.optimizer_step()"
+                " (ctx.step() goes in a later release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self.optimizer_step(name)
 
     @staticmethod
     def _finite(opt: torch.optim.Optimizer) -> bool:
@@ -118,7 +134,7 @@ class Supervised:
         with ctx.autocast():
             loss = ctx.loss_fn(ctx.model(ctx.inputs(x)), y)
         ctx.backward(loss)
-        ctx.step()
+        ctx.optimizer_step()
         return {"loss": loss.detach()}
 
     def val_step(
@@ -165,12 +181,12 @@ class GAN:
             out_fake = disc(ctx.inputs(fake.detach())).float()
             err_fake = ctx.loss_fn(out_fake, zeros)
         ctx.backward(err_fake)
-        ctx.step("discriminator")
+        ctx.optimizer_step("discriminator")
         with _grads_set_aside(disc):
             with ctx.autocast():
                 loss_g = ctx.loss_fn(disc(ctx.inputs(fake)).float(), ones)
             ctx.backward(loss_g)
-        ctx.step("generator")
+        ctx.optimizer_step("generator")
         return {
             "loss_d": (err_real + err_fake).detach(),
             "loss_g": loss_g.detach(),

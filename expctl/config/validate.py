@@ -362,7 +362,7 @@ def unknown_key(where: str, key: str, valid: list[str]) -> UserError:
 
 
 def _cross_checks(cfg: Config) -> None:
-    t, ln = cfg.train, cfg.launcher
+    train_cfg = cfg.train
     for key in ("dir", "root"):
         plain_text(f"run.{key}", getattr(cfg.run, key))
     # room for root/NAME-YYYYmmdd-HHMMSS-xxxx/ and the deepest file a run writes inside (W&B's)
@@ -370,7 +370,7 @@ def _cross_checks(cfg: Config) -> None:
     check_path_length("run.dir", cfg.run.dir, inside=300)
     plain_text("checkpoint.resume", cfg.checkpoint.resume)
     check_name("run.name", cfg.run.name)
-    if ln.name == "slurm":
+    if cfg.launcher.name == "slurm":
         check_slurm(cfg)
     resume = cfg.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
@@ -385,33 +385,33 @@ def _cross_checks(cfg: Config) -> None:
                 f"{where}={name}: only validation metrics (val/...) can be monitored",
                 f"e.g. {where}=val/loss or {where}=val/acc",
             )
-    if t.compile_mode != "default" and not t.compile:
+    if train_cfg.compile_mode != "default" and not train_cfg.compile:
         raise UserError(
-            f"train.compile_mode={t.compile_mode} does nothing without train.compile=true",
+            f"train.compile_mode={train_cfg.compile_mode} does nothing without train.compile=true",
             "add train.compile=true, or drop train.compile_mode",
         )
     check_hparam_schedule(cfg)
-    if t.grad_accum > 1 and t.step != "supervised":
+    if train_cfg.grad_accum > 1 and train_cfg.step != "supervised":
         raise UserError(
-            f"train.grad_accum={t.grad_accum} is handled by the supervised step only "
-            f"(train.step={t.step})",
-            "set train.grad_accum=1, or accumulate inside your own step",
+            f"train.grad_accum={train_cfg.grad_accum} is handled by the supervised step only "
+            f"(train.step={train_cfg.step})",
+            "set train.grad_accum=1, or accumulate inside your own batch step",
         )
 
 
-def _check_init(ck: CheckpointConfig) -> None:
-    plain_text("checkpoint.init", ck.init)
-    if ck.init is None:
+def _check_init(ckpt_cfg: CheckpointConfig) -> None:
+    plain_text("checkpoint.init", ckpt_cfg.init)
+    if ckpt_cfg.init is None:
         return
-    if not Path(ck.init).expanduser().exists():
+    if not Path(ckpt_cfg.init).expanduser().exists():
         raise UserError(
-            f"checkpoint.init: nothing at '{ck.init}'",
+            f"checkpoint.init: nothing at '{ckpt_cfg.init}'",
             "give an expctl checkpoint (.pt), a file saved with torch.save(model.state_dict()), "
             "or a run directory (its best checkpoint, else its newest)",
         )
-    if ck.resume not in ("auto", "never"):
+    if ckpt_cfg.resume not in ("auto", "never"):
         raise UserError(
-            f"checkpoint.init={ck.init} and checkpoint.resume={ck.resume}: pick one",
+            f"checkpoint.init={ckpt_cfg.init} and checkpoint.resume={ckpt_cfg.resume}: pick one",
             "init starts from weights only (a new optimizer, step 0); resume restores all of it",
         )
 

@@ -32,9 +32,9 @@ class Parts:
     """Everything the loop needs, built identically on every rank."""
 
     models: dict[str, nn.Module]  # unwrapped: what checkpoints save
-    ctx: StepContext  # holds the DDP-wrapped / compiled models the step calls
+    ctx: StepContext  # holds the DDP-wrapped / compiled models the batch step calls
     schedulers: dict[str, Any]
-    step: Any
+    batch_step: Any  # the train.step component: what one batch does (train_step, val_step)
     splits: Splits
     batches: TrainBatches
     total_steps: int  # optimizer steps of the whole run
@@ -187,11 +187,11 @@ def _build(
         skip_nonfinite=cfg.train.on_nan == "skip",
     )
     torch.manual_seed(cfg.train.seed + env.rank)  # dropout & co differ per rank
-    step = registry.get("steps", cfg.train.step).factory()
-    missing = [m for m in getattr(step, "requires", ()) if m not in models]
+    batch_step = registry.get("steps", cfg.train.step).factory()
+    missing = [m for m in getattr(batch_step, "requires", ()) if m not in models]
     if missing:
         raise UserError(
-            f"train.step={cfg.train.step} trains models {', '.join(step.requires)}, but model "
+            f"train.step={cfg.train.step} trains models {', '.join(batch_step.requires)}, but model "
             f"'{cfg.model.name}' gives {', '.join(models)}",
             "pick a model that gives them (e.g. model=dcgan for train.step=gan)",
         )
@@ -199,7 +199,7 @@ def _build(
         models,
         ctx,
         schedulers,
-        step,
+        batch_step,
         splits,
         batches,
         total_steps,
@@ -222,16 +222,18 @@ def _splits(cfg: Config, device: torch.device) -> Splits:
 
 
 def _loading(cfg: Config, env: DistEnv, device: torch.device, splits: Splits) -> Loading:
-    d = cfg.data
-    workers = d.num_workers if d.num_workers is not None else auto_workers(env.local_world_size)
-    pin = d.pin_memory if d.pin_memory != "auto" else device.type == "cuda"
+    data_cfg = cfg.data
+    workers = data_cfg.num_workers
+    if workers is None:
+        workers = auto_workers(env.local_world_size)
+    pin = data_cfg.pin_memory if data_cfg.pin_memory != "auto" else device.type == "cuda"
     pin = pin and getattr(splits.train, "pin_memory", True)  # e.g. not lists of encoded files
-    if not d.persistent_workers and env.is_main:
+    if not data_cfg.persistent_workers and env.is_main:
         log.warning(
             "data.persistent_workers=false is ignored: a rank's DataLoader workers are started "
             "once and kept for the run (forking them later, while threads run, can hang)"
         )
-    return Loading(workers, bool(pin), d.prefetch_factor, d.timeout)
+    return Loading(workers, bool(pin), data_cfg.prefetch_factor, data_cfg.timeout)
 
 
 def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:
@@ -320,10 +322,10 @@ def _total_steps(cfg: Config, steps_per_epoch: int) -> int:
             "lower train.grad_accum or data.batch_size, or use more data",
         )
     per_epoch = max(1, steps_per_epoch // cfg.train.grad_accum)
-    t = cfg.train
-    by_epochs = per_epoch * t.max_epochs if t.max_epochs is not None else None
-    steps = [n for n in (by_epochs, t.max_steps) if n is not None]  # validation: one at least
-    return min(steps)
+    train_cfg = cfg.train
+    by_epochs = per_epoch * train_cfg.max_epochs if train_cfg.max_epochs is not None else None
+    limits = [n for n in (by_epochs, train_cfg.max_steps) if n is not None]  # one at least
+    return min(limits)
 
 
 def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:

@@ -1,5 +1,5 @@
-"""Metrics reduced exactly over ranks: `Meter` averages the training step's metrics (on the
-device, one host sync at log time), `evaluate` scores a whole split (sums and counts over
+"""Metrics reduced exactly over ranks: `Meter` averages the batch step's train metrics (on the
+device, one host sync at log time), `score_split` scores a whole split (sums and counts over
 unpadded shards: every sample counted once), and `sync_buffers` makes the ranks' models
 identical first, so the metric reported is the saved model's."""
 
@@ -20,7 +20,7 @@ from expctl.rank.build import Parts
 
 
 class Meter:
-    """Running sums of the step's metrics on the device; reduced over ranks only at log time."""
+    """Running sums of the batch step's train metrics on the device; reduced over ranks only at log time."""
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
@@ -72,13 +72,13 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
                 b.copy_(v.view_as(b))
 
 
-def evaluate(
+def score_split(
     parts: Parts, env: DistEnv, split: str = "val", limit: int | None = None
 ) -> dict[str, float]:
     """Metrics over a whole split (val, test or train), reduced exactly (sums and counts) over
     ranks; with `limit`, over that many batches of each rank's shard."""
     data = getattr(parts.splits, split)
-    if data is None or not hasattr(parts.step, "val_step"):
+    if data is None or not hasattr(parts.batch_step, "val_step"):
         return {}
     ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives
     sums: dict[str, list[Any]] = {}
@@ -96,7 +96,7 @@ def evaluate(
             split,
         )
         for batch in itertools.islice(batches, limit):
-            for k, (s, n) in parts.step.val_step(ctx, batch).items():
+            for k, (s, n) in parts.batch_step.val_step(ctx, batch).items():
                 acc = sums.setdefault(k, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
     for m in parts.models.values():
