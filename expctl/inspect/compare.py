@@ -107,7 +107,8 @@ class Runs:
         # a key that splits the runs exactly as one before it does says nothing more (data.name
         # beside model.name, the default run.name model-data): after the keys that do
         seen: set[tuple[int, ...]] = set()
-        telling, echoes = [], []
+        telling: list[str] = []
+        echoes: list[str] = []
         for k in vary:
             ids: dict[str, int] = {}
             split = tuple(ids.setdefault(repr(c.get(k, UNSET)), len(ids)) for c in read)
