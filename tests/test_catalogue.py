@@ -193,6 +193,7 @@ def test_first_use_describes_in_the_background_then_nothing_loads_torch(tmp_path
     words, code, imported = _expctl(cache, "_words", path=pkg)
     assert code == 0 and imported == []
     wanted = {"model=resnet18", "logger=csv", "train.step=gan", "logger.wandb.mode="}
+    wanted |= {"train.precision=bf16", "train.compile=true"}  # a key's choices, booleans
     assert wanted <= set(words.splitlines())
     helped, _, imported = _expctl(cache, "run", "--help", path=pkg)
     assert imported == [] and "resnet18" in helped and "background" not in helped
