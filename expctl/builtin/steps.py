@@ -211,12 +211,9 @@ BF16_PEAK = (
 )
 
 
-def bf16_peak(device: torch.device) -> float | None:
-    """The bf16 peak FLOP/s of `device` (BF16_PEAK), None when unknown (CPUs included)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for part, peak in BF16_PEAK if part in name), None)
+def bf16_peak(device_name: str) -> float | None:
+    """The bf16 peak FLOP/s of a GPU by its name (BF16_PEAK), None when unknown."""
+    return next((peak for part, peak in BF16_PEAK if part in device_name), None)
 
 
 @register("steps", "lm")
@@ -275,7 +272,8 @@ class LanguageModel:
             model = getattr(model, wrapper, model)
         flops = getattr(model, "flops_per_token", None)
         self.tokens, self.flops = int(x.shape[1]), int(flops()) if callable(flops) else 0
-        peak = bf16_peak(ctx.device)
+        cuda = ctx.device.type == "cuda"
+        peak = bf16_peak(torch.cuda.get_device_name(ctx.device)) if cuda else None
         ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.peak = peak * ranks if peak else None
 
