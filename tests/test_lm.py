@@ -168,9 +168,10 @@ def test_a_model_value_the_data_also_takes_must_be_the_datas() -> None:
 @pytest.mark.slow  # trains in-process, three runs
 def test_a_resumed_lm_run_sees_the_windows_of_an_uninterrupted_one(tmp_path: Path) -> None:
     """Stopped after 5 steps (mid-epoch: 3 steps an epoch), continued to 8: the same losses,
-    bitwise, and the same weights as 8 steps in one go (random windows and dropout)."""
+    bitwise, and the same weights as 8 steps in one go (random windows and dropout); the
+    derived val/ppl can be monitored."""
     root = token_files(tmp_path / "tok")
-    common = [*TINY_LM, f"data.root={root}"]
+    common = [*TINY_LM, f"data.root={root}", "checkpoint.monitor=val/ppl"]
     rank.main(
         compose.compose(None, [*common, "train.max_steps=8", f"run.dir={tmp_path / 'a'}"]),
         DistEnv(),
