@@ -101,3 +101,40 @@ def loss(**args: object) -> None:
             f"loss.label_smoothing={smoothing}: not between 0 and 1",
             "the share of the target spread over the other classes, e.g. loss.label_smoothing=0.1",
         )
+
+
+GPT_POSITIONS = ("rotary", "learned")
+
+
+@light
+def gpt(
+    vocab_size: int | None = None,
+    block_size: int | None = None,
+    n_layer: int = 1,
+    n_head: int = 1,
+    d_model: int = 1,
+    pos: str = "rotary",
+    dropout: float = 0.0,
+    **_: object,
+) -> None:
+    """model=gpt's sizes: whole heads (of an even width for rotary positions), positive sizes,
+    a dropout probability; vocab_size and block_size null are the data's."""
+    sizes = {"vocab_size": vocab_size, "block_size": block_size}
+    sizes.update(n_layer=n_layer, n_head=n_head, d_model=d_model)
+    for key, value in sizes.items():
+        if value is not None and value < 1:
+            raise UserError(f"model.{key}={value}: must be at least 1", f"set model.{key} >= 1")
+    if pos not in GPT_POSITIONS:
+        raise UserError(
+            f"model.pos={pos!r} is not one of: {', '.join(GPT_POSITIONS)}",
+            "set model.pos=rotary (rotary embeddings) or model.pos=learned (GPT-2's)",
+        )
+    if d_model % n_head or (pos == "rotary" and (d_model // n_head) % 2):
+        even = " and even (rotary positions rotate pairs)" if pos == "rotary" else ""
+        raise UserError(
+            f"model.d_model={d_model} over model.n_head={n_head} heads: each head's width must "
+            f"be whole{even}",
+            "pick d_model a multiple of n_head, e.g. model.d_model=768 model.n_head=12",
+        )
+    if not 0 <= dropout < 1:
+        raise UserError(f"model.dropout={dropout}: not in [0, 1)", "e.g. model.dropout=0.1")

@@ -32,6 +32,9 @@ from expctl.config.schema import (
 from expctl.config.values import check_name, check_path_length, check_slurm, plain_text
 from expctl.errors import UserError, choices_text, did_you_mean
 
+# the built-in steps that scale and hold back each micro-batch's update (StepContext does)
+ACCUMULATING_STEPS = ("supervised", "lm")
+
 
 def validate(
     raw: dict[str, Any],
@@ -118,6 +121,7 @@ def check_registered(cfg: Config) -> None:
                 raise UserError(f"{where}: {e.message}", e.hint) from None
     for name, args in cfg.logger.items():
         signatures.check_args("loggers", name, args, f"logger.{name}")
+    _check_shared(cfg)
     if cfg.sched.name is not None:
         steps_on_metric = "monitor" in registry.get("schedulers", cfg.sched.name).settings
         if steps_on_metric != (cfg.sched.monitor is not None):
@@ -128,6 +132,29 @@ def check_registered(cfg: Config) -> None:
                 if steps_on_metric
                 else "remove sched.monitor, or use sched=reducelronplateau",
             )
+
+
+def _check_shared(cfg: Config) -> None:
+    """An argument the model takes from the data when it is null (gpt's block_size and
+    vocab_size) that the data's factory takes too, by name: set on the model, it must be the
+    data's value, or the model would be built for other data.
+
+    Raises:
+        UserError: the two differ, naming both.
+    """
+    if cfg.model.name is None or cfg.data.name is None:
+        return
+    model, data = registry.get("models", cfg.model.name), registry.get("datasets", cfg.data.name)
+    for key in sorted(model.inferred & set(data.parameters())):
+        mine, theirs = cfg.model.args.get(key), cfg.data.args.get(key)
+        if mine is None or mine == theirs:
+            continue
+        shown = "null (the data's own)" if theirs is None else theirs
+        raise UserError(
+            f"model.{key}={mine}, but data.{key} is {shown}: the model would be built for "
+            "other data",
+            f"leave model.{key} out (it is the data's), or set data.{key}={mine} as well",
+        )
 
 
 def check_hparam_schedule(cfg: Config) -> None:
@@ -391,10 +418,10 @@ def _cross_checks(cfg: Config) -> None:
             "add train.compile=true, or drop train.compile_mode",
         )
     check_hparam_schedule(cfg)
-    if train_cfg.grad_accum > 1 and train_cfg.step != "supervised":
+    if train_cfg.grad_accum > 1 and train_cfg.step not in ACCUMULATING_STEPS:
         raise UserError(
-            f"train.grad_accum={train_cfg.grad_accum} is handled by the supervised step only "
-            f"(train.step={train_cfg.step})",
+            f"train.grad_accum={train_cfg.grad_accum} is handled by the "
+            f"{' and '.join(ACCUMULATING_STEPS)} steps only (train.step={train_cfg.step})",
             "set train.grad_accum=1, or accumulate inside your own batch step",
         )
 

@@ -260,6 +260,8 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
         "in_channels": info.input_shape[0] if info.input_shape else None,
         "input_shape": tuple(info.input_shape),
         "num_classes": info.num_classes,
+        "vocab_size": info.num_classes,  # a language model's classes: its next-token choices
+        "block_size": info.input_shape[0] if len(info.input_shape) == 1 else None,
     }
     for key in entry.inferred:  # null (or absent): from the data, else the factory's default
         if args.get(key) is None and key in params and inferred.get(key) is not None:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from expctl.builtin.steps import derived
 from expctl.dist import DistEnv
 from expctl.rank.batches import val_batches
 from expctl.rank.build import Parts
@@ -106,7 +107,8 @@ def score_split(
     if env.distributed:
         vec = vec.to(ctx.device)
         dist.all_reduce(vec)
-    return {
+    row = {
         f"{split}/{k}": float(s / n) if n else math.nan
         for k, (s, n) in zip(keys, vec.tolist(), strict=True)
     }
+    return derived(parts.batch_step, row)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl.builtin.steps import no_sync
+from expctl.builtin.steps import derived, no_sync
 from expctl.config.schema import CheckpointConfig, EarlyStopConfig, TrainConfig
 from expctl.dist import DistEnv
 from expctl.errors import (
@@ -422,6 +422,7 @@ def _log_train(
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
     event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
+    event = derived(parts.batch_step, event)
     loop.reporter.record(state.step, state.epoch_number, event, "train")
     loop.mark, loop.mark_step = now, state.step
 

@@ -25,6 +25,8 @@ TINY_IMAGES = ["data=image_folder", "data.image_size=8", "data.batch_size=4", "m
 # a tiny real run: the mistakes found once it is built (a metric name, weights that do not fit)
 SMALL_RUN = ["run", *conftest.SMALL, "train.device=cpu", "sched=none"]
 ARRAYS = ["run", "data=arrays", "model=mlp", "train.device=cpu", "data.batch_size=4"]
+# a language model on token files (issue 27); each case names what differs first (its id)
+TOKENS = ["data=tokens", "model=gpt", "train.step=lm", "train.device=cpu", "data.block_size=16"]
 
 CORPUS: list[tuple[list[str], str]] = [
     (["run", "-C", "missing.yml"], "no such file"),
@@ -452,6 +454,22 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "optim=adam", "optim.betas=[0.9,1.0]"], "each from 0 up to (not including) 1"),
     (["run", "optim.lr=-1"], "optim.lr=-1: negative"),
     (["run", "optim=adamw", "optim.weight_decay=-0.1"], "optim.weight_decay=-0.1: negative"),
+    # issue 27: token files that cannot be a language model's data, and model sizes that do
+    # not fit them or each other
+    (
+        ["run", "data.root=tokens_missing", *TOKENS],
+        "tokens_missing (expected train.bin and val.bin)",
+    ),
+    (["run", "data.root=tokens_odd", *TOKENS], "has 801 bytes, not a whole number of uint16"),
+    (["run", "data.root=tokens_short", *TOKENS], "fewer than one window of data.block_size + 1"),
+    (["run", "data.dtype=int8", *TOKENS], "data.dtype='int8' is not one of: uint16, uint32"),
+    (
+        ["run", "data.vocab_size=256", "data.root=tokens_ok", *TOKENS],
+        "holds token id 299, beyond data.vocab_size=256",
+    ),
+    (["run", "model.block_size=32", *TOKENS], "model.block_size=32, but data.block_size is 16"),
+    (["run", "model.n_head=5", *TOKENS], "over model.n_head=5 heads: each head's width"),
+    (["run", "model.pos=alibi", *TOKENS], "model.pos='alibi' is not one of: rotary, learned"),
 ]
 
 
@@ -505,6 +523,7 @@ def _corpus_inputs(tmp_path: Path) -> Path:
     _image_inputs(tmp_path)
     _hostile_cifar(tmp_path / "hostile_cifar" / "cifar-10-batches-py")
     _issue_28_inputs(tmp_path)
+    _token_inputs(tmp_path)
     _sweep_not_started(tmp_path / "swept")
     _damaged_sweeps(tmp_path, tmp_path / "swept")
     (tmp_path / "gone_run").mkdir()
@@ -562,6 +581,18 @@ def _hostile_cifar(folder: Path) -> None:
     for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
         (folder / name).write_bytes(pickle.dumps(batch))
     (folder / "data_batch_1").write_bytes(pickle.dumps({**batch, "x": _RunsCode()}))
+
+
+def _token_inputs(tmp_path: Path) -> None:
+    """Token files: fine (ids up to 299), an odd number of bytes, too short, none."""
+    for name, ids in (("tokens_ok", np.arange(400) % 300), ("tokens_short", np.arange(10))):
+        (tmp_path / name).mkdir()
+        for split in ("train", "val"):
+            ids.astype(np.uint16).tofile(tmp_path / name / f"{split}.bin")
+    (tmp_path / "tokens_odd").mkdir()
+    (tmp_path / "tokens_odd" / "train.bin").write_bytes(b"\0" * 801)
+    (tmp_path / "tokens_odd" / "val.bin").write_bytes(b"\0" * 800)
+    (tmp_path / "tokens_missing").mkdir()
 
 
 def _issue_28_inputs(tmp_path: Path) -> None:
