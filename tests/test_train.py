@@ -448,7 +448,7 @@ def test_ddp_skips_the_buffer_broadcast_only_for_batchnorm_statistics() -> None:
     with any other buffer keeps DDP's broadcast, since its forward may read it."""
     from torchvision.models import resnet18
 
-    from expctl.rank.build import _batchnorm_buffers_only
+    from expctl.rank.strategy import _batchnorm_buffers_only
 
     class Offset(torch.nn.Module):
         def __init__(self) -> None:

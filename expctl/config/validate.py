@@ -388,11 +388,61 @@ def _cross_checks(cfg: Config) -> None:
             "add train.compile=true, or drop train.compile_mode",
         )
     check_hparam_schedule(cfg)
+    _check_strategy(cfg)
     if t.grad_accum > 1 and t.step != "supervised":
         raise UserError(
             f"train.grad_accum={t.grad_accum} is handled by the supervised step only "
             f"(train.step={t.step})",
             "set train.grad_accum=1, or accumulate inside your own step",
+        )
+
+
+def _check_strategy(cfg: Config) -> None:
+    """train.strategy against the rest of the config, and against the ranks the launcher
+    starts where the config says how many (launcher=local and slurm)."""
+    t, ln = cfg.train, cfg.launcher
+    if t.strategy != "hsdp" and t.fsdp.shard_size is not None:
+        raise UserError(
+            f"train.fsdp.shard_size={t.fsdp.shard_size} is for train.strategy=hsdp (this config "
+            f"says {t.strategy})",
+            "drop train.fsdp.shard_size, or set train.strategy=hsdp",
+        )
+    if t.strategy != "ddp" and cfg.sweep.scheduler == "pbt":
+        raise UserError(
+            f"sweep.scheduler=pbt copies checkpoints between trials, which it does for "
+            f"train.strategy=ddp only (this config says {t.strategy})",
+            "use train.strategy=ddp for PBT sweeps, or sweep.scheduler=none",
+        )
+    if ln.name == "local":
+        check_layout(t, 1, ln.nproc, "launcher=local")
+    elif ln.name == "slurm":
+        per_node = ln.tasks_per_node or ln.gpus_per_node or 1
+        check_layout(t, ln.nodes, ln.nodes * per_node, f"launcher.nodes={ln.nodes}")
+
+
+def check_layout(t: TrainConfig, nodes: int, ranks: int, where: str) -> None:
+    """train.strategy=hsdp against the ranks of a run: more than one node, and shard groups
+    that divide the ranks (`where` says where the layout comes from).
+
+    Raises:
+        UserError: hsdp on one node, or a shard group size that does not divide the ranks.
+    """
+    if t.strategy != "hsdp":
+        return
+    if nodes < 2:
+        raise UserError(
+            f"train.strategy=hsdp shards within a node and replicates across nodes, but this "
+            f"run has one node ({where})",
+            "use train.strategy=fsdp on one node, or run on several (launcher=slurm "
+            "launcher.nodes=2)",
+        )
+    size = t.fsdp.shard_size or ranks // nodes
+    if ranks % nodes or ranks % size or size > ranks:
+        divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
+        raise UserError(
+            f"train.strategy=hsdp: shard groups of {size} rank(s) do not divide the {ranks} "
+            f"ranks of {nodes} nodes ({where})",
+            f"set train.fsdp.shard_size to one of {', '.join(map(str, divisors))}",
         )
 
 

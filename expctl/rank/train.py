@@ -377,16 +377,16 @@ def _early_stop(es: EarlyStopConfig, state: TrainState) -> None:
 
 def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
     """Every rank contributes its RNG state and train-metric sums; rank 0 writes the checkpoint
-    (with the validation metrics of these weights, when they were scored at this step)."""
+    (with the validation metrics of these weights, when they were scored at this step), or
+    every rank its shard of a sharded model's."""
     sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
     rng = loop.ctl.gather(checkpoint.rng_state())
     state.window = loop.ctl.gather(loop.meter.state_dict())
     loop.saved_at = state.step
     state.train_s = round(_elapsed(loop), 3)
-    if loop.env.is_main:
-        payload = checkpoint.capture(parts, state.state_dict(), rng, loop.rep.rows)
-        scores = state.val if loop.validated_at == state.step else {}
-        checkpoint.save(loop.run_dir, payload, ck, scores)
+    payload = checkpoint.capture(parts, state.state_dict(), rng, loop.rep.rows)
+    scores = state.val if loop.validated_at == state.step else {}
+    checkpoint.save(loop.run_dir, payload, ck, scores, loop.ctl)
 
 
 def _log_train(

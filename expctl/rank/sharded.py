@@ -1,0 +1,247 @@
+"""Checkpoints of sharded models (train.strategy=fsdp, hsdp) in torch.distributed.checkpoint's
+format (DCP): every rank writes its own shard, any number of ranks reads them back (resharding),
+and one process can read the whole model.
+
+``RUN_DIR/checkpoints/step_000001234.dcp/`` is a folder, whole or absent: it is written as
+``.step_000001234.dcp.tmp-*`` and renamed once every rank's shard, the rest of the payload and
+the manifest are on disk (a process killed before leaves only the hidden folder, which the next
+save removes). It holds
+
+    .metadata, __RANK_N.distcp   DCP's files: `models` and `optimizers` ({name: state dict},
+                                 sharded; parameters by name, so any layout can read them)
+    extra.pt                     the rest of checkpoint.py's payload (step, epoch, schedulers,
+                                 RNG states, ...), read with torch.load(weights_only=True)
+
+next to ``step_000001234.dcp.sha256``, the manifest (a SHA-256 line per file of the folder, as
+`sha256sum -c` reads it in checkpoints/), and ``step_000001234.dcp.json``, the validation
+metrics of these weights (as for a .pt checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from expctl.atomic import write_atomically
+from expctl.errors import CheckpointError
+from expctl.layout import checkpoint_digest
+
+if TYPE_CHECKING:
+    from expctl.rank.control import Control
+
+EXTRA = "extra.pt"  # the payload besides the sharded state dicts
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _alone() -> Iterator[None]:
+    """DCP in one process (one rank, `load_model`) warns that it assumes so: it is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model`'s parameters are split over ranks (FSDP's DTensors)."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def state(models: dict[str, nn.Module], optimizers: dict[str, Any]) -> dict[str, Any]:
+    """The models' and optimizers' state dicts as DCP saves and loads them: this rank's shards
+    (whole tensors for a model that is not split), parameters named as in the model."""
+    return {
+        "models": {k: get_model_state_dict(m) for k, m in models.items()},
+        "optimizers": {k: get_optimizer_state_dict(models[k], o) for k, o in optimizers.items()},
+    }
+
+
+def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> None:
+    """Write `payload` (its `models` and `optimizers` from `state`) as the checkpoint folder
+    `final`, on every rank together; `scores` (JSON) goes beside it.
+
+    Raises:
+        CheckpointError: a rank could not write; no folder has the checkpoint's name (raised on
+            every rank, so that none waits for the others).
+    """
+    main = ctl.env.is_main
+    failed: BaseException | None = None
+    try:
+        made = _fresh(final) if main else ""
+    except OSError as e:
+        made, failed = "", e
+    tmp = ctl.broadcast(made)
+    digests: list[dict[str, str]] = []
+    if tmp:
+        try:
+            shards = {"models": payload["models"], "optimizers": payload["optimizers"]}
+            with _alone():
+                dcp.save(shards, checkpoint_id=tmp, process_group=ctl.group, no_dist=not ctl.group)
+            digests = ctl.gather(_digests(Path(tmp), ctl.env.rank, ctl.env.world_size))
+        except Exception as e:  # DCP raises every rank's failure on all of them
+            failed = e
+    if main and tmp and failed is None:
+        try:
+            extra = {k: v for k, v in payload.items() if k not in ("models", "optimizers")}
+            torch.save(extra, Path(tmp) / EXTRA)
+            write_atomically(final.with_name(final.name + ".json"), scores)
+            _seal(Path(tmp), final, {k: v for d in digests for k, v in d.items()})
+        except OSError as e:
+            failed = e
+    why = ctl.broadcast(None if failed is None else _why(failed))
+    if why is not None:
+        if main and tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({why}); the previous checkpoint is intact"
+        ) from failed
+
+
+def _fresh(final: Path) -> str:
+    """A new hidden folder beside `final` for the shards (those a killed write left, gone)."""
+    final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
+    tmp.mkdir(mode=0o750)
+    return str(tmp)
+
+
+def _digests(folder: Path, rank: int, world_size: int) -> dict[str, str]:
+    """The SHA-256 of this rank's share of the folder's files (every rank hashes some)."""
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    return {p.name: file_sha256(p) for p in files[rank::world_size]}
+
+
+def _seal(tmp: Path, final: Path, digests: dict[str, str]) -> None:
+    """The manifest, then the folder under its name, each on disk before the next: a folder
+    under a checkpoint's name is always whole, with its manifest beside it."""
+    digests[EXTRA] = file_sha256(tmp / EXTRA)
+    with open(tmp / EXTRA, "rb") as f:
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+    manifest = "".join(f"{h}  {final.name}/{n}\n" for n, h in sorted(digests.items()))
+    old = final.with_name(f".{final.name}.tmp-old")
+    if final.exists():  # saved again at this step (restored where it ended): set aside first
+        shutil.rmtree(old, ignore_errors=True)
+        checkpoint_digest(final).unlink(missing_ok=True)
+        final.rename(old)
+    write_atomically(checkpoint_digest(final), manifest)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _why(e: BaseException) -> str:
+    cause = e if isinstance(e, OSError) else e.__context__ or e
+    text = getattr(cause, "strerror", None) or " ".join(str(cause).split())[:200]
+    return str(text)
+
+
+def problem(folder: Path) -> str | None:
+    """Why the manifest beside checkpoint folder `folder` does not prove it whole and intact
+    (None: it does; a folder without one, like a .pt without its .sha256, is read unchecked)."""
+    digest_file = checkpoint_digest(folder)
+    if not folder.is_dir():
+        return "not a checkpoint folder"
+    try:
+        lines = digest_file.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot read {digest_file.name} ({e.strerror or e})"
+    for line in lines:
+        expected, _, name = line.partition("  ")
+        path = folder.parent / name
+        try:
+            if file_sha256(path) != expected:
+                return f"checksum mismatch for {path}"
+        except OSError as e:
+            return f"cannot read {path} ({e.strerror or e})"
+    return None if lines else f"{digest_file.name} lists no file"
+
+
+def read_extra(folder: Path, map_location: Any = "cpu") -> Any:
+    """The payload beside the shards (weights_only: tensors and plain containers)."""
+    return torch.load(folder / EXTRA, map_location=map_location, weights_only=True)
+
+
+def read_models(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """Every model's whole state dict, read in this process alone (no optimizer state): what
+    `load_model`, `expctl eval` and checkpoint.init use."""
+    meta = FileSystemReader(folder).read_metadata()
+    wanted: dict[str, Any] = {
+        key: torch.empty(m.size, dtype=m.properties.dtype)
+        for key, m in meta.state_dict_metadata.items()
+        if key.startswith("models.") and isinstance(m, TensorStorageMetadata)
+    }
+    with _alone():
+        dcp.load(wanted, checkpoint_id=folder, no_dist=True)
+    paths = meta.planner_data if isinstance(meta.planner_data, dict) else {}
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in wanted.items():
+        _, name, param = paths.get(key) or key.split(".", 2)  # ("models", NAME, "0.weight")
+        out.setdefault(str(name), {})[str(param)] = tensor
+    return out
+
+
+def load_into(folder: Path, models: dict[str, nn.Module], optimizers: dict[str, Any]) -> None:
+    """Load a checkpoint folder's models and optimizers into these (on every rank together,
+    each reading its own shard, whatever the number of ranks that wrote them).
+
+    Raises:
+        ValueError: the checkpoint holds other models or optimizers (a name or a shape).
+    """
+    held = state(models, optimizers)
+    try:
+        with _alone():
+            dcp.load(held, checkpoint_id=folder, no_dist=not dist.is_initialized())
+    except Exception as e:  # DCP raises one CheckpointException with every rank's failure
+        raise ValueError(f"its models do not match: {_why(e)}") from None
+    for name, m in models.items():
+        set_model_state_dict(m, held["models"][name])
+    for name, o in optimizers.items():
+        set_optimizer_state_dict(models[name], o, held["optimizers"][name])
+
+
+def put_whole(model: nn.Module, weights: dict[str, Any]) -> None:
+    """Load whole tensors (a state dict of one process) into a model, sharded or not."""
+    if is_sharded(model):
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, weights, options=options)
+    else:
+        model.load_state_dict(weights, strict=False)
