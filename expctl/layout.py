@@ -262,7 +262,10 @@ class RunDir:
         """The checkpoints (files, and folders of shards), newest first."""
         if not self.checkpoints.is_dir():
             return []
-        found = [*self.checkpoints.glob(f"{_STEP}*{_PT}"), *self.checkpoints.glob(f"{_STEP}*{_DCP}")]
+        found = [
+            *self.checkpoints.glob(f"{_STEP}*{_PT}"),
+            *self.checkpoints.glob(f"{_STEP}*{_DCP}"),
+        ]
         return sorted(found, key=lambda p: (checkpoint_step(p), p.name), reverse=True)
 
 
