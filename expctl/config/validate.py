@@ -373,7 +373,8 @@ def _cross_checks(cfg: Config) -> None:
     if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
         raise UserError(
             f"checkpoint.resume: no checkpoint at '{resume}'",
-            "use auto (latest in the run directory), never, or the path of a .pt checkpoint",
+            "use auto (latest in the run directory), never, or the path of a checkpoint (a .pt "
+            "file, or a .dcp folder of shards)",
         )
     _check_init(cfg.checkpoint)
     for where, name in monitors(cfg).items():

@@ -32,7 +32,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
+from torch.distributed.checkpoint import (
+    CheckpointException,
+    FileSystemReader,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -112,7 +116,7 @@ def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> No
             with _alone():
                 dcp.save(shards, checkpoint_id=tmp, process_group=ctl.group, no_dist=not ctl.group)
             digests = ctl.gather(_digests(Path(tmp), ctl.env.rank, ctl.env.world_size))
-        except Exception as e:  # DCP raises every rank's failure on all of them
+        except (Exception, CheckpointException) as e:  # every rank's failure, on all of them
             failed = e
     if main and tmp and failed is None:
         try:
@@ -167,6 +171,10 @@ def _seal(tmp: Path, final: Path, digests: dict[str, str]) -> None:
 
 
 def _why(e: BaseException) -> str:
+    """One line for a failure: the OS's words for an OSError, the first failing rank's error
+    for DCP's (whose text is every rank's traceback)."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
     cause = e if isinstance(e, OSError) else e.__context__ or e
     text = getattr(cause, "strerror", None) or " ".join(str(cause).split())[:200]
     return str(text)
@@ -230,7 +238,7 @@ def load_into(folder: Path, models: dict[str, nn.Module], optimizers: dict[str, 
     try:
         with _alone():
             dcp.load(held, checkpoint_id=folder, no_dist=not dist.is_initialized())
-    except Exception as e:  # DCP raises one CheckpointException with every rank's failure
+    except (Exception, CheckpointException) as e:  # DCP's: every rank's failure
         raise ValueError(f"its models do not match: {_why(e)}") from None
     for name, m in models.items():
         set_model_state_dict(m, held["models"][name])
