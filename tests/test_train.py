@@ -146,12 +146,27 @@ train: {max_epochs: 1, log_every: 4}
 """
 
 
-def test_two_workers_report_the_saved_models_batchnorm_metrics(tmp_path: Path) -> None:
+# fsdp: each of the model's blocks sharded on its own (its weights gathered from every rank at
+# each forward), and an odd number of validation samples: rank 1 has a batch fewer than rank 0
+FSDP_BLOCKS = [
+    "train.strategy=fsdp",
+    "imports=[faulty]",
+    "model=tiny_blocks",
+    "data.val_samples=1025",
+]
+
+
+@pytest.mark.parametrize("strategy", [[], FSDP_BLOCKS])
+def test_two_workers_report_the_saved_models_batchnorm_metrics(
+    tmp_path: Path, strategy: list[str]
+) -> None:
     """With BatchNorm, 2 workers: result.json's validation is the saved model's, to the sample
-    (each rank updates its own running statistics after DDP's broadcast; rank 0's are saved)."""
+    (each rank updates its own running statistics after DDP's broadcast; rank 0's are saved).
+    The same with the model sharded (a checkpoint folder, read whole by load_model)."""
     (tmp_path / "bn.yml").write_text(BATCHNORM)
     proc = run_cli(
-        "run", "-C", "bn.yml", "launcher=local", "launcher.nproc=2", "run.dir=bn", cwd=tmp_path
+        *["run", "-C", "bn.yml", "launcher=local", "launcher.nproc=2", "run.dir=bn", *strategy],
+        cwd=tmp_path,
     )
     assert "deprecated" not in proc.stderr  # DDP's buffer flag by the name this torch takes
     run_dir = tmp_path / "bn"
