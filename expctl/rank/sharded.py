@@ -121,7 +121,10 @@ def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> No
     if main and tmp and failed is None:
         try:
             extra = {k: v for k, v in payload.items() if k not in ("models", "optimizers")}
-            torch.save(extra, Path(tmp) / EXTRA)
+            with open(Path(tmp) / EXTRA, "xb") as f:
+                torch.save(extra, f)
+                f.flush()
+                os.fsync(f.fileno())
             write_atomically(final.with_name(final.name + ".json"), scores)
             _seal(Path(tmp), final, {k: v for d in digests for k, v in d.items()})
         except OSError as e:
@@ -155,8 +158,6 @@ def _seal(tmp: Path, final: Path, digests: dict[str, str]) -> None:
     """The manifest, then the folder under its name, each on disk before the next: a folder
     under a checkpoint's name is always whole, with its manifest beside it."""
     digests[EXTRA] = file_sha256(tmp / EXTRA)
-    with open(tmp / EXTRA, "rb") as f:
-        os.fsync(f.fileno())
     fsync_dir(tmp)
     manifest = "".join(f"{h}  {final.name}/{n}\n" for n, h in sorted(digests.items()))
     old = final.with_name(f".{final.name}.tmp-old")

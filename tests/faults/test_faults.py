@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import conftest as base
 import pytest
@@ -115,52 +116,74 @@ def test_sigkill_of_a_worker_at_any_step(
 WRITE_RUN = ["train.step=stall_checkpoint_write", "train.max_steps=12", "checkpoint.every=4"]
 
 
+# ... and the same with the model sharded over 2 local workers: its checkpoint a folder of their
+# shards, the stall in rank 0's write of the rest of the payload, after every shard is written
+SHARDED = ["train.strategy=fsdp", "launcher=local", "launcher.nproc=2"]
+
+
 @pytest.fixture(scope="module")
-def write_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The weights of WRITE_RUN trained without a kill."""
+def write_reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The weights of WRITE_RUN trained without a kill, by strategy (made when first asked)."""
     work = tmp_path_factory.mktemp("write_ref")
     (work / "tiny.yml").write_text(TINY)
-    expctl(work, *WRITE_RUN, "run.dir=ref")
-    return weights(work / "ref")
+    made: dict[str, dict[str, torch.Tensor]] = {}
+
+    def reference(strategy: str) -> dict[str, torch.Tensor]:
+        if strategy not in made:
+            extra = SHARDED if strategy == "fsdp" else []
+            expctl(work, *WRITE_RUN, *extra, f"run.dir=ref_{strategy}")
+            made[strategy] = weights(work / f"ref_{strategy}")
+        return made[strategy]
+
+    return reference
 
 
-@pytest.mark.parametrize("where", ["mid", "end"])
+@pytest.mark.parametrize(("where", "strategy"), [("mid", "ddp"), ("end", "ddp"), ("mid", "fsdp")])
 def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
-    where: str, tmp_path: Path, write_reference: dict[str, torch.Tensor]
+    where: str, strategy: str, tmp_path: Path, write_reference: Any
 ) -> None:
     """SIGKILL of a run while it writes the checkpoint of step 8, stalled there by the test plugin
     (`mid`: inside torch.save, its first bytes in the file; `end`: the payload whole, before it
-    is synced and named): step 4's checkpoint stays the newest and intact, no file has step 8's
-    name, and the relaunch resumes from step 4 to the uninterrupted weights, bitwise."""
+    is synced and named): step 4's checkpoint stays the newest and intact, nothing has step 8's
+    name, and the relaunch resumes from step 4 to the uninterrupted weights, bitwise. Sharded
+    (fsdp, 2 workers): the killed write is a hidden folder with both ranks' shards in it."""
     (tmp_path / "tiny.yml").write_text(TINY)
     marker = tmp_path / "stalled.json"
     run = tmp_path / "w"
+    args = [*WRITE_RUN, *(SHARDED if strategy == "fsdp" else []), "run.dir=w"]
     stall = env(STALL_AT_STEP="8", STALL_WHERE=where, STALL_MARKER=str(marker))
-    with base.expctl_started(
-        "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w", cwd=tmp_path, env=stall
-    ) as child:
+    with base.expctl_started("run", "-C", "tiny.yml", *args, cwd=tmp_path, env=stall) as child:
         base.wait_for(
             "the stall", lambda: marker.exists() or not Path(f"/proc/{child.pid}").exists()
         )
         assert marker.exists(), f"never stalled in the write: {child.wait()}"
-        os.kill(child.pid, signal.SIGKILL)
+        os.kill(child.pid, signal.SIGKILL)  # local workers die with their launcher
         killed = child.wait()
     assert killed.returncode == -signal.SIGKILL, killed
+    base.wait_for("the workers to end", lambda: not base.workers_of(run))
     stalled = json.loads(marker.read_text())
     partial = Path(stalled["file"])
-    previous = checkpoint.path_for(run, 4)
-    assert partial.parent == previous.parent and partial.name.startswith(".step_000000008.pt.tmp-")
+    previous = checkpoint.path_for(run, 4, shards=strategy == "fsdp")
+    if strategy == "fsdp":
+        folder = partial.parent
+        assert folder.parent == previous.parent and partial.name == "extra.pt"
+        assert folder.name.startswith(".step_000000008.dcp.tmp-")
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {f.name for f in folder.iterdir()}
+    else:
+        assert partial.parent == previous.parent
+        assert partial.name.startswith(".step_000000008.pt.tmp-")
     assert partial.stat().st_size == stalled["bytes"], "killed where it stalled"
     assert checkpoint.list_checkpoints(run) == [previous], "nothing under step 8's name"
     found = checkpoint.newest_valid(run)
     assert found is not None and found[0] == previous and found[1]["step"] == 4
-    again = expctl(tmp_path, *WRITE_RUN, "run.dir=w")
+    again = expctl(tmp_path, *args)
     assert f"resumed from {previous} (step 4," in again.stdout, again.stdout
-    assert not list(previous.parent.glob(".step_*.tmp-*")), "the partial file is cleaned up"
-    full = checkpoint.path_for(run, 8).stat().st_size  # the same payload, written whole
-    assert (0 < stalled["bytes"] < full) if where == "mid" else stalled["bytes"] == full
-    got = weights(run)
-    assert all(torch.equal(got[k], write_reference[k]) for k in write_reference)
+    assert not list(previous.parent.glob(".step_*.tmp-*")), "the partial write is cleaned up"
+    full = checkpoint.path_for(run, 8, shards=strategy == "fsdp")
+    size = (full / "extra.pt" if full.is_dir() else full).stat().st_size  # written whole
+    assert (0 < stalled["bytes"] < size) if where == "mid" else stalled["bytes"] == size
+    got, ref = weights(run), write_reference(strategy)
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
