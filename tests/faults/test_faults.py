@@ -469,7 +469,7 @@ def _tensors(tree: object, at: str = "") -> dict[str, torch.Tensor]:
     return {}
 
 
-@pytest.mark.parametrize("launcher", ["inline", "local"])
+@pytest.mark.parametrize("launcher", ["inline", "local", "local_fsdp"])
 def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
     launcher: str, tmp_path: Path
 ) -> None:
@@ -477,10 +477,11 @@ def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
     launcher=local the launcher passes it on to each rank's process group, DataLoader workers
     included, which leave it to their rank): every rank stops at the same step, the checkpoint
     of that step is saved, the last line says how to resume, exit 143; and that command
-    resumes."""
+    resumes. The same with the model sharded over the ranks (each writes its shard)."""
     (tmp_path / "tiny.yml").write_text(STREAMED)
     run_dir = tmp_path / "term"
-    ranks = ["launcher=local", "launcher.nproc=2"] if launcher == "local" else []
+    ranks = ["launcher=local", "launcher.nproc=2"] if launcher != "inline" else []
+    ranks += ["train.strategy=fsdp"] if launcher == "local_fsdp" else []
     args = [*ranks, "train.step=slow", "train.max_epochs=20", f"run.dir={run_dir}"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],
