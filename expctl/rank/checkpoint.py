@@ -27,7 +27,6 @@ import logging
 import math
 import pickle
 import random
-import shutil
 import warnings
 import zipfile
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from expctl.atomic import atomic_file, write_atomically
+from expctl.atomic import atomic_file, fsync_dir, remove, write_atomically
 from expctl.config import frozen as config
 from expctl.config.schema import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
@@ -165,7 +164,7 @@ def save(
     _, digest_file, scores_file = checkpoint_set(final)
     existed = final.exists()
     for stale in RunDir(run_dir).checkpoint_temporaries():
-        _remove(stale)
+        remove(stale)
     try:
         with atomic_file(final, 0o640) as f:
             torch.save({"format": FORMAT, **payload}, f)
@@ -179,7 +178,7 @@ def save(
             write_atomically(scores_file, json.dumps(record) + "\n")
         if existed:
             write_atomically(digest_file, digest)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__
         if not isinstance(cause, OSError):
@@ -195,7 +194,7 @@ def save(
     return final
 
 
-_fsync_dir, _sha256 = sharded.fsync_dir, sharded.file_sha256
+_sha256 = sharded.file_sha256
 
 
 def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
@@ -220,20 +219,7 @@ def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
             )
             continue
         for file in checkpoint_set(old):
-            _remove(file)
-
-
-def _remove(path: Path) -> None:
-    """Delete a checkpoint's file, or its folder of shards: renamed out of the checkpoints'
-    names first, so that no half-deleted folder is ever taken for one."""
-    if not path.is_dir():
-        path.unlink(missing_ok=True)
-        return
-    gone = path if path.name.startswith(".") else path.with_name(f".{path.name}.tmp-gone")
-    if gone != path:
-        shutil.rmtree(gone, ignore_errors=True)
-        path.rename(gone)
-    shutil.rmtree(gone)
+            remove(file)
 
 
 def unverified(path: Path) -> str | None:
@@ -322,35 +308,13 @@ def load(
     Raises:
         ValueError: the file is corrupt, truncated, or not an expctl checkpoint.
     """
-    if is_folder(path):
-        payload = _read_folder(path, map_location, weights)
+    if sharded.is_folder(path):
+        payload = sharded.read(path, map_location, weights)
     else:
         payload = read_verified(path, map_location)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
     return payload
-
-
-def is_folder(path: Path) -> bool:
-    """Whether `path` is a checkpoint folder of shards (rather than a run directory)."""
-    return path.is_dir() and path.suffix == ".dcp"
-
-
-def _read_folder(path: Path, map_location: str | torch.device, weights: bool) -> dict[str, Any]:
-    """A sharded checkpoint's payload, its manifest checked (see `load`)."""
-    problem = sharded.problem(path)
-    if problem is not None:
-        raise ValueError(problem)
-    try:
-        payload = sharded.read_extra(path, map_location)
-        if isinstance(payload, dict) and weights:
-            payload["models"] = sharded.read_models(path)
-    except Exception as e:
-        text = " ".join(str(e).split())[:200]
-        raise ValueError(f"cannot read {path}: {type(e).__name__}: {text}") from None
-    if not isinstance(payload, dict):
-        raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
-    return {**payload, "sharded_from": str(path)}
 
 
 def read_verified(path: Path, map_location: str | torch.device = "cpu") -> Any:

@@ -122,7 +122,7 @@ def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Te
     Raises:
         UserError: the file cannot be read or holds no weights for these models.
     """
-    if source.is_dir() and not checkpoint.is_folder(source):
+    if source.is_dir() and not sharded.is_folder(source):
         return dict(checkpoint.pick(source)[1]["models"])
     try:
         found = checkpoint.load(source) if source.is_dir() else checkpoint.read_verified(source)

@@ -2,8 +2,8 @@
 format (DCP): every rank writes its own shard, any number of ranks reads them back (resharding),
 and one process can read the whole model.
 
-``RUN_DIR/checkpoints/step_000001234.dcp/`` is a folder, whole or absent: it is written as
-``.step_000001234.dcp.tmp-*`` and renamed once every rank's shard, the rest of the payload and
+``RUN_DIR/checkpoints/step_000001234.dcp/`` is a folder, whole or absent: it is written as a
+hidden temporary folder beside it, renamed once every rank's shard, the rest of the payload and
 the manifest are on disk (a process killed before leaves only the hidden folder, which the next
 save removes). It holds
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,9 +45,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from expctl.atomic import write_atomically
+from expctl.atomic import remove, replace_folder, temporaries, temporary_folder, write_atomically
 from expctl.errors import CheckpointError
-from expctl.layout import checkpoint_digest
+from expctl.layout import checkpoint_digest, checkpoint_scores
 
 if TYPE_CHECKING:
     from expctl.rank.control import Control
@@ -62,14 +61,6 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -125,14 +116,14 @@ def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> No
                 torch.save(extra, f)
                 f.flush()
                 os.fsync(f.fileno())
-            write_atomically(final.with_name(final.name + ".json"), scores)
+            write_atomically(checkpoint_scores(final), scores)
             _seal(Path(tmp), final, {k: v for d in digests for k, v in d.items()})
         except OSError as e:
             failed = e
     why = ctl.broadcast(None if failed is None else _why(failed))
     if why is not None:
         if main and tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove(Path(tmp))
         raise CheckpointError(
             f"could not write checkpoint {final} ({why}); the previous checkpoint is intact"
         ) from failed
@@ -141,11 +132,9 @@ def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> No
 def _fresh(final: Path) -> str:
     """A new hidden folder beside `final` for the shards (those a killed write left, gone)."""
     final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{final.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
-    tmp.mkdir(mode=0o750)
-    return str(tmp)
+    for stale in temporaries(final.parent, final.name):
+        remove(stale)
+    return str(temporary_folder(final))
 
 
 def _digests(folder: Path, rank: int, world_size: int) -> dict[str, str]:
@@ -156,19 +145,11 @@ def _digests(folder: Path, rank: int, world_size: int) -> dict[str, str]:
 
 def _seal(tmp: Path, final: Path, digests: dict[str, str]) -> None:
     """The manifest, then the folder under its name, each on disk before the next: a folder
-    under a checkpoint's name is always whole, with its manifest beside it."""
+    under a checkpoint's name is always whole, with its manifest beside it (one saved again at
+    its step, restored where it ended, is set aside first)."""
     digests[EXTRA] = file_sha256(tmp / EXTRA)
-    fsync_dir(tmp)
     manifest = "".join(f"{h}  {final.name}/{n}\n" for n, h in sorted(digests.items()))
-    old = final.with_name(f".{final.name}.tmp-old")
-    if final.exists():  # saved again at this step (restored where it ended): set aside first
-        shutil.rmtree(old, ignore_errors=True)
-        checkpoint_digest(final).unlink(missing_ok=True)
-        final.rename(old)
-    write_atomically(checkpoint_digest(final), manifest)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_folder(tmp, final, lambda: write_atomically(checkpoint_digest(final), manifest))
 
 
 def _why(e: BaseException) -> str:
@@ -204,9 +185,31 @@ def problem(folder: Path) -> str | None:
     return None if lines else f"{digest_file.name} lists no file"
 
 
-def read_extra(folder: Path, map_location: Any = "cpu") -> Any:
-    """The payload beside the shards (weights_only: tensors and plain containers)."""
-    return torch.load(folder / EXTRA, map_location=map_location, weights_only=True)
+def is_folder(path: Path) -> bool:
+    """Whether `path` is a checkpoint folder of shards (rather than a run directory)."""
+    return path.is_dir() and path.suffix == ".dcp"
+
+
+def read(folder: Path, map_location: Any, weights: bool) -> Any:
+    """A checkpoint folder's payload, its manifest checked: the rest of the payload (weights_only:
+    tensors and plain containers), `sharded_from` naming the folder, and with `weights` the
+    models read whole (`read_models`).
+
+    Raises:
+        ValueError: the folder fails its manifest, or cannot be read.
+    """
+    why = problem(folder)
+    if why is not None:
+        raise ValueError(why)
+    try:
+        payload = torch.load(folder / EXTRA, map_location=map_location, weights_only=True)
+        if isinstance(payload, dict):
+            payload["sharded_from"] = str(folder)
+            if weights:
+                payload["models"] = read_models(folder)
+    except (Exception, CheckpointException) as e:
+        raise ValueError(f"cannot read {folder}: {type(e).__name__}: {_why(e)}") from None
+    return payload
 
 
 def read_models(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
