@@ -432,3 +432,48 @@ def test_the_blocks_fsdp_shards_each_come_from_the_model_or_its_family() -> None
     vit = VisionTransformer(8, 4, num_layers=2, num_heads=1, hidden_dim=8, mlp_dim=8)
     assert blocks(vit) == list(vit.encoder.layers)
     assert blocks(nn.Sequential(nn.Linear(2, 2))) == []
+
+
+@register("models", "meta_mlp", inferred=("input_shape", "num_classes"))
+def meta_mlp(
+    input_shape: tuple[int, ...] = (6,),
+    num_classes: int = 3,
+    hidden: tuple[int, ...] = (8,),
+    init: bool = True,
+) -> Any:
+    """An MLP built on the meta device (shapes only), made by its init_weights(), which also
+    fills a buffer no state dict holds."""
+    import torch
+    from torch import nn
+
+    class MetaMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(input_shape[0], hidden[0])])
+            self.head = nn.Linear(hidden[0], num_classes)
+            self.register_buffer("scale", torch.empty(1), persistent=False)
+
+        def forward(self, x: Any) -> Any:
+            return self.head(torch.relu(self.blocks[0](x))) * self.scale
+
+    if init:
+        MetaMLP.init_weights = lambda self: [  # type: ignore[attr-defined]
+            *(m.reset_parameters() for m in (*self.blocks, self.head)),
+            self.scale.fill_(1.0),
+        ]
+    with torch.device("meta"):
+        return MetaMLP()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_model_built_on_the_meta_device_is_made_by_its_init_weights(
+    strategy: str, tmp_path: Path
+) -> None:
+    """As torchtitan builds a large model: shapes on the meta device, memory and values after
+    sharding (`init_weights()`); load_model makes it the same way before loading the weights.
+    Without init_weights(): refused in one line."""
+    keys = ["model=meta_mlp", f"train.strategy={strategy}", "train.max_steps=2"]
+    run_dir, result = rank.main(_cfg(tmp_path, *keys), DistEnv())
+    assert result["val/acc"] == pytest.approx(conftest.synthetic_accuracy(run_dir), abs=1e-6)
+    with pytest.raises(UserError, match="built on the meta device but has no init_weights"):
+        rank.main(_cfg(tmp_path / "no", *keys, "model.init=false"), DistEnv())

@@ -82,6 +82,12 @@ def prepare(
     `init_weights()`)."""
     t = cfg.train
     mesh = _mesh(t, env, device) if sharded(t, env) else None
+    if mesh is not None:
+        log.info(
+            "train.strategy=%s: mesh %s",
+            t.strategy,
+            dict(zip(mesh.mesh_dim_names or (), mesh.shape, strict=True)),
+        )
     for name, m in models.items():
         units = blocks(m)
         whole = [
@@ -99,7 +105,7 @@ def prepare(
         if mesh is not None:
             _fully_shard(t, m, units, mesh, _LOW.get(precision))
     for name, m in models.items():
-        _materialise(cfg, name, m, device)
+        materialise(cfg.model.name, name, m, device, cfg.train.seed)
 
 
 def place(models: dict[str, nn.Module], device: torch.device) -> None:
@@ -114,18 +120,25 @@ def _on_meta(model: nn.Module) -> bool:
     return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
 
 
-def _materialise(cfg: Config, name: str, model: nn.Module, device: torch.device) -> None:
+def materialise(model_name: str, name: str, model: nn.Module, device: Any, seed: int) -> None:
+    """A model built on the meta device (shapes only, as torchtitan builds a large one), given
+    memory on `device` (its shards', when sharded) and values by its `init_weights()`, which
+    also computes buffers no state dict holds (rotary tables); any other model is left alone.
+
+    Raises:
+        UserError: the model has no init_weights().
+    """
     if not _on_meta(model):
         return
     init = getattr(model, "init_weights", None)
     if not callable(init):
         raise UserError(
-            f"model={cfg.model.name}: '{name}' is built on the meta device but has no "
+            f"model={model_name}: '{name}' is built on the meta device but has no "
             "init_weights() to give its weights values",
             "give the model an init_weights() method, or build it on the CPU",
         )
     model.to_empty(device=device)
-    torch.manual_seed(cfg.train.seed)  # the same weights whatever the ranks
+    torch.manual_seed(seed)  # the same weights whatever the ranks
     with torch.no_grad():
         init()
 
