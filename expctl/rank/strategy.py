@@ -89,15 +89,12 @@ def prepare(
             dict(zip(mesh.mesh_dim_names or (), mesh.shape, strict=True)),
         )
     for name, m in models.items():
-        units = blocks(m)
-        whole = [
-            w
-            for w, on in (("sharded", mesh), ("checkpointed", t.activation_checkpointing != "none"))
-            if on
-        ]
-        if whole and not units:
-            log.info("model '%s' names no blocks: it is %s as one unit", name, " and ".join(whole))
-        if t.activation_checkpointing != "none":
+        units, ac = blocks(m), t.activation_checkpointing != "none"
+        shards = mesh is not None
+        doing = " and ".join(w for w, on in (("sharded", shards), ("checkpointed", ac)) if on)
+        if doing and not units:
+            log.info("model '%s' names no blocks: it is %s as one unit", name, doing)
+        if ac:
             for unit in units or [m]:
                 _checkpoint_forward(unit, t.activation_checkpointing)
         if t.strategy != "ddp":
