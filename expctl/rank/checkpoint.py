@@ -56,8 +56,8 @@ def capture(
     """The checkpoint payload of a run at `state` (`TrainState.state_dict()`: step, epoch, batch,
     val, train), with every rank's RNG state and the number of metrics.jsonl rows logged so far
     (`parts.sharded`: this rank's shards of the models and optimizers)."""
-    if parts.sharded:
-        held = sharded.state(parts.models, parts.ctx.optimizers)
+    if parts.sharded:  # marked as such: the .pt payload stays as it was
+        held = {**sharded.state(parts.models, parts.ctx.optimizers), "sharded": True}
     else:
         held = {
             "models": {k: m.state_dict() for k, m in parts.models.items()},
@@ -68,7 +68,6 @@ def capture(
         "world_size": len(rng),
         "model_args": parts.model_args,
         **held,
-        "sharded": parts.sharded,
         "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
         "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
         "rng": rng,
