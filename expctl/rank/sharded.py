@@ -118,7 +118,7 @@ def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> No
                 os.fsync(f.fileno())
             write_atomically(checkpoint_scores(final), scores)
             _seal(Path(tmp), final, {k: v for d in digests for k, v in d.items()})
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
             failed = e
     why = ctl.broadcast(None if failed is None else _why(failed))
     if why is not None:

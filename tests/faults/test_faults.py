@@ -213,11 +213,15 @@ def test_a_corrupt_newest_checkpoint_is_refused_and_set_aside_by_hand(
     assert f"resumed from {previous}" in proc.stdout
 
 
-def test_full_disk_during_a_checkpoint_write(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_full_disk_during_a_checkpoint_write(strategy: str, tmp_path: Path) -> None:
     """A first run checkpoints normally (~2.3 MB files); its continuation may not grow a file past
     1 MB (RLIMIT_FSIZE, as a full disk would stop it): a clear one-line error, exit 1, the
-    previous checkpoint intact and still the newest, no partial file left."""
-    (tmp_path / "tiny.yml").write_text(TINY.replace("hidden: [32]", "hidden: [512, 512]"))
+    previous checkpoint intact and still the newest, no partial file left. The same for a
+    sharded run's folder (DCP's writer fails inside its own threads)."""
+    train = f"train: {{max_epochs: 2, log_every: 4, strategy: {strategy}}}"
+    big = TINY.replace("hidden: [32]", "hidden: [512, 512]")
+    (tmp_path / "tiny.yml").write_text(big.replace("train: {max_epochs: 2, log_every: 4}", train))
 
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
