@@ -182,6 +182,41 @@ def test_two_workers_report_the_saved_models_batchnorm_metrics(
     assert result["val/loss"] == pytest.approx(loss, rel=1e-5)
 
 
+@pytest.mark.parametrize(
+    "low",
+    [
+        ["train.precision=bf16", "train.activation_checkpointing=selective", "train.grad_clip=1"],
+        ["train.precision=16", "train.activation_checkpointing=full", "train.grad_accum=2"],
+    ],
+)
+def test_a_sharded_model_trains_in_bf16_and_fp16_with_batchnorm(
+    tmp_path: Path, low: list[str]
+) -> None:
+    """FSDP's mixed precision (weights gathered in bf16 / fp16, gradients reduced in fp32; fp16
+    with the sharded loss scaler) on a model with BatchNorm, which stays in fp32 as autocast
+    keeps it (in bf16 it failed: its statistics are fp32), with activation checkpointing: the
+    run completes, and the fp32 weights it saved score what it reported, to that precision."""
+    (tmp_path / "bn.yml").write_text(BATCHNORM)
+    args = [*FSDP_BLOCKS[:-1], "data.val_samples=64", *low]
+    run_cli(
+        "run",
+        "-C",
+        "bn.yml",
+        "launcher=local",
+        "launcher.nproc=2",
+        "run.dir=bn",
+        *args,
+        cwd=tmp_path,
+    )
+    run_dir = tmp_path / "bn"
+    cfg = config.load(run_dir)
+    x, y = registry.get("datasets", cfg.data.name).factory(**cfg.data.args).val.tensors
+    with torch.no_grad():
+        loss = float(torch.nn.functional.cross_entropy(expctl.load_model(run_dir)(x), y))
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["val/loss"] == pytest.approx(loss, rel=0.03)
+
+
 def test_sync_batchnorm_on_cpu_is_a_user_error(tmp_path: Path) -> None:
     """torch's SyncBatchNorm runs only on GPUs: 2 CPU workers are refused before they start
     (the launcher checks; each rank checks again under torchrun or srun), in two lines, exit 2."""

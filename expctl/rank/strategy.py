@@ -33,6 +33,7 @@ from expctl.errors import UserError
 log = logging.getLogger("expctl")
 
 _LOW = {"bf16": torch.bfloat16, "16": torch.float16}
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 # blocks of model families that do not name theirs (`blocks`): torchvision's ResNet stages and
 # ViT encoder blocks, as dotted paths of a container whose children are the blocks, or of blocks
@@ -183,6 +184,10 @@ def _fully_shard(
     bf16/fp16 (`low`), the weights are gathered in it and the gradients reduced in fp32 (fp32:
     no policy). The model's outputs come back in fp32, so the loss is computed in it."""
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
+    if low is not None:  # BatchNorm in fp32, as autocast runs it: its statistics are fp32
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, output_dtype=low)
+        for norm in (x for x in model.modules() if isinstance(x, _BATCHNORMS)):
+            fully_shard(norm, mesh=mesh, mp_policy=fp32, reshard_after_forward=False)
     for unit in units:
         fully_shard(
             unit, mesh=mesh, mp_policy=policy, reshard_after_forward=t.fsdp.reshard_after_forward
@@ -269,9 +274,6 @@ def _selective() -> Any:
 # ---------------------------------------------------------------------------------------------
 # after the optimizers: DDP, torch.compile
 # ---------------------------------------------------------------------------------------------
-
-
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 def _batchnorm_buffers_only(model: nn.Module) -> bool:
