@@ -201,6 +201,7 @@ def commands(sweep: str, cwd: Path) -> dict[str, list[str]]:
         "expctl list models": ["list", "models"],
         "expctl list": ["list"],
         "expctl show": ["show"],
+        "expctl show data=synthetic": ["show", "data=synthetic", "model=resnet18"],
         "expctl status RUN": ["status", "run"],
         "expctl diff RUN RUN2": ["diff", "run", "project/r001"],
         "expctl runs PROJECT": ["runs", "project"],

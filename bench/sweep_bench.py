@@ -45,16 +45,19 @@ imports: [faulty]
 """
 
 
-def sweep(cwd: Path, args: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
-    """`expctl run -m ARGS` in `cwd`; its wall time and stdout, each line prefixed with the
-    seconds since the command started (`[  12.34] expctl: ...`)."""
+def sweep(
+    cwd: Path, args: list[str], env: dict[str, str] | None = None, code: Path = REPO
+) -> tuple[float, str]:
+    """`expctl run -m ARGS` in `cwd` with the expctl package of `code` (a folder holding it);
+    its wall time and stdout, each line prefixed with the seconds since the command started
+    (`[  12.34] expctl: ...`)."""
     t0 = time.perf_counter()
     lines = []
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
             [*EXPCTL, "run", *args],
             cwd=cwd,
-            env={**os.environ, "PYTHONPATH": _path(PLUGINS, REPO), **(env or {})},
+            env={**os.environ, "PYTHONPATH": _path(PLUGINS, code), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -258,10 +261,20 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
             "serial": ("serial, 1 GPU", ["sweep.max_concurrent=1"], {"CUDA_VISIBLE_DEVICES": "0"}),
             "one": ("1 GPU each", ["sweep.gpus_per_trial=1"], {}),
             "quarter": ("0.25 GPU each", ["sweep.gpus_per_trial=0.25"], {}),
+            # packed trials with cuDNN's autotuner on, as before stop 35 (now off when shared)
+            "quarter_tuned": (
+                "0.25, autotuned",
+                ["sweep.gpus_per_trial=0.25"],
+                {"EXPCTL_CUDNN_BENCHMARK": "1"},
+            ),
         }
         for key in a.settings.split(","):
-            label, extra, env = settings[key]
-            wall, out = sweep(cwd, ["-m", *base, *extra], env)
+            # KEY@before: with the expctl package under $EXPCTL_BENCH_BEFORE (an older version)
+            setting, _, which = key.partition("@")
+            label, extra, env = settings[setting]
+            code = Path(os.environ["EXPCTL_BENCH_BEFORE"]) if which == "before" else REPO
+            label += " (before)" if which == "before" else ""
+            wall, out = sweep(cwd, ["-m", *base, *extra], env, code)
             samples, train_s = _samples(cwd)
             phases = {**_phases(cwd), **timeline(out, wall)}
             rows.append(
@@ -299,14 +312,14 @@ def gpu(a: argparse.Namespace) -> dict[str, Any]:
             f"{r['setup_s']:>6} {r['first_steps_s']:>6} {r['end_s']:>6}"
         )
     by = {r["key"]: r for r in rows}
-    if "serial" in by and "one" in by:
-        print(
-            f"wall(1 GPU each)/wall(serial) = {by['one']['wall_s'] / by['serial']['wall_s']:.3f} "
-            "(target <= 0.3)"
-        )
-    if "one" in by and "quarter" in by:
-        ratio = by["quarter"]["samples_per_s"] / by["one"]["samples_per_s"]
-        print(f"samples/s(0.25)/samples/s(1 each) = {ratio:.2f} (target >= 2)")
+    for code in ("", "@before"):
+        if f"serial{code}" in by and f"one{code}" in by:
+            ratio = by[f"one{code}"]["wall_s"] / by[f"serial{code}"]["wall_s"]
+            print(f"wall(1 GPU each)/wall(serial){code} = {ratio:.3f} (target <= 0.3)")
+        for quarter in (f"quarter{code}", "quarter_tuned"):
+            if quarter in by and f"one{code}" in by:
+                ratio = by[quarter]["samples_per_s"] / by[f"one{code}"]["samples_per_s"]
+                print(f"samples/s({quarter})/samples/s(one{code}) = {ratio:.2f} (target >= 2)")
     return {"workload": a.workload, "trials": a.trials, "epochs": a.epochs, "rows": rows}
 
 
@@ -363,7 +376,11 @@ def main() -> None:
     g.add_argument("--trials", type=int, default=16)
     g.add_argument("--workload", choices=sorted(WORKLOADS), default="fashion_cnn")
     g.add_argument("--epochs", type=int, default=0, help="train.max_epochs (0: the workload's)")
-    g.add_argument("--settings", default="serial,one,quarter", help="which, in this order")
+    g.add_argument(
+        "--settings",
+        default="serial,one,quarter",
+        help="which, in this order (also quarter_tuned; KEY@before: $EXPCTL_BENCH_BEFORE's code)",
+    )
     for q in (o, b, g):
         q.add_argument("--out", type=Path, default=None)
     a = p.parse_args()

@@ -256,9 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             launch.worker(args.run_dir, args.evaluation, args.config, args.launch)
             return 0
         if args.command == "_zygote":
-            from expctl.sweep import pool, trials
+            from expctl.sweep import pool
 
-            return pool.zygote_main(trials.trial_main)
+            return pool.zygote_main()
         _parser().print_help()
         return 0
     except UserError as e:
@@ -298,9 +298,14 @@ def _speaks(e: UserError | RunError, command: str) -> bool:
 def _run(args: argparse.Namespace) -> int:
     if args.multirun:
         from expctl.startup import ending
+        from expctl.sweep.pool import Pool
+
+        # the local trials' zygote first: it imports torch while this process imports the
+        # sweep's modules (Hydra, OmegaConf) and composes the points (on Slurm it is closed)
+        pool = Pool()
         from expctl.sweep import multirun as sweep
 
-        outcome = sweep.multirun(args.config, args.overrides, repeat=args.repeat)
+        outcome = sweep.multirun(args.config, args.overrides, repeat=args.repeat, pool=pool)
         ending()
         return EXIT_FAILED if outcome.failed else 0  # it printed "N of M trial(s) failed: ..."
     if args.repeat:

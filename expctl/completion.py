@@ -59,7 +59,10 @@ def completion_words(described: bool = True) -> list[str]:
     groups = [g for g in (*GROUPS, PRESETS) if described or not _needs_registry(g)]
     words = [f"{group}={name}" for group in groups for name in group_options(group)]
     for section, cls in (*schema.FIXED.items(), ("launcher", schema.LauncherConfig)):
-        words += [f"{section}.{f.name}=" for f in dataclasses.fields(cls)]
+        for f in dataclasses.fields(cls):
+            words.append(f"{section}.{f.name}=")
+            values = f.metadata.get("choices") or ((True, False) if f.type == "bool" else ())
+            words += [f"{section}.{f.name}={_yaml(v)}" for v in values]
     if not described:
         return sorted(set(words))
     for section in schema.COMPONENT_KINDS:
@@ -69,6 +72,11 @@ def completion_words(described: bool = True) -> list[str]:
     for name in names("loggers"):
         words += [f"{LOGGER}={name}", *(f"{LOGGER}.{name}.{k}=" for k in _logger_keys(name))]
     return sorted(set(words))
+
+
+def _yaml(value: object) -> str:
+    """A value as the command line writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _logger_keys(name: str) -> list[str]:

@@ -25,6 +25,9 @@ log = logging.getLogger("expctl")
 # job-derived ports land in [20000, 32000): below Linux's ephemeral range (32768-60999), where a
 # client connection of another job on the node may already hold the port
 PORT_LOW, PORT_SPAN = 20000, 12000
+# "0" turns cuDNN's autotuner off: a sweep sets it for trials that share a GPU, where the
+# autotuner times kernels against the other trials' work (noise) and costs each trial ~2 s
+CUDNN_BENCHMARK_ENV = "EXPCTL_CUDNN_BENCHMARK"
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,11 @@ LOGGER_RUNTIME = ("run_dir", "start_step")  # what expctl passes a logger that a
 BUILTIN_MODULES = (
     "expctl.builtin.models",
     "expctl.builtin.tvmodels",
-    *(f"expctl.builtin.datasets.{m}" for m in ("idx", "vision", "images", "arrays", "synthetic")),
+    "expctl.builtin.gpt",
+    *(
+        f"expctl.builtin.datasets.{m}"
+        for m in ("idx", "vision", "images", "arrays", "synthetic", "tokens")
+    ),
     "expctl.builtin.optim",
     "expctl.builtin.steps",
     "expctl.builtin.loggers",

@@ -124,6 +124,53 @@ def test_first_use_after_install_reads_the_shipped_description(tmp_path: Path) -
         assert code == 0 and imported == ["hydra"] and "width_per_group: 64" in shown
 
 
+# Datasets whose modules import torch (and built-in models, optimizers), with a value their
+# pre-flight check refuses (None: none)
+CHECKED_WITHOUT_TORCH = [
+    ("data=synthetic", None),
+    ("data=synthetic data.task=segmentation", "data.task: 'segmentation' is not one of"),
+    ("data=synthetic data.shape=[0]", "data.shape=[0]"),
+    ("data=arrays data.train=table.csv", None),
+    ("data=arrays data.train=gone.npz", "gone.npz does not exist"),
+    ("data=image_folder data.root=pics", None),
+    ("data=image_folder data.root=gone", "does not exist"),
+    ("data=image_folder data.root=pics data.preset=bogus", "data.preset: 'bogus' is not one"),
+    ("data=image_folder data.root=pics data.val_split=1.5", "data.val_split=1.5: neither"),
+    ("data=synthetic model.width=0", "model.width=0: a size of the model"),
+    ("data=synthetic optim=adam optim.betas=[0.9]", "optim.betas=[0.9]: two numbers"),
+    ("data=imagenet data.image_size=4", "data.image_size=4"),
+    ("data=cifar10 data.download=true", None),
+    ("data=cifar100", "data=cifar100: not found under data"),
+    ("data=svhn", "data=svhn: not found under data (expected train_32x32.mat"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "refused"), CHECKED_WITHOUT_TORCH)
+def test_show_runs_the_pre_flight_checks_of_torch_datasets_without_torch(
+    args: str, refused: str | None, tmp_path: Path
+) -> None:
+    """`show` checks data=synthetic, arrays, image_folder, ... (whose modules import torch) from
+    their torch-free checks (datasets/preflight.py): the same verdict, and no torch."""
+    if catalogue._shipped() is None:
+        pytest.skip("the shipped description was made for other versions")
+    (tmp_path / "table.csv").write_text("a,b,y\n1,2,0\n3,4,1\n")
+    (tmp_path / "pics" / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "pics" / "val" / "cat").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED, "show", *args.split()],
+        env=cli_env(EXPCTL_CACHE_DIR=str(tmp_path / "cache")),
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    *shown, code, imported = proc.stdout.splitlines()
+    assert "torch" not in imported, (args, imported)
+    if refused is None:
+        assert code == "exit 0" and "data:" in shown, proc.stderr
+    else:
+        assert code == "exit 2" and refused in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_first_use_describes_in_the_background_then_nothing_loads_torch(tmp_path: Path) -> None:
     """Without a shipped description that fits, with a fresh cache folder: help and completion
@@ -146,6 +193,7 @@ def test_first_use_describes_in_the_background_then_nothing_loads_torch(tmp_path
     words, code, imported = _expctl(cache, "_words", path=pkg)
     assert code == 0 and imported == []
     wanted = {"model=resnet18", "logger=csv", "train.step=gan", "logger.wandb.mode="}
+    wanted |= {"train.precision=bf16", "train.compile=true"}  # a key's choices, booleans
     assert wanted <= set(words.splitlines())
     helped, _, imported = _expctl(cache, "run", "--help", path=pkg)
     assert imported == [] and "resnet18" in helped and "background" not in helped

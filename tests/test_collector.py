@@ -37,7 +37,7 @@ def test_it_collects_young_generations_every_n_steps_and_all_every_full_gc_th(
     with GarbageCollection(3) as collector:
         assert not gc.isenabled()
         for step in range(1, 3 * FULL_GC + 1):
-            collector.step(step)
+            collector.after_step(step)
     assert gc.isenabled()
     assert collections == [1] * (FULL_GC - 1) + [2]
 
@@ -50,7 +50,7 @@ def test_with_zero_or_a_collector_the_user_turned_off_it_does_nothing(
     with GarbageCollection(every) as collector:
         assert gc.isenabled() is enabled
         for step in range(1, 11):
-            collector.step(step)
+            collector.after_step(step)
     assert gc.isenabled() is enabled
     assert collections == []
 

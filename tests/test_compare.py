@@ -206,6 +206,29 @@ def test_runs_shows_the_metrics_and_the_settings_that_matter_first_and_picks_col
         expctl.runs(runs).pick(["val/acx"])
 
 
+def test_runs_puts_a_key_that_splits_the_runs_as_another_does_after_the_telling_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a new user: a sweep of optim.lr beside other runs of another model and dataset
+    showed model.name, data.name and run.name (model-data), and put the swept optim.lr under
+    "not shown, too wide". data.name and run.name split the runs as model.name does: they come
+    after the keys that tell something (run.* last)."""
+    runs = tmp_path / "runs"
+    for name, lr, model, data in (
+        ("s0", 0.01, "mlp", "synthetic"),
+        ("s1", 0.1, "mlp", "synthetic"),
+        ("f0", 0.05, "cnn", "fashion_mnist"),
+    ):
+        more = f"model:\n  name: {model}\ndata:\n  name: {data}\nrun:\n  name: {model}-{data}\n"
+        _fake_run(runs / name, lr, "sgd", more)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["runs"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()[1:6]
+    assert header.split()[4:6] == ["model.name", "optim.lr"], header
+    assert rows[-1].endswith("data.name, run.name; --csv or --json show all)"), rows
+
+
 def test_runs_keeps_each_config_read_and_reads_a_changed_one_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

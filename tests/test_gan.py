@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -127,3 +129,27 @@ def test_generator_backward_leaves_accumulated_discriminator_grads_alone() -> No
     (criterion(net_d(fake).view(-1), torch.ones(BATCH)) / 2).backward()
     for p, q in zip(ours["generator"].parameters(), net_g.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_the_old_step_name_still_steps_the_optimizer_and_warns_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`ctx.step(name)` (before 0.2) does what `ctx.optimizer_step(name)` does, with one
+    DeprecationWarning per process naming the new method."""
+    monkeypatch.setattr(StepContext, "_warned_step", False)
+    old, new = _pair(), _pair()
+    old_ctx, new_ctx = _ctx(old), _ctx(new)
+    real = _batches()[0]
+    for ctx, models in ((old_ctx, old), (new_ctx, new)):
+        ctx.backward(ctx.loss_fn(models["discriminator"](real), torch.ones(BATCH, 1)))
+    with pytest.warns(DeprecationWarning, match=r"optimizer_step\(\)"):
+        old_ctx.step("discriminator")
+    new_ctx.optimizer_step("discriminator")
+    for p, q in zip(
+        old["discriminator"].parameters(), new["discriminator"].parameters(), strict=True
+    ):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+        assert p.grad is None  # zeroed, as optimizer_step leaves them
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        old_ctx.step("discriminator")  # warned already: silent

@@ -24,7 +24,7 @@ from expctl.layout import RunDir
 from expctl.rank import entry as rank
 from expctl.rank.build import build
 from expctl.rank.hooks import Chain, Hooks
-from expctl.rank.metrics import evaluate
+from expctl.rank.metrics import score_split
 from expctl.rank.train import TrainState
 
 SMALL = [
@@ -151,12 +151,14 @@ def test_limit_val_batches_scores_that_many_batches(tmp_path: Path) -> None:
 
     parts = build(_cfg(tmp_path, "data.val_batch_size=4"), DistEnv(), torch.device("cpu"))
     scored: list[int] = []
-    val_step = parts.step.val_step
-    parts.step.val_step = lambda ctx, batch: scored.append(len(batch[0])) or val_step(ctx, batch)
-    evaluate(parts, DistEnv())
+    val_step = parts.batch_step.val_step
+    parts.batch_step.val_step = lambda ctx, batch: (
+        scored.append(len(batch[0])) or val_step(ctx, batch)
+    )
+    score_split(parts, DistEnv())
     assert scored == [4, 4, 4, 4]  # 16 validation samples
     scored.clear()
-    evaluate(parts, DistEnv(), limit=2)
+    score_split(parts, DistEnv(), limit=2)
     assert scored == [4, 4]
 
 

@@ -18,12 +18,15 @@ from expctl.errors import UserError
 @pytest.mark.parametrize(
     ("kind", "names"),
     [
-        ("models", ["linear", "mlp", "cnn", "dcgan", "resnet18", "vit_b_16", "mobilenet_v3_small"]),
-        ("datasets", ["fashion_mnist", "synthetic"]),
+        (
+            "models",
+            ["linear", "mlp", "cnn", "dcgan", "gpt", "resnet18", "vit_b_16", "mobilenet_v3_small"],
+        ),
+        ("datasets", ["fashion_mnist", "synthetic", "tokens"]),
         ("optimizers", ["sgd", "adam", "adamw", "rmsprop"]),
         ("schedulers", ["warmup_cosine", "cosine", "multistep", "multisteplr", "onecycle", "step"]),
         ("losses", ["cross_entropy", "mse", "bce_with_logits", "nll", "smooth_l1"]),
-        ("steps", ["supervised", "gan"]),
+        ("steps", ["supervised", "gan", "lm"]),
     ],
 )
 def test_builtins_are_registered(kind: str, names: list[str]) -> None:

@@ -170,3 +170,26 @@ def test_out_of_memory_on_a_shared_gpu_names_the_setting_that_packed_it(
     text = failure_text(oom)
     assert "shared by up to 4 trials" in text and "sweep.gpus_per_trial" in text
     assert failure_text(ValueError("x\ny")) == "ValueError: x"
+
+
+def test_a_trial_sees_its_gpus_and_a_shared_gpu_turns_the_cudnn_autotuner_off() -> None:
+    """Packed trials (0.25 GPU each) run without cuDNN's autotuner, which would time kernels
+    against the other trials' work; a trial with a GPU of its own keeps it; the user's
+    EXPCTL_CUDNN_BENCHMARK stands."""
+    from expctl.dist import CUDNN_BENCHMARK_ENV
+    from expctl.jobs.study import SHARE_ENV
+    from expctl.sweep.trials import trial_env
+
+    packed = fill(Allocator(plan(machine(16, 2), 0.25, None, None, trials=8)))[0]
+    own = fill(Allocator(plan(machine(16, 2), 1, None, None, trials=2)))[0]
+    cpu = fill(Allocator(plan(machine(4, 0), None, None, None, trials=2)))[0]
+    assert trial_env(packed, True, {}) == {
+        "CUDA_VISIBLE_DEVICES": packed.gpus[0],
+        SHARE_ENV: "4",
+        CUDNN_BENCHMARK_ENV: "0",
+    }
+    user = trial_env(packed, True, {CUDNN_BENCHMARK_ENV: "1"})  # inherited, as it is
+    assert CUDNN_BENCHMARK_ENV not in user and user[SHARE_ENV] == "4"
+    assert trial_env(own, True, {}) == {"CUDA_VISIBLE_DEVICES": own.gpus[0]}
+    assert trial_env(cpu, True, {}) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert trial_env(cpu, False, {}) == {}

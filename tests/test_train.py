@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -350,7 +351,9 @@ def test_multirun_runs_each_point(tiny: Path) -> None:
 SMALL_VAL = ["data.val_split=256"]
 
 
-@pytest.mark.parametrize("preset", ["default", "fashion_resnet18", "linear_regression", "dcgan"])
+@pytest.mark.parametrize(
+    "preset", ["default", "fashion_resnet18", "linear_regression", "dcgan", "gpt_tiny"]
+)
 def test_example_presets_train(
     preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -358,7 +361,7 @@ def test_example_presets_train(
     experiment=debug (a few steps, two validation batches; the default preset validates its whole
     split, to compare with expctl eval, which always scores the whole split)."""
     monkeypatch.chdir(tmp_path)
-    whole = ["train.limit_val_batches=null"] if preset == "default" else []
+    whole = ["train.limit_val_batches=null"] if preset in ("default", "gpt_tiny") else []
     result = expctl.run(
         None, [f"experiment={preset}", "experiment=debug", "train.max_steps=3", *whole]
     )
@@ -368,6 +371,10 @@ def test_example_presets_train(
     if preset == "dcgan":
         models = expctl.load_model(result.run_dir)
         assert set(models) == {"generator", "discriminator"} and "train/loss_g" in result.metrics
+    elif preset == "gpt_tiny":  # its corpus made on first use; the reported loss is the saved's
+        assert result["val/ppl"] == pytest.approx(math.exp(result["val/loss"]))
+        again = expctl.evaluate(result.run_dir, which="last")
+        assert again["val/loss"] == result["val/loss"] and again["val/ppl"] == result["val/ppl"]
     elif preset == "linear_regression":
         assert "val/loss" in result.metrics and "val/acc" not in result.metrics
     else:  # the other presets' eval on 256 held-out samples: ResNet-18 on 10k images took minutes

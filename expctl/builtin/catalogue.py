@@ -99,6 +99,8 @@ def shipped_key() -> dict[str, str]:
         "expctl.registry",
         "expctl.builtin.checks",
         "expctl.builtin.datasets.tensors",
+        "expctl.builtin.datasets.files",  # in_memory_args: ten datasets' signatures
+        "expctl.builtin.datasets.preflight",  # the datasets' light checks
     )
     for module in (*registry.BUILTIN_MODULES, *describing):
         spec = importlib.util.find_spec(module)

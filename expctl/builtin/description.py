@@ -6,6 +6,7 @@ it). `catalogue.py` keeps these descriptions in the cache folder and ships them.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -51,29 +52,40 @@ def decode(d: dict[str, Any]) -> tuple[str, registry.Entry, str]:
     return kind, entry, module
 
 
-def _check_spec(check: Callable[..., None] | None) -> str | bool:
+def _check_spec(check: Callable[..., None] | None) -> str | list[str] | bool:
     """A check marked `checks.light` by its `module:qualname` (called without its component's
-    module), else whether there is one."""
-    if check is not None and getattr(check, "light", False):
-        return f"{check.__module__}:{check.__qualname__}"
+    module), with the leading arguments it is bound to (``functools.partial(check, "cifar10")``:
+    ``["module:qualname", "cifar10"]``); else whether there is one."""
+    func, bound = check, []
+    if isinstance(check, functools.partial) and not check.keywords:
+        func, bound = check.func, list(check.args)
+    if (
+        func is not None
+        and getattr(func, "light", False)
+        and all(isinstance(a, str) for a in bound)
+    ):
+        spec = f"{func.__module__}:{func.__qualname__}"
+        return [spec, *bound] if bound else spec
     return check is not None
 
 
-def _check_of(kind: str, name: str, module: str, spec: str | bool) -> Any:
+def _check_of(kind: str, name: str, module: str, spec: str | list[str] | bool) -> Any:
     if isinstance(spec, str):
-        return _Light(spec)
+        return _Light(spec, [])
+    if isinstance(spec, list):
+        return _Light(spec[0], spec[1:])
     return _StandIn(kind, name, "check", module, []) if spec else None
 
 
 class _Light:
     """A torch-free check of a described entry: its own module is imported when called."""
 
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
+    def __init__(self, spec: str, bound: list[str]) -> None:
+        self.spec, self.bound = spec, bound
 
     def __call__(self, **kwargs: Any) -> None:
         module, _, qualname = self.spec.partition(":")
-        getattr(importlib.import_module(module), qualname)(**kwargs)
+        getattr(importlib.import_module(module), qualname)(*self.bound, **kwargs)
 
 
 class _StandIn:

@@ -12,16 +12,17 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from expctl.builtin import checks
 from expctl.registry import register
 
 
-@register("models", inferred=("input_shape", "num_classes"))
+@register("models", inferred=("input_shape", "num_classes"), check=checks.model)
 def linear(input_shape: Sequence[int] = (), num_classes: int = 1) -> nn.Module:
     """One linear layer on the flattened input (linear / logistic regression)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
-@register("models", inferred=("input_shape", "num_classes"))
+@register("models", inferred=("input_shape", "num_classes"), check=checks.model)
 def mlp(
     input_shape: Sequence[int] = (),
     num_classes: int = 1,
@@ -40,7 +41,7 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-@register("models", inferred=("in_channels", "num_classes"))
+@register("models", inferred=("in_channels", "num_classes"), check=checks.model)
 def cnn(
     in_channels: int = 1, num_classes: int = 10, width: int = 32, dropout: float = 0.0
 ) -> nn.Module:
@@ -75,7 +76,7 @@ class _Residual(nn.Module):
         return x + self.body(x)
 
 
-@register("models", inferred=("in_channels", "num_classes"))
+@register("models", inferred=("in_channels", "num_classes"), check=checks.model)
 def speednet(in_channels: int = 1, num_classes: int = 10, width: int = 32) -> nn.Module:
     """ResNet-9-style net for small images (conv, 3 pooled stages, 2 residual blocks)."""
 
@@ -150,7 +151,7 @@ def _dcgan_init(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-@register("models", inferred=("input_shape",))
+@register("models", inferred=("input_shape",), check=checks.model)
 def dcgan(
     input_shape: Sequence[int] = (1, 28, 28), latent_dim: int = 100, features: int = 32
 ) -> dict[str, nn.Module]:

@@ -1,8 +1,12 @@
-"""Training steps: what one batch does. Built-ins ``supervised`` and ``gan`` (seed 000's DCGAN).
+"""Batch steps: what one batch does. Built-ins ``supervised``, ``gan`` (seed 000's DCGAN) and
+``lm`` (next-token prediction).
 
-A step is a class registered under ``steps`` with ``train_step(ctx, batch)`` returning a dict of
-detached scalar tensors (averaged over ranks at log time), and optionally ``val_step(ctx,
-batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then divided):
+A batch step is a class registered under ``steps`` (picked with ``train.step``) with
+``train_step(ctx, batch)`` returning a dict of detached scalar tensors (averaged over ranks at log
+time), and optionally ``val_step(ctx, batch)`` returning ``{name: (sum, count)}`` tensors (summed
+over ranks, then divided), and ``derived(row)`` returning metrics computed from a row's reduced
+ones (the ``lm`` step's ``val/ppl`` from ``val/loss``), added to each train, validation and test
+row:
 
     @register("steps", "my_step")
     class MyStep:
@@ -11,7 +15,7 @@ batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then div
             with ctx.autocast():
                 loss = ctx.loss_fn(ctx.model(x), y)
             ctx.backward(loss)
-            ctx.step()
+            ctx.optimizer_step()
             return {"loss": loss.detach()}
 
 `ctx` hides precision, gradient accumulation, clipping and the GradScaler.
@@ -20,11 +24,14 @@ batch)`` returning ``{name: (sum, count)}`` tensors (summed over ranks, then div
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from expctl.registry import register
@@ -32,7 +39,7 @@ from expctl.registry import register
 
 @dataclass
 class StepContext:
-    """What a step sees: models, optimizers, the loss, and helpers that apply the train config."""
+    """What a batch step sees: models, optimizers, the loss, and helpers that apply the train config."""
 
     models: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
@@ -46,6 +53,7 @@ class StepContext:
     boundary: bool = True  # the last micro-batch before an optimizer step
     skip_nonfinite: bool = False  # train.on_nan=skip: drop updates whose gradients are not finite
     skipped: int = 0  # updates dropped so far
+    _warned_step: ClassVar[bool] = False  # `step()` has warned in this process
 
     @property
     def model(self) -> nn.Module:
@@ -66,8 +74,9 @@ class StepContext:
             loss = self.scaler.scale(loss)
         loss.backward()
 
-    def step(self, name: str | None = None) -> None:
-        """At an accumulation boundary: unscale, clip, step and zero the grads of one optimizer."""
+    def optimizer_step(self, name: str | None = None) -> None:
+        """At an accumulation boundary: unscale, clip, step and zero the grads of one optimizer
+        (`name`; default: the first)."""
         if not self.boundary:
             return
         key = name or next(iter(self.optimizers))
@@ -86,6 +95,18 @@ class StepContext:
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def step(self, name: str | None = None) -> None:
+        """Deprecated name of `optimizer_step` (goes in a later release)."""
+        if not StepContext._warned_step:  # once: a warning per batch would cost the hot loop
+            StepContext._warned_step = True
+            warnings.warn(
+                "StepContext.step() is StepContext.optimizer_step() now; call ctx.optimizer_step()"
+                " (ctx.step() goes in a later release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self.optimizer_step(name)
 
     @staticmethod
     def _finite(opt: torch.optim.Optimizer) -> bool:
@@ -118,7 +139,7 @@ class Supervised:
         with ctx.autocast():
             loss = ctx.loss_fn(ctx.model(ctx.inputs(x)), y)
         ctx.backward(loss)
-        ctx.step()
+        ctx.optimizer_step()
         return {"loss": loss.detach()}
 
     def val_step(
@@ -165,12 +186,12 @@ class GAN:
             out_fake = disc(ctx.inputs(fake.detach())).float()
             err_fake = ctx.loss_fn(out_fake, zeros)
         ctx.backward(err_fake)
-        ctx.step("discriminator")
+        ctx.optimizer_step("discriminator")
         with _grads_set_aside(disc):
             with ctx.autocast():
                 loss_g = ctx.loss_fn(disc(ctx.inputs(fake)).float(), ones)
             ctx.backward(loss_g)
-        ctx.step("generator")
+        ctx.optimizer_step("generator")
         return {
             "loss_d": (err_real + err_fake).detach(),
             "loss_g": loss_g.detach(),
@@ -196,6 +217,83 @@ class GAN:
         }
 
 
+# dense bf16 peak FLOP/s of one GPU by a part of its name (the first that matches), from NVIDIA's
+# datasheets: what perf/mfu divides by; a device not named here gets no MFU
+BF16_PEAK = (
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H200", 989e12),
+)
+
+
+def bf16_peak(device_name: str) -> float | None:
+    """The bf16 peak FLOP/s of a GPU by its name (BF16_PEAK), None when unknown."""
+    return next((peak for part, peak in BF16_PEAK if part in device_name), None)
+
+
+@register("steps", "lm")
+class LanguageModel:
+    """Next-token prediction: the loss (cross-entropy) over every position of (input, target)
+    token windows; rows add val/ppl, perf/tokens_per_s and, on GPUs of known peak, perf/mfu.
+
+    MFU = tokens/s x the model's `flops_per_token()` (6 N + 12 n_layer d_model block_size for
+    model=gpt) / (ranks x BF16_PEAK), whatever train.precision is."""
+
+    def __init__(self) -> None:
+        self.tokens = 0  # per sample: the windows' length, from the first batch
+        self.flops = 0  # training FLOPs per token (0: the model does not say)
+        self.peak: float | None = None  # every rank's GPU together
+
+    def train_step(
+        self, ctx: StepContext, batch: tuple[torch.Tensor, ...]
+    ) -> dict[str, torch.Tensor]:
+        x, y = batch[0], batch[1]
+        if not self.tokens:
+            self._measure(ctx, x)
+        with ctx.autocast():
+            loss = ctx.loss_fn(ctx.model(x).flatten(0, 1), y.flatten())
+        ctx.backward(loss)
+        ctx.optimizer_step()
+        return {"loss": loss.detach()}
+
+    def val_step(
+        self, ctx: StepContext, batch: tuple[torch.Tensor, ...]
+    ) -> dict[str, tuple[torch.Tensor, Any]]:
+        x, y = batch[0], batch[1]
+        with ctx.autocast():
+            loss = ctx.loss_fn(ctx.model(x).flatten(0, 1), y.flatten())
+        n = y.numel()  # tokens: the mean over the split is over its tokens
+        return {"loss": (loss.float() * n, n)}
+
+    def derived(self, row: dict[str, float]) -> dict[str, float]:
+        """Perplexity of the validation and test rows; throughput of the train rows."""
+        out = {}
+        for split in ("val", "test"):
+            if f"{split}/loss" in row:
+                try:
+                    out[f"{split}/ppl"] = math.exp(row[f"{split}/loss"])
+                except OverflowError:
+                    out[f"{split}/ppl"] = math.inf
+        rate = row.get("perf/samples_per_s")
+        if rate is not None and self.tokens:
+            out["perf/tokens_per_s"] = round(rate * self.tokens, 1)
+            if self.flops and self.peak:
+                out["perf/mfu"] = round(rate * self.tokens * self.flops / self.peak, 4)
+        return out
+
+    def _measure(self, ctx: StepContext, x: torch.Tensor) -> None:
+        model = ctx.model
+        for wrapper in ("_orig_mod", "module"):  # torch.compile's, then DDP's
+            model = getattr(model, wrapper, model)
+        flops = getattr(model, "flops_per_token", None)
+        self.tokens, self.flops = int(x.shape[1]), int(flops()) if callable(flops) else 0
+        cuda = ctx.device.type == "cuda"
+        peak = bf16_peak(torch.cuda.get_device_name(ctx.device)) if cuda else None
+        ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.peak = peak * ranks if peak else None
+
+
 @contextlib.contextmanager
 def _grads_set_aside(model: nn.Module) -> Iterator[None]:
     """Keep the gradients a backward leaves on `model` out of its own: the generator's loss runs
@@ -209,6 +307,12 @@ def _grads_set_aside(model: nn.Module) -> Iterator[None]:
     finally:
         for p, g in zip(params, kept, strict=True):
             p.grad = g
+
+
+def derived(step: Any, row: dict[str, float]) -> dict[str, float]:
+    """`row` with the metrics the step's optional `derived` computes from it."""
+    compute = getattr(step, "derived", None)
+    return {**row, **compute(row)} if compute is not None else row
 
 
 @contextlib.contextmanager

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(
+def setting(
     default: Any,
     *,
     choices: tuple[Any, ...] = (),
     min: float | None = None,
     max: float | None = None,
 ) -> Any:
+    """A key of a section: its default and the values it may take (`validate.py` checks them)."""
     meta: dict[str, Any] = {}
     if choices:
         meta["choices"] = choices
@@ -45,9 +46,9 @@ class EarlyStopConfig:
     """Stop training once a validation metric stops improving."""
 
     monitor: str | None = None  # a validation metric (val/loss, val/acc); null: never stop early
-    patience: int = _f(3, min=1)  # validations in a row without improvement
-    min_delta: float = _f(0.0, min=0)  # an improvement is a change by more than this
-    mode: str = _f("min", choices=("min", "max"))  # min: lower is better
+    patience: int = setting(3, min=1)  # validations in a row without improvement
+    min_delta: float = setting(0.0, min=0)  # an improvement is a change by more than this
+    mode: str = setting("min", choices=("min", "max"))  # min: lower is better
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     # hsdp: the ranks that shard a model between them (the others hold replicas of it); null:
     # the ranks of one node
-    shard_size: int | None = _f(None, min=1)
+    shard_size: int | None = setting(None, min=1)
 
 
 DEFAULT_EPOCHS = 3  # train.max_epochs when neither it nor train.max_steps is given
@@ -71,48 +72,50 @@ class TrainConfig:
 
     # stop after this many epochs or optimizer steps, whichever comes first; max_epochs null:
     # 3 epochs, or as many as max_steps takes when it is set (Lightning's rule)
-    max_epochs: int | None = _f(None, min=1)
-    max_steps: int | None = _f(None, min=1)
-    precision: str = _f("auto", choices=("auto", "32", "bf16", "16"))  # auto: bf16 on capable GPUs
-    grad_accum: int = _f(1, min=1)  # micro-batches per optimizer step
-    grad_clip: float | None = _f(None, min=0)  # max global gradient norm
-    seed: int = _f(0, min=0, max=2**63 - 1)  # torch's generators take 64 bits (+ rank, epoch)
-    log_every: int = _f(50, min=1)  # steps between log lines (the only host syncs)
-    val_every: int = _f(1, min=1)  # epochs between validations (and always at the end)
-    val_every_steps: int | None = _f(None, min=1)  # also validate every N optimizer steps
-    limit_val_batches: int | None = _f(None, min=1)  # validations: N batches per rank (debug)
-    step: str = "supervised"  # registered training step
-    device: str = _f("auto", choices=("auto", "cpu", "cuda"))
-    channels_last: Any = _f("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
+    max_epochs: int | None = setting(None, min=1)
+    max_steps: int | None = setting(None, min=1)
+    # auto: bf16 on capable GPUs
+    precision: str = setting("auto", choices=("auto", "32", "bf16", "16"))
+    grad_accum: int = setting(1, min=1)  # micro-batches per optimizer step
+    grad_clip: float | None = setting(None, min=0)  # max global gradient norm
+    seed: int = setting(0, min=0, max=2**63 - 1)  # torch's generators take 64 bits (+ rank, epoch)
+    log_every: int = setting(50, min=1)  # steps between log lines (the only host syncs)
+    val_every: int = setting(1, min=1)  # epochs between validations (and always at the end)
+    val_every_steps: int | None = setting(None, min=1)  # also validate every N optimizer steps
+    limit_val_batches: int | None = setting(None, min=1)  # validations: N batches per rank (debug)
+    step: str = "supervised"  # the batch step (registered under `steps`): what one batch does
+    device: str = setting("auto", choices=("auto", "cpu", "cuda"))
+    channels_last: Any = setting("auto", choices=("auto", True, False))  # auto: conv nets on CUDA
     compile: bool = False  # torch.compile the models (warm-up cost: see bench/RESULTS.md)
-    compile_mode: str = _f(
+    compile_mode: str = setting(
         "default",
         choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     )  # torch.compile's mode (reduce-overhead: CUDA graphs)
-    on_nan: str = _f("stop", choices=("stop", "skip"))
-    gc_every: int = _f(50, min=0)  # steps between the ranks' joint Python GC runs (0: Python's)
+    on_nan: str = setting("stop", choices=("stop", "skip"))
+    # steps between the ranks' joint Python GC runs (0: Python's)
+    gc_every: int = setting(50, min=0)
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
-    early_stop: EarlyStopConfig = _f(EarlyStopConfig())
+    early_stop: EarlyStopConfig = setting(EarlyStopConfig())
     # how ranks hold the model: ddp (a whole copy each), fsdp (FSDP2: weights, gradients and
     # optimizer state sharded over the ranks), hsdp (sharded within a node, replicated across)
-    strategy: str = _f("ddp", choices=("ddp", "fsdp", "hsdp"))
-    fsdp: FSDPConfig = _f(FSDPConfig())
+    strategy: str = setting("ddp", choices=("ddp", "fsdp", "hsdp"))
+    fsdp: FSDPConfig = setting(FSDPConfig())
     # recompute activations in the backward, per block: none, full (all of a block's), or
     # selective (keeps matmul and attention outputs, every other matmul recomputed)
-    activation_checkpointing: str = _f("none", choices=("none", "full", "selective"))
+    activation_checkpointing: str = setting("none", choices=("none", "full", "selective"))
     # optimizer and loss settings from a step on: [{step: 400, optim: {lr: 0.02}}]; Population
     # Based Training's trials continue with one, and `sweep best` writes the best trial's
-    hparam_schedule: list[dict[str, Any]] = _f([])
+    hparam_schedule: list[dict[str, Any]] = setting([])
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """When checkpoints are written, how many are kept, and where training resumes from."""
 
-    every: int = _f(0, min=0)  # optimizer steps between checkpoints; 0 = end of each epoch
-    keep: int = _f(2, min=1)  # the newest K; with `monitor`: the best K by it, plus the newest
+    every: int = setting(0, min=0)  # optimizer steps between checkpoints; 0 = end of each epoch
+    keep: int = setting(2, min=1)  # the newest K; with `monitor`: the best K by it, plus the newest
     monitor: str | None = None  # a validation metric (val/acc): every validation saves, best kept
-    mode: str = _f("min", choices=("min", "max"))  # min: lower `monitor` is better
+    mode: str = setting("min", choices=("min", "max"))  # min: lower `monitor` is better
     resume: str = "auto"  # auto | never | PATH of a checkpoint
     init: str | None = None  # weights-only start: a checkpoint, a state-dict file or a run dir
     init_strict: bool = True  # false: load the weights that match and list the rest
@@ -132,11 +135,11 @@ class InlineLauncher:
     """Train in this process (or in each task torchrun / srun started)."""
 
     name: str = "inline"
-    rdzv_timeout: float = _f(120.0, min=1, max=MAX_WAIT_S)  # seconds a rank waits for rank 0
-    collective_timeout: float = _f(1800.0, min=1, max=MAX_WAIT_S)
+    rdzv_timeout: float = setting(120.0, min=1, max=MAX_WAIT_S)  # seconds a rank waits for rank 0
+    collective_timeout: float = setting(1800.0, min=1, max=MAX_WAIT_S)
     # preemption and time limits: the signal that asks for checkpoint + requeue
-    signal: str = _f("USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG"))
-    max_requeues: int = _f(3, min=0)
+    signal: str = setting("USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG"))
+    max_requeues: int = setting(3, min=0)
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,8 @@ class LocalLauncher(InlineLauncher):
     """N worker processes on this machine through torch's elastic agent."""
 
     name: str = "local"
-    nproc: int = _f(2, min=1)
-    max_restarts: int = _f(0, min=0)  # restarts of all workers after one dies
+    nproc: int = setting(2, min=1)
+    max_restarts: int = setting(0, min=0)  # restarts of all workers after one dies
 
 
 @dataclass(frozen=True)
@@ -153,35 +156,35 @@ class SlurmLauncher(InlineLauncher):
     """Submit to Slurm through submitit."""
 
     name: str = "slurm"
-    nodes: int = _f(1, min=1)
-    tasks_per_node: int | None = _f(None, min=1)  # null: gpus_per_node, or 1 without GPUs
-    gpus_per_node: int = _f(0, min=0)
-    cpus_per_task: int | None = _f(None, min=1)
-    mem_gb: float | None = _f(None, min=0)
+    nodes: int = setting(1, min=1)
+    tasks_per_node: int | None = setting(None, min=1)  # null: gpus_per_node, or 1 without GPUs
+    gpus_per_node: int = setting(0, min=0)
+    cpus_per_task: int | None = setting(None, min=1)
+    mem_gb: float | None = setting(None, min=0)
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    timeout_min: int = _f(60, min=1)
+    timeout_min: int = setting(60, min=1)
     job_name: str | None = None  # null: run.name
-    sbatch: dict[str, Any] = _f({})  # any other sbatch option: launcher.sbatch.mail-type=END
-    setup: list[str] = _f([])  # shell lines before training (module load ...)
-    signal_delay_s: int = _f(90, min=0)  # the signal comes this long before the time limit
+    sbatch: dict[str, Any] = setting({})  # any other sbatch option: launcher.sbatch.mail-type=END
+    setup: list[str] = setting([])  # shell lines before training (module load ...)
+    signal_delay_s: int = setting(90, min=0)  # the signal comes this long before the time limit
     # the code the job imports, copied when submitted (queued jobs run what was submitted):
     # git: the tracked files of your repository; imports: the `imports:` modules' packages;
     # auto: git when your repository holds those modules, else imports; none: the files on disk
-    snapshot: str = _f("auto", choices=("auto", "git", "imports", "none"))
-    snapshot_max_mb: float = _f(50.0, min=0)  # refuse to submit a larger snapshot
+    snapshot: str = setting("auto", choices=("auto", "git", "imports", "none"))
+    snapshot_max_mb: float = setting(50.0, min=0)  # refuse to submit a larger snapshot
 
 
 @dataclass(frozen=True)
 class LauncherConfig(SlurmLauncher, LocalLauncher):
     """Every launcher key at runtime; a config holds only those of its launcher."""
 
-    name: str = _f("inline", choices=("inline", "local", "slurm"))
+    name: str = setting("inline", choices=("inline", "local", "slurm"))
     # 1, not LocalLauncher's 2, on purpose: a config holds nproc only with launcher=local; with
     # inline (this one process) or slurm (one process per task) it reads 1
-    nproc: int = _f(1, min=1)
+    nproc: int = setting(1, min=1)
 
 
 LAUNCHERS: dict[str, type] = {
@@ -196,10 +199,11 @@ class PBTConfig:
     """Population Based Training: every `interval` validations, a trial in the bottom
     `quantile` continues from a top trial's checkpoint with perturbed hyperparameters."""
 
-    interval: int = _f(1, min=1)  # validations between exploit/explore rounds of a trial
-    quantile: float = _f(0.25, min=0)  # bottom (and top) fraction of the population: (0, 0.5]
-    resample_probability: float = _f(0.25, min=0, max=1)  # explore: draw anew instead of perturbing
-    factors: list[float] = _f([0.8, 1.2])  # explore: a float/int value times one of these
+    interval: int = setting(1, min=1)  # validations between exploit/explore rounds of a trial
+    quantile: float = setting(0.25, min=0)  # bottom (and top) fraction of the population: (0, 0.5]
+    # explore: draw anew instead of perturbing
+    resample_probability: float = setting(0.25, min=0, max=1)
+    factors: list[float] = setting([0.8, 1.2])  # explore: a float/int value times one of these
 
 
 @dataclass(frozen=True)
@@ -207,25 +211,27 @@ class SweepConfig:
     """How `-m` explores: sampler, objective, early stopping of bad trials, and how many trials
     run side by side on which share of the machine."""
 
-    sampler: str = _f("grid", choices=("grid", "random", "tpe"))
-    n_trials: int | None = _f(None, min=1)  # null: every grid point; random/tpe: 10
+    sampler: str = setting("grid", choices=("grid", "random", "tpe"))
+    n_trials: int | None = setting(None, min=1)  # null: every grid point; random/tpe: 10
     metric: str = "val/acc"
-    mode: str = _f("max", choices=("max", "min"))
-    pruner: str = _f("none", choices=("none", "asha", "median"))
-    budget: str = _f("epoch", choices=("epoch", "step"))  # the unit trials report progress in
-    grace: int = _f(1, min=1)  # ASHA: budget every trial gets; median: warm-up before pruning
-    reduction: int = _f(3, min=2)  # ASHA: keep the top 1/reduction at each rung
-    repeat: int = _f(1, min=1)  # seeds per configuration
-    seed: int = _f(0, min=0, max=2**32 - 1)  # the sampler's seed (NumPy's range)
+    mode: str = setting("max", choices=("max", "min"))
+    pruner: str = setting("none", choices=("none", "asha", "median"))
+    budget: str = setting("epoch", choices=("epoch", "step"))  # the unit trials report progress in
+    grace: int = setting(1, min=1)  # ASHA: budget every trial gets; median: warm-up before pruning
+    reduction: int = setting(3, min=2)  # ASHA: keep the top 1/reduction at each rung
+    repeat: int = setting(1, min=1)  # seeds per configuration
+    seed: int = setting(0, min=0, max=2**32 - 1)  # the sampler's seed (NumPy's range)
     stop_on_failure: bool = False
-    params: dict[str, str] = _f({})  # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
-    max_concurrent: int | None = _f(None, min=1)  # trials at once; null: what the machine holds
+    # search space: {optim.lr: "tag(log, interval(1e-4, 1e-1))"}
+    params: dict[str, str] = setting({})
+    # trials at once; null: what the machine holds
+    max_concurrent: int | None = setting(None, min=1)
     # a fraction (0.25: four trials per GPU) or N whole GPUs (an N-rank DDP trial); null: 1 GPU
     # where there are GPUs, none on a CPU-only machine
-    gpus_per_trial: float | None = _f(None, min=0)
-    cpus_per_trial: int | None = _f(None, min=1)  # null: the cores divided evenly
-    scheduler: str = _f("none", choices=("none", "pbt"))  # pbt: Population Based Training
-    pbt: PBTConfig = _f(PBTConfig())
+    gpus_per_trial: float | None = setting(None, min=0)
+    cpus_per_trial: int | None = setting(None, min=1)  # null: the cores divided evenly
+    scheduler: str = setting("none", choices=("none", "pbt"))  # pbt: Population Based Training
+    pbt: PBTConfig = setting(PBTConfig())
 
 
 @dataclass(frozen=True)
@@ -233,7 +239,7 @@ class ModelConfig:
     """A registered model (or a dict of models) and its constructor arguments."""
 
     name: str
-    args: dict[str, Any] = _f({})
+    args: dict[str, Any] = setting({})
 
 
 @dataclass(frozen=True)
@@ -241,16 +247,19 @@ class DataConfig:
     """A registered dataset, its arguments, and how it is batched."""
 
     name: str
-    batch_size: int = _f(128, min=1)  # per worker; the global batch is batch_size x world size
-    val_batch_size: int | None = _f(None, min=1)  # null: batch_size
-    num_workers: int | None = _f(None, min=0)  # DataLoader workers per rank; null: cores/ranks - 1
-    pin_memory: Any = _f("auto", choices=("auto", True, False))  # auto: on CUDA
+    batch_size: int = setting(128, min=1)  # per worker; the global batch is batch_size x world size
+    val_batch_size: int | None = setting(None, min=1)  # null: batch_size
+    # DataLoader workers per rank; null: cores/ranks - 1
+    num_workers: int | None = setting(None, min=0)
+    pin_memory: Any = setting("auto", choices=("auto", True, False))  # auto: on CUDA
     persistent_workers: bool = True  # ignored: workers are started once and kept for the run
-    prefetch_factor: int | None = _f(None, min=1)  # batches each worker reads ahead; null: 2
-    timeout: float = _f(300.0, min=1)  # seconds a rank waits for a batch from its workers
-    device_resident: Any = _f("auto", choices=("auto", True, False))  # in-memory data on the GPU
-    augment: str = _f("none", choices=("none", "flip", "crop_flip"))  # on the device, per batch
-    args: dict[str, Any] = _f({})
+    prefetch_factor: int | None = setting(None, min=1)  # batches each worker reads ahead; null: 2
+    timeout: float = setting(300.0, min=1)  # seconds a rank waits for a batch from its workers
+    # in-memory data on the GPU
+    device_resident: Any = setting("auto", choices=("auto", True, False))
+    # on the device, per batch
+    augment: str = setting("none", choices=("none", "flip", "crop_flip"))
+    args: dict[str, Any] = setting({})
 
 
 @dataclass(frozen=True)
@@ -258,7 +267,7 @@ class OptimConfig:
     """A registered optimizer and its arguments (applied to each model)."""
 
     name: str
-    args: dict[str, Any] = _f({})
+    args: dict[str, Any] = setting({})
 
 
 @dataclass(frozen=True)
@@ -266,9 +275,9 @@ class SchedConfig:
     """An optional LR scheduler, stepped every optimizer `step` or every `epoch`."""
 
     name: str | None = None
-    interval: str = _f("epoch", choices=("epoch", "step"))
+    interval: str = setting("epoch", choices=("epoch", "step"))
     monitor: str | None = None  # a scheduler that steps on a metric (reducelronplateau): which
-    args: dict[str, Any] = _f({})
+    args: dict[str, Any] = setting({})
 
 
 @dataclass(frozen=True)
@@ -276,7 +285,7 @@ class LossConfig:
     """A registered loss and its arguments."""
 
     name: str
-    args: dict[str, Any] = _f({})
+    args: dict[str, Any] = setting({})
 
 
 @dataclass(frozen=True)
@@ -287,17 +296,17 @@ class Config:
     data: DataConfig
     optim: OptimConfig
     loss: LossConfig
-    sched: SchedConfig = _f(SchedConfig())
-    train: TrainConfig = _f(TrainConfig())
-    checkpoint: CheckpointConfig = _f(CheckpointConfig())
-    launcher: LauncherConfig = _f(LauncherConfig())
-    run: RunConfig = _f(RunConfig())
-    sweep: SweepConfig = _f(SweepConfig())
-    imports: list[str] = _f([])  # your modules, imported in every process before building
-    logger: dict[str, dict[str, Any]] = _f(
+    sched: SchedConfig = setting(SchedConfig())
+    train: TrainConfig = setting(TrainConfig())
+    checkpoint: CheckpointConfig = setting(CheckpointConfig())
+    launcher: LauncherConfig = setting(LauncherConfig())
+    run: RunConfig = setting(RunConfig())
+    sweep: SweepConfig = setting(SweepConfig())
+    imports: list[str] = setting([])  # your modules, imported in every process before building
+    logger: dict[str, dict[str, Any]] = setting(
         {}
     )  # loggers (expctl/builtin/loggers.py) -> their arguments
-    env: dict[str, str] = _f({})  # environment variables set in every worker
+    env: dict[str, str] = setting({})  # environment variables set in every worker
     # dotted key -> its `${oc.env:...}` text: written back instead of the value (secrets)
     interpolations: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 

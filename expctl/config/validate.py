@@ -32,6 +32,9 @@ from expctl.config.schema import (
 from expctl.config.values import check_name, check_path_length, check_slurm, plain_text
 from expctl.errors import UserError, choices_text, did_you_mean
 
+# the built-in steps that scale and hold back each micro-batch's update (StepContext does)
+ACCUMULATING_STEPS = ("supervised", "lm")
+
 
 def validate(
     raw: dict[str, Any],
@@ -110,11 +113,15 @@ def check_registered(cfg: Config) -> None:
         for section in set(entry) & set(HPARAM_SECTIONS):
             comp = getattr(cfg, section)
             where = f"train.hparam_schedule[{i}].{section}"
-            signatures.check_args(
-                COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
-            )
+            try:
+                signatures.check_args(
+                    COMPONENT_KINDS[section], comp.name, {**comp.args, **entry[section]}, where
+                )
+            except UserError as e:  # a component's check names its section: say which entry
+                raise UserError(f"{where}: {e.message}", e.hint) from None
     for name, args in cfg.logger.items():
         signatures.check_args("loggers", name, args, f"logger.{name}")
+    _check_shared(cfg)
     if cfg.sched.name is not None:
         steps_on_metric = "monitor" in registry.get("schedulers", cfg.sched.name).settings
         if steps_on_metric != (cfg.sched.monitor is not None):
@@ -125,6 +132,29 @@ def check_registered(cfg: Config) -> None:
                 if steps_on_metric
                 else "remove sched.monitor, or use sched=reducelronplateau",
             )
+
+
+def _check_shared(cfg: Config) -> None:
+    """An argument the model takes from the data when it is null (gpt's block_size and
+    vocab_size) that the data's factory takes too, by name: set on the model, it must be the
+    data's value, or the model would be built for other data.
+
+    Raises:
+        UserError: the two differ, naming both.
+    """
+    if cfg.model.name is None or cfg.data.name is None:
+        return
+    model, data = registry.get("models", cfg.model.name), registry.get("datasets", cfg.data.name)
+    for key in sorted(model.inferred & set(data.parameters())):
+        mine, theirs = cfg.model.args.get(key), cfg.data.args.get(key)
+        if mine is None or mine == theirs:
+            continue
+        shown = "null (the data's own)" if theirs is None else theirs
+        raise UserError(
+            f"model.{key}={mine}, but data.{key} is {shown}: the model would be built for "
+            "other data",
+            f"leave model.{key} out (it is the data's), or set data.{key}={mine} as well",
+        )
 
 
 def check_hparam_schedule(cfg: Config) -> None:
@@ -359,7 +389,7 @@ def unknown_key(where: str, key: str, valid: list[str]) -> UserError:
 
 
 def _cross_checks(cfg: Config) -> None:
-    t, ln = cfg.train, cfg.launcher
+    train_cfg = cfg.train
     for key in ("dir", "root"):
         plain_text(f"run.{key}", getattr(cfg.run, key))
     # room for root/NAME-YYYYmmdd-HHMMSS-xxxx/ and the deepest file a run writes inside (W&B's)
@@ -367,7 +397,7 @@ def _cross_checks(cfg: Config) -> None:
     check_path_length("run.dir", cfg.run.dir, inside=300)
     plain_text("checkpoint.resume", cfg.checkpoint.resume)
     check_name("run.name", cfg.run.name)
-    if ln.name == "slurm":
+    if cfg.launcher.name == "slurm":
         check_slurm(cfg)
     resume = cfg.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
@@ -383,52 +413,53 @@ def _cross_checks(cfg: Config) -> None:
                 f"{where}={name}: only validation metrics (val/...) can be monitored",
                 f"e.g. {where}=val/loss or {where}=val/acc",
             )
-    if t.compile_mode != "default" and not t.compile:
+    if train_cfg.compile_mode != "default" and not train_cfg.compile:
         raise UserError(
-            f"train.compile_mode={t.compile_mode} does nothing without train.compile=true",
+            f"train.compile_mode={train_cfg.compile_mode} does nothing without train.compile=true",
             "add train.compile=true, or drop train.compile_mode",
         )
     check_hparam_schedule(cfg)
     _check_strategy(cfg)
-    if t.grad_accum > 1 and t.step != "supervised":
+    if train_cfg.grad_accum > 1 and train_cfg.step not in ACCUMULATING_STEPS:
         raise UserError(
-            f"train.grad_accum={t.grad_accum} is handled by the supervised step only "
-            f"(train.step={t.step})",
-            "set train.grad_accum=1, or accumulate inside your own step",
+            f"train.grad_accum={train_cfg.grad_accum} is handled by the "
+            f"{' and '.join(ACCUMULATING_STEPS)} steps only (train.step={train_cfg.step})",
+            "set train.grad_accum=1, or accumulate inside your own batch step",
         )
 
 
 def _check_strategy(cfg: Config) -> None:
     """train.strategy against the rest of the config, and against the ranks the launcher
     starts where the config says how many (launcher=local and slurm)."""
-    t, ln = cfg.train, cfg.launcher
-    if t.strategy != "hsdp" and t.fsdp.shard_size is not None:
+    train_cfg, launcher = cfg.train, cfg.launcher
+    if train_cfg.strategy != "hsdp" and train_cfg.fsdp.shard_size is not None:
         raise UserError(
-            f"train.fsdp.shard_size={t.fsdp.shard_size} is for train.strategy=hsdp (this config "
-            f"says {t.strategy})",
+            f"train.fsdp.shard_size={train_cfg.fsdp.shard_size} is for train.strategy=hsdp (this "
+            f"config says {train_cfg.strategy})",
             "drop train.fsdp.shard_size, or set train.strategy=hsdp",
         )
-    if t.strategy != "ddp" and cfg.sweep.scheduler == "pbt":
+    if train_cfg.strategy != "ddp" and cfg.sweep.scheduler == "pbt":
         raise UserError(
             f"sweep.scheduler=pbt copies checkpoints between trials, which it does for "
-            f"train.strategy=ddp only (this config says {t.strategy})",
+            f"train.strategy=ddp only (this config says {train_cfg.strategy})",
             "use train.strategy=ddp for PBT sweeps, or sweep.scheduler=none",
         )
-    if ln.name == "local":
-        check_layout(t, 1, ln.nproc, "launcher=local")
-    elif ln.name == "slurm":
-        per_node = ln.tasks_per_node or ln.gpus_per_node or 1
-        check_layout(t, ln.nodes, ln.nodes * per_node, f"launcher.nodes={ln.nodes}")
+    if launcher.name == "local":
+        check_layout(train_cfg, 1, launcher.nproc, "launcher=local")
+    elif launcher.name == "slurm":
+        per_node = launcher.tasks_per_node or launcher.gpus_per_node or 1
+        where = f"launcher.nodes={launcher.nodes}"
+        check_layout(train_cfg, launcher.nodes, launcher.nodes * per_node, where)
 
 
-def check_layout(t: TrainConfig, nodes: int, ranks: int, where: str) -> None:
+def check_layout(train_cfg: TrainConfig, nodes: int, ranks: int, where: str) -> None:
     """train.strategy=hsdp against the ranks of a run: more than one node, and shard groups
     that divide the ranks (`where` says where the layout comes from).
 
     Raises:
         UserError: hsdp on one node, or a shard group size that does not divide the ranks.
     """
-    if t.strategy != "hsdp":
+    if train_cfg.strategy != "hsdp":
         return
     if nodes < 2:
         raise UserError(
@@ -437,7 +468,7 @@ def check_layout(t: TrainConfig, nodes: int, ranks: int, where: str) -> None:
             "use train.strategy=fsdp on one node, or run on several (launcher=slurm "
             "launcher.nodes=2)",
         )
-    size = t.fsdp.shard_size or ranks // nodes
+    size = train_cfg.fsdp.shard_size or ranks // nodes
     if ranks % nodes or ranks % size or size > ranks:
         divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
         raise UserError(
@@ -447,19 +478,19 @@ def check_layout(t: TrainConfig, nodes: int, ranks: int, where: str) -> None:
         )
 
 
-def _check_init(ck: CheckpointConfig) -> None:
-    plain_text("checkpoint.init", ck.init)
-    if ck.init is None:
+def _check_init(ckpt_cfg: CheckpointConfig) -> None:
+    plain_text("checkpoint.init", ckpt_cfg.init)
+    if ckpt_cfg.init is None:
         return
-    if not Path(ck.init).expanduser().exists():
+    if not Path(ckpt_cfg.init).expanduser().exists():
         raise UserError(
-            f"checkpoint.init: nothing at '{ck.init}'",
+            f"checkpoint.init: nothing at '{ckpt_cfg.init}'",
             "give an expctl checkpoint (.pt), a file saved with torch.save(model.state_dict()), "
             "or a run directory (its best checkpoint, else its newest)",
         )
-    if ck.resume not in ("auto", "never"):
+    if ckpt_cfg.resume not in ("auto", "never"):
         raise UserError(
-            f"checkpoint.init={ck.init} and checkpoint.resume={ck.resume}: pick one",
+            f"checkpoint.init={ckpt_cfg.init} and checkpoint.resume={ckpt_cfg.resume}: pick one",
             "init starts from weights only (a new optimizer, step 0); resume restores all of it",
         )
 

@@ -93,7 +93,8 @@ class Runs:
 
     def ranked(self) -> tuple[list[str], list[str]]:
         """The differing config keys in two groups: those whose value differs between the runs
-        that set them (a component's choice, `optim.name`, first), and those that differ only in
+        that set them (a component's choice, `optim.name`, first; `run.*` last), and the rest:
+        keys that split the runs as one of the first group does, and those that differ only in
         being set (the arguments of a component that some runs chose: Adam's betas)."""
         read = [r.config for r in self.rows if r.config]
         vary: list[str] = []
@@ -101,8 +102,19 @@ class Runs:
         for k in self.differing():
             values = {repr(c[k]) for c in read if k in c}
             (vary if len(values) > 1 else only_set).append(k)
-        vary.sort(key=lambda k: not k.endswith(".name"))
-        return vary, only_set
+        # a component's choice first, the run's own bookkeeping (run.name, run.dir) last
+        vary.sort(key=lambda k: (k.startswith("run."), not k.endswith(".name")))
+        # a key that splits the runs exactly as one before it does says nothing more (data.name
+        # beside model.name, the default run.name model-data): after the keys that do
+        seen: set[tuple[int, ...]] = set()
+        telling: list[str] = []
+        echoes: list[str] = []
+        for k in vary:
+            ids: dict[str, int] = {}
+            split = tuple(ids.setdefault(repr(c.get(k, UNSET)), len(ids)) for c in read)
+            (echoes if split in seen else telling).append(k)
+            seen.add(split)
+        return telling, echoes + only_set
 
     def records(self, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """One flat dict per run (`Run.record`) with the config keys that differ, or with

@@ -151,7 +151,7 @@ def inline(
     where = "launcher=inline" if env.source == "single" else f"from {env.source}"
     check_layout(cfg.train, env.num_nodes, env.world_size, where)
     if evaluation is not None:
-        return Result(*rank.evaluate(cfg, env, evaluation))
+        return Result(*rank.evaluate_checkpoint(cfg, env, evaluation))
     run_dir, metrics = train_rank(cfg, env, origin=origin)
     return Result(run_dir, metrics)
 
@@ -293,7 +293,7 @@ def worker(
     cfg = config_mod.load(run_dir, Path(config) if config else None)
     env = dataclasses.replace(detect(os.environ), source="local")  # the agent speaks torchrun's
     if evaluation is not None:
-        rank.evaluate(cfg, env, Evaluation.from_json(evaluation))
+        rank.evaluate_checkpoint(cfg, env, Evaluation.from_json(evaluation))
         return
     origin = Launch.from_json(Path(launch_file).read_text()) if launch_file else None
     train_rank(cfg, env, under_agent=True, origin=origin)

@@ -18,7 +18,7 @@ from expctl.builtin.data import Splits, check_splits
 from expctl.builtin.reader import Loading, Reader
 from expctl.builtin.steps import StepContext
 from expctl.config.schema import Config
-from expctl.dist import DistEnv, check_sync_batchnorm, usable_cores
+from expctl.dist import CUDNN_BENCHMARK_ENV, DistEnv, check_sync_batchnorm, usable_cores
 from expctl.errors import UserError
 from expctl.rank import strategy
 from expctl.rank.batches import TrainBatches, auto_workers
@@ -32,9 +32,9 @@ class Parts:
     """Everything the loop needs, built identically on every rank."""
 
     models: dict[str, nn.Module]  # unwrapped by DDP (sharded in place by FSDP): what is saved
-    ctx: StepContext  # holds the DDP-wrapped / compiled models the step calls
+    ctx: StepContext  # holds the DDP-wrapped / compiled models the batch step calls
     schedulers: dict[str, Any]
-    step: Any
+    batch_step: Any  # the train.step component: what one batch does (train_step, val_step)
     splits: Splits
     batches: TrainBatches
     total_steps: int  # optimizer steps of the whole run
@@ -79,9 +79,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def _cuda_defaults() -> None:
-    """Fast defaults on CUDA: cuDNN picks the fastest kernels for our fixed shapes; fp32
-    matmuls and convolutions may use TF32 (what autocast-free fp32 runs would otherwise lose)."""
-    torch.backends.cudnn.benchmark = True
+    """Fast defaults on CUDA: cuDNN picks the fastest kernels for our fixed shapes (unless
+    EXPCTL_CUDNN_BENCHMARK=0: a GPU shared with other trials); fp32 matmuls and convolutions may
+    use TF32 (what autocast-free fp32 runs would otherwise lose)."""
+    torch.backends.cudnn.benchmark = os.environ.get(CUDNN_BENCHMARK_ENV, "1") != "0"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
@@ -189,11 +190,11 @@ def _build(
         skip_nonfinite=cfg.train.on_nan == "skip",
     )
     torch.manual_seed(cfg.train.seed + env.rank)  # dropout & co differ per rank
-    step = registry.get("steps", cfg.train.step).factory()
-    missing = [m for m in getattr(step, "requires", ()) if m not in models]
+    batch_step = registry.get("steps", cfg.train.step).factory()
+    missing = [m for m in getattr(batch_step, "requires", ()) if m not in models]
     if missing:
         raise UserError(
-            f"train.step={cfg.train.step} trains models {', '.join(step.requires)}, but model "
+            f"train.step={cfg.train.step} trains models {', '.join(batch_step.requires)}, but model "
             f"'{cfg.model.name}' gives {', '.join(models)}",
             "pick a model that gives them (e.g. model=dcgan for train.step=gan)",
         )
@@ -201,7 +202,7 @@ def _build(
         models,
         ctx,
         schedulers,
-        step,
+        batch_step,
         splits,
         batches,
         total_steps,
@@ -225,16 +226,18 @@ def _splits(cfg: Config, device: torch.device) -> Splits:
 
 
 def _loading(cfg: Config, env: DistEnv, device: torch.device, splits: Splits) -> Loading:
-    d = cfg.data
-    workers = d.num_workers if d.num_workers is not None else auto_workers(env.local_world_size)
-    pin = d.pin_memory if d.pin_memory != "auto" else device.type == "cuda"
+    data_cfg = cfg.data
+    workers = data_cfg.num_workers
+    if workers is None:
+        workers = auto_workers(env.local_world_size)
+    pin = data_cfg.pin_memory if data_cfg.pin_memory != "auto" else device.type == "cuda"
     pin = pin and getattr(splits.train, "pin_memory", True)  # e.g. not lists of encoded files
-    if not d.persistent_workers and env.is_main:
+    if not data_cfg.persistent_workers and env.is_main:
         log.warning(
             "data.persistent_workers=false is ignored: a rank's DataLoader workers are started "
             "once and kept for the run (forking them later, while threads run, can hang)"
         )
-    return Loading(workers, bool(pin), d.prefetch_factor, d.timeout)
+    return Loading(workers, bool(pin), data_cfg.prefetch_factor, data_cfg.timeout)
 
 
 def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> Any:
@@ -243,7 +246,7 @@ def _make(section: str, name: str, factory: Any, *args: Any, **kwargs: Any) -> A
         return factory(*args, **kwargs)
     except UserError:
         raise
-    except (ValueError, TypeError, RuntimeError) as e:
+    except (ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         text = " ".join(str(e).split())[:200]
         raise UserError(
@@ -261,13 +264,17 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
         "in_channels": info.input_shape[0] if info.input_shape else None,
         "input_shape": tuple(info.input_shape),
         "num_classes": info.num_classes,
+        "vocab_size": info.num_classes,  # a language model's classes: its next-token choices
+        "block_size": info.input_shape[0] if len(info.input_shape) == 1 else None,
     }
     for key in entry.inferred:  # null (or absent): from the data, else the factory's default
         if args.get(key) is None and key in params and inferred.get(key) is not None:
             args[key] = inferred[key]
         elif args.get(key) is None:
             args.pop(key, None)
-    built = _make("model", cfg.model.name, entry.factory, **args)
+    built = strategy.construct(
+        cfg.train, lambda: _make("model", cfg.model.name, entry.factory, **args)
+    )
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
         if not isinstance(m, nn.Module):
@@ -323,10 +330,10 @@ def _total_steps(cfg: Config, steps_per_epoch: int) -> int:
             "lower train.grad_accum or data.batch_size, or use more data",
         )
     per_epoch = max(1, steps_per_epoch // cfg.train.grad_accum)
-    t = cfg.train
-    by_epochs = per_epoch * t.max_epochs if t.max_epochs is not None else None
-    steps = [n for n in (by_epochs, t.max_steps) if n is not None]  # validation: one at least
-    return min(steps)
+    train_cfg = cfg.train
+    by_epochs = per_epoch * train_cfg.max_epochs if train_cfg.max_epochs is not None else None
+    limits = [n for n in (by_epochs, train_cfg.max_steps) if n is not None]  # one at least
+    return min(limits)
 
 
 def _optimizer(cfg: Config, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:

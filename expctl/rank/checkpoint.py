@@ -136,27 +136,27 @@ def path_for(run_dir: Path, step: int, shards: bool = False) -> Path:
 def save(
     run_dir: Path,
     payload: dict[str, Any],
-    ck: CheckpointConfig,
+    ckpt_cfg: CheckpointConfig,
     scores: dict[str, float],
-    ctl: Control | None = None,
+    control: Control | None = None,
 ) -> Path | None:
     """Write `payload` atomically (temporary file, fsync, checksum, rename) with `scores`, the
-    validation metrics of these weights ({} if none); keep the newest `ck.keep`, or with
-    `ck.monitor` the best `ck.keep` by it plus the newest. With `ctl`, every rank calls it:
-    rank 0 writes a whole model's payload, every rank its shard of a sharded one.
+    validation metrics of these weights ({} if none); keep the newest `ckpt_cfg.keep`, or with
+    `ckpt_cfg.monitor` the best `ckpt_cfg.keep` by it plus the newest. With `control`, every
+    rank calls it: rank 0 writes a whole model's payload, every rank its shard of a sharded one.
 
     Raises:
         CheckpointError: the write failed; no partial file is left under a checkpoint name.
     """
     if payload.get("sharded"):
-        assert ctl is not None, "every rank writes its shard"
+        assert control is not None, "every rank writes its shard"
         final = path_for(run_dir, int(payload["step"]), shards=True)
         record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
-        sharded.write(final, {"format": FORMAT, **payload}, json.dumps(record) + "\n", ctl)
-        if ctl.env.is_main:
-            _prune(run_dir, ck)
+        sharded.write(final, {"format": FORMAT, **payload}, json.dumps(record) + "\n", control)
+        if control.env.is_main:
+            _prune(run_dir, ckpt_cfg)
         return final
-    if ctl is not None and not ctl.env.is_main:
+    if control is not None and not control.env.is_main:
         return None
     final = path_for(run_dir, int(payload["step"]))
     final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
@@ -189,21 +189,21 @@ def save(
             f"could not write checkpoint {final} ({cause.strerror or cause}); "
             "the previous checkpoint is intact"
         ) from e
-    _prune(run_dir, ck)
+    _prune(run_dir, ckpt_cfg)
     return final
 
 
 _sha256 = sharded.file_sha256
 
 
-def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
-    """Delete the checkpoints `ck.keep` does not keep, each only once its checksum is verified:
+def _prune(run_dir: Path, ckpt_cfg: CheckpointConfig) -> None:
+    """Delete the checkpoints `ckpt_cfg.keep` does not keep, each only once its checksum is verified:
     one that fails (damaged, or its .sha256 edited) may hold the only copy of its weights."""
     files = list_checkpoints(run_dir)
-    if ck.monitor is None:
-        kept = set(files[: ck.keep])
+    if ckpt_cfg.monitor is None:
+        kept = set(files[: ckpt_cfg.keep])
     else:
-        kept = {*files[:1], *ranked(files, ck.monitor, ck.mode)[: ck.keep]}
+        kept = {*files[:1], *ranked(files, ckpt_cfg.monitor, ckpt_cfg.mode)[: ckpt_cfg.keep]}
     for old in files:
         if old in kept:
             continue
@@ -213,7 +213,7 @@ def _prune(run_dir: Path, ck: CheckpointConfig) -> None:
                 "checkpoint %s is kept beyond checkpoint.keep=%d: %s; it is never deleted "
                 "unverified (remove it yourself once you know it is not needed)",
                 old,
-                ck.keep,
+                ckpt_cfg.keep,
                 problem,
             )
             continue
@@ -272,19 +272,19 @@ def pick(
             raise UserError(
                 f"checkpoint {which}: {e}", "pass best, last or the path of a .pt checkpoint"
             ) from None
-    ck = config.load(run_dir).checkpoint
-    which = which or ("best" if ck.monitor else "last")
+    ckpt_cfg = config.load(run_dir).checkpoint
+    which = which or ("best" if ckpt_cfg.monitor else "last")
     files = list_checkpoints(run_dir)
     if which == "best":
-        if ck.monitor is None:
+        if ckpt_cfg.monitor is None:
             raise UserError(
                 f"{run_dir} was trained without checkpoint.monitor: it has no best checkpoint",
                 "use which=last (its newest), or train with checkpoint.monitor=val/acc",
             )
-        files = ranked(files, ck.monitor, ck.mode)
+        files = ranked(files, ckpt_cfg.monitor, ckpt_cfg.mode)
     found = _first_valid(files, map_location)
     if found is None:
-        scored = f" scored on {ck.monitor}" if which == "best" else ""
+        scored = f" scored on {ckpt_cfg.monitor}" if which == "best" else ""
         raise UserError(
             f"{run_dir}: no loadable checkpoint{scored}",
             "train the run first, or pass the path of a checkpoint",
@@ -343,13 +343,6 @@ def read_verified(path: Path, map_location: str | torch.device = "cpu") -> Any:
         text = " ".join(str(e).split())[:200]  # one line: torch's messages span several
         raise ValueError(f"cannot read {path}: {type(e).__name__}: {text}") from None
     return payload
-
-
-def newest_valid(
-    run_dir: Path, map_location: str | torch.device = "cpu"
-) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads, skipping corrupt ones with a warning naming each."""
-    return _first_valid(list_checkpoints(run_dir), map_location)
 
 
 def resume_point(

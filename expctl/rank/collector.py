@@ -18,10 +18,10 @@ class GarbageCollection:
     first collections after the set-up) stalls the others at the next all-reduce: with N ranks,
     the step pays N ranks' pauses (the Fashion CNN on 4 x H200 ran at 0.66x the raw loop).
 
-    So, inside `with`, automatic collection is off, and `step(n)` collects the young generations
-    every `every` optimizer steps (the first time, the set-up's objects too: a run shorter than
-    that pays nothing) and all of them every `FULL_GC` x `every` (what outlived two young
-    collections and became garbage later), at the same step on every rank. Processes forked
+    So, inside `with`, automatic collection is off, and `after_step(n)` collects the young
+    generations every `every` optimizer steps (the first time, the set-up's objects too: a run
+    shorter than that pays nothing) and all of them every `FULL_GC` x `every` (what outlived two
+    young collections and became garbage later), at the same step on every rank. Processes forked
     meanwhile (DataLoader workers) keep Python's schedule. `every` = 0, or a collector the user
     turned off: left as it is, and the loop collects nothing."""
 
@@ -48,7 +48,7 @@ class GarbageCollection:
             self.active, GarbageCollection.owner = False, None
             gc.enable()
 
-    def step(self, step: int) -> None:
+    def after_step(self, step: int) -> None:
         """After optimizer step `step`: collect if it is one of this object's steps (the same
         on every rank)."""
         if self.active and step % self.every == 0:

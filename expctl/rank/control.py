@@ -78,8 +78,8 @@ class StopFlag:
 
     EVERY = 10
 
-    def __init__(self, signame: str, ctl: Control) -> None:
-        self.ctl, self.requested, self._calls = ctl, 0, 0
+    def __init__(self, signame: str, control: Control) -> None:
+        self.control, self.requested, self._calls = control, 0, 0
         self.configured = int(getattr(signal, f"SIG{signame}"))
         self.agreed_signal = 0
         self.previous: dict[int, Any] = {}
@@ -105,7 +105,7 @@ class StopFlag:
     def agreed(self) -> bool:
         """Whether every rank now knows that some rank got a stop signal (checked every
         `EVERY` steps with several ranks: a CPU all-reduce per step would cost small models ~10%)."""
-        if self.ctl.group is None:
+        if self.control.group is None:
             self.agreed_signal = self.requested
             return bool(self.requested)
         self._calls += 1
@@ -119,7 +119,7 @@ class StopFlag:
                 return True
         self._buf.fill_(self.requested)
         self._work = dist.all_reduce(
-            self._buf, op=dist.ReduceOp.MAX, group=self.ctl.group, async_op=True
+            self._buf, op=dist.ReduceOp.MAX, group=self.control.group, async_op=True
         )
         return False
 

@@ -26,7 +26,7 @@ from expctl.rank import provenance, rundir
 from expctl.rank.build import Parts, build, pick_device, resolve_precision
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
-from expctl.rank.metrics import evaluate as score
+from expctl.rank.metrics import score_split
 from expctl.rank.provenance import Launch
 from expctl.rank.report import Reporter, setup_logging, truncate_metrics, write_json
 from expctl.rank.restore import load_weights, put_weights, restore
@@ -55,8 +55,8 @@ def main(
     state = TrainState()
     held: rundir.RunLock | None = None
     try:
-        with _process_group(cfg, env, device) as ctl, _one_voice(ctl, env, state):
-            cfg, held = _agree_run_dir(cfg, env, ctl, lock)
+        with _process_group(cfg, env, device) as control, _one_voice(control, env, state):
+            cfg, held = _agree_run_dir(cfg, env, control, lock)
             run_dir = Path(str(cfg.run.dir))
             setup_logging(run_dir, env.is_main, env.rank)
             try:
@@ -66,13 +66,13 @@ def main(
                     rows = restore(cfg, env, parts, state, run_dir)
                     check_monitors({**monitors(cfg), **hooks.monitors()}, parts, env)
                     hooks.on_start(run_dir)
-                    stored = _stored_result(cfg, env, parts, state, ctl, run_dir)
+                    stored = _stored_result(cfg, env, parts, state, control, run_dir)
                     if stored is not None:
                         return run_dir, _completed(stored, state, hooks, run_dir)
                     if env.is_main:
                         provenance.record(run_dir, origin or Launch.here(None), env)
                     return run_dir, _train(
-                        cfg, env, parts, state, ctl, hooks, run_dir, rows, device
+                        cfg, env, parts, state, control, hooks, run_dir, rows, device
                     )
             except UserError:  # a bad value or file, met before anything was saved: leave nothing
                 if env.is_main:
@@ -113,10 +113,10 @@ def _prepare(cfg: Config, env: DistEnv) -> Any:
 def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
     """The ranks' process group (nccl on CUDA, else gloo) and control group, torn down on
     leaving."""
-    ln = cfg.launcher
+    launcher = cfg.launcher
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
-        store = init_process_group(env, backend, ln.rdzv_timeout, ln.collective_timeout)
+        store = init_process_group(env, backend, launcher.rdzv_timeout, launcher.collective_timeout)
         yield Control(env, store)
     finally:
         if env.distributed and dist.is_initialized():
@@ -128,14 +128,14 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 
 
 @contextlib.contextmanager
-def _one_voice(ctl: Control, env: DistEnv, state: TrainState) -> Iterator[None]:
+def _one_voice(control: Control, env: DistEnv, state: TrainState) -> Iterator[None]:
     """One line for a failure, whichever rank met it: the first rank to fail prints its error
     (`quiet` marks the others'), and a rank whose peer's process ended says only that, in one
     line (none under the local launcher, which reports a peer that died without a word)."""
     try:
         yield
     except (UserError, RunError) as e:
-        e.quiet = not ctl.first_to_fail()
+        e.quiet = not control.first_to_fail()
         raise
     except RuntimeError as e:
         if not env.distributed or not any(s in str(e) for s in PEER_GONE):
@@ -153,7 +153,7 @@ def _train(
     env: DistEnv,
     parts: Parts,
     state: TrainState,
-    ctl: Control,
+    control: Control,
     hooks: Hooks,
     run_dir: Path,
     rows: int | None,
@@ -168,7 +168,7 @@ def _train(
             dropped,
             state.step,
         )
-    rep = Reporter(
+    reporter = Reporter(
         run_dir,
         env.is_main,
         parts.total_steps,
@@ -178,10 +178,14 @@ def _train(
     )
     status = "failed"
     try:
-        rep.log_config(cfg.to_dict())  # environment interpolations unresolved: no secret leaves
+        reporter.log_config(
+            cfg.to_dict()
+        )  # environment interpolations unresolved: no secret leaves
         _log_start(cfg, env, parts, state, run_dir, device)
-        stop = StopFlag(cfg.launcher.signal, ctl)
-        result = _fit(cfg, env, parts, state, ctl, Loop(env, ctl, rep, stop, hooks, run_dir))
+        stop = StopFlag(cfg.launcher.signal, control)
+        result = _fit(
+            cfg, env, parts, state, control, Loop(env, control, reporter, stop, hooks, run_dir)
+        )
         status = str(result["status"])
     except Preempted:
         status = "preempted"
@@ -190,13 +194,13 @@ def _train(
         status = "interrupted"
         raise
     finally:
-        rep.close(status)
+        reporter.close(status)
     hooks.on_end(result)
     return result
 
 
 def _fit(
-    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, loop: Loop
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, control: Control, loop: Loop
 ) -> dict[str, Any]:
     """`train.fit`; a collective that timed out becomes one line naming the silent ranks."""
     try:
@@ -204,7 +208,7 @@ def _fit(
     except RuntimeError as e:
         if not env.distributed or "timed out" not in str(e).lower():
             raise
-        hung = ctl.unresponsive(state.step)
+        hung = control.unresponsive(state.step)
         who = f"rank {', '.join(map(str, hung))}" if hung else "another rank"
         raise RunError(
             f"rank {env.rank}: {who} stopped responding near step {state.step + 1}: a collective "
@@ -252,13 +256,13 @@ def _log_start(
     )
 
 
-def _ends(t: TrainConfig, parts: Parts) -> str:
+def _ends(train_cfg: TrainConfig, parts: Parts) -> str:
     """Which limit ends the run: max_steps=400, or max_epochs=3 x 31 steps (before max_steps)."""
-    if t.max_steps is not None and parts.total_steps == t.max_steps:
-        return f"max_steps={t.max_steps}"
-    per_epoch = max(1, parts.batches.steps_per_epoch // t.grad_accum)
-    later = f", before max_steps={t.max_steps}" if t.max_steps is not None else ""
-    return f"max_epochs={t.max_epochs} x {per_epoch} steps{later}"
+    if train_cfg.max_steps is not None and parts.total_steps == train_cfg.max_steps:
+        return f"max_steps={train_cfg.max_steps}"
+    per_epoch = max(1, parts.batches.steps_per_epoch // train_cfg.grad_accum)
+    later = f", before max_steps={train_cfg.max_steps}" if train_cfg.max_steps is not None else ""
+    return f"max_epochs={train_cfg.max_epochs} x {per_epoch} steps{later}"
 
 
 def launcher_name(env: DistEnv) -> str:
@@ -267,7 +271,7 @@ def launcher_name(env: DistEnv) -> str:
 
 
 def _agree_run_dir(
-    cfg: Config, env: DistEnv, ctl: Control, lock: bool
+    cfg: Config, env: DistEnv, control: Control, lock: bool
 ) -> tuple[Config, rundir.RunLock | None]:
     """Rank 0 creates (or reopens) the run directory and takes its lock; every rank learns its
     path."""
@@ -281,20 +285,20 @@ def _agree_run_dir(
             reply = ("error", e.message, e.hint)
     else:
         reply = ("", "", None)
-    reply = ctl.broadcast(reply)
+    reply = control.broadcast(reply)
     if reply[0] == "error":
         raise UserError(reply[1], reply[2])
     return cfg.replace("run", dir=reply[1]), held
 
 
 def _stored_result(
-    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, ctl: Control, run_dir: Path
+    cfg: Config, env: DistEnv, parts: Parts, state: TrainState, control: Control, run_dir: Path
 ) -> dict[str, Any] | None:
     """result.json of a run that already completed where it was restored: re-running it trains,
     evaluates and writes nothing. (A raised max_steps or max_epochs leaves steps to train.)"""
     if not finished(cfg.train, state, parts.total_steps):
         return None
-    result = ctl.broadcast(RunDir(run_dir).read_result() if env.is_main else {})
+    result = control.broadcast(RunDir(run_dir).read_result() if env.is_main else {})
     if result.get("status") != "completed" or result.get("step") != state.step:
         return None
     return dict(result)
@@ -324,7 +328,7 @@ class Evaluation:
         return cls(**json.loads(text))
 
 
-def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
+def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
     """Score a checkpoint on this rank (metrics reduced exactly over ranks); rank 0 writes
     RUN_DIR/eval/NAME.json. Returns the run directory and that record.
 
@@ -346,7 +350,7 @@ def evaluate(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str,
                     f"{path} does not fit this config's models: {e}",
                     "evaluate with the run's own model settings (no model.* overrides)",
                 ) from None
-            metrics = score(parts, env, ev.split)
+            metrics = score_split(parts, env, ev.split)
     if not metrics:
         raise UserError(
             f"data '{cfg.data.name}' has no {ev.split} split to score (or train.step has no "

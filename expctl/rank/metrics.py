@@ -1,5 +1,5 @@
-"""Metrics reduced exactly over ranks: `Meter` averages the training step's metrics (on the
-device, one host sync at log time), `evaluate` scores a whole split (sums and counts over
+"""Metrics reduced exactly over ranks: `Meter` averages the batch step's train metrics (on the
+device, one host sync at log time), `score_split` scores a whole split (sums and counts over
 unpadded shards: every sample counted once), and `sync_buffers` makes the ranks' models
 identical first, so the metric reported is the saved model's."""
 
@@ -15,13 +15,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from expctl.builtin.steps import derived
 from expctl.dist import DistEnv
 from expctl.rank.batches import val_batches
 from expctl.rank.build import Parts
 
 
 class Meter:
-    """Running sums of the step's metrics on the device; reduced over ranks only at log time."""
+    """Running sums of the batch step's train metrics on the device; reduced over ranks only at log time."""
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
@@ -89,13 +90,13 @@ def _evened(
         yield last, False
 
 
-def evaluate(
+def score_split(
     parts: Parts, env: DistEnv, split: str = "val", limit: int | None = None
 ) -> dict[str, float]:
     """Metrics over a whole split (val, test or train), reduced exactly (sums and counts) over
     ranks; with `limit`, over that many batches of each rank's shard."""
     data = getattr(parts.splits, split)
-    if data is None or not hasattr(parts.step, "val_step"):
+    if data is None or not hasattr(parts.batch_step, "val_step"):
         return {}
     ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives
     sums: dict[str, list[Any]] = {}
@@ -121,7 +122,7 @@ def evaluate(
         m.eval()
     with torch.no_grad():
         for batch, counts in itertools.islice(counted, limit):
-            scored = parts.step.val_step(ctx, batch)
+            scored = parts.batch_step.val_step(ctx, batch)
             for k, (s, n) in scored.items() if counts else ():
                 acc = sums.setdefault(k, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
@@ -132,7 +133,8 @@ def evaluate(
     if env.distributed:
         vec = vec.to(ctx.device)
         dist.all_reduce(vec)
-    return {
+    row = {
         f"{split}/{k}": float(s / n) if n else math.nan
         for k, (s, n) in zip(keys, vec.tolist(), strict=True)
     }
+    return derived(parts.batch_step, row)

@@ -72,16 +72,16 @@ def _init_weights(cfg: Config, parts: Parts) -> None:
     Raises:
         UserError: the weights do not fit (init_strict: nothing is loaded).
     """
-    ck = cfg.checkpoint
-    if ck.init is None:
+    ckpt_cfg = cfg.checkpoint
+    if ckpt_cfg.init is None:
         return
-    source = Path(ck.init).expanduser()
+    source = Path(ckpt_cfg.init).expanduser()
     weights = load_weights(source, list(parts.models))
     try:
-        unfit = put_weights(parts.models, weights, ck.init_strict)
+        unfit = put_weights(parts.models, weights, ckpt_cfg.init_strict)
     except ValueError as e:
         raise UserError(
-            f"checkpoint.init={ck.init}: the weights do not fit: {e}",
+            f"checkpoint.init={ckpt_cfg.init}: the weights do not fit: {e}",
             "checkpoint.init_strict=false loads the weights that fit and lists the rest",
         ) from None
     log.info("checkpoint.init: model weights from %s", source)

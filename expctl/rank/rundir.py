@@ -238,10 +238,10 @@ def _refuse_if_completed(path: Path, old: Config, new: Config, diff: list[str]) 
         return
     if step != _progress(path):
         return  # continued since it completed: whatever changed applies from here on
-    t = new.train
-    steps_left = t.max_steps is None or t.max_steps > step
+    train_cfg = new.train
+    steps_left = train_cfg.max_steps is None or train_cfg.max_steps > step
     done = _epochs_done(path, step, epoch)
-    longer = steps_left and (t.max_epochs is None or t.max_epochs > done)
+    longer = steps_left and (train_cfg.max_epochs is None or train_cfg.max_epochs > done)
     if longer and not result.get("stopped_early"):
         return  # it trains on, under the new values
     raise UserError(

@@ -85,7 +85,7 @@ def state(models: dict[str, nn.Module], optimizers: dict[str, Any]) -> dict[str,
     }
 
 
-def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> None:
+def write(final: Path, payload: dict[str, Any], scores: str, control: Control) -> None:
     """Write `payload` (its `models` and `optimizers` from `state`) as the checkpoint folder
     `final`, on every rank together; `scores` (JSON) goes beside it.
 
@@ -93,20 +93,25 @@ def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> No
         CheckpointError: a rank could not write; no folder has the checkpoint's name (raised on
             every rank, so that none waits for the others).
     """
-    main = ctl.env.is_main
+    main = control.env.is_main
     failed: BaseException | None = None
     try:
         made = _fresh(final) if main else ""
     except OSError as e:
         made, failed = "", e
-    tmp = ctl.broadcast(made)
+    tmp = control.broadcast(made)
     digests: list[dict[str, str]] = []
     if tmp:
         try:
             shards = {"models": payload["models"], "optimizers": payload["optimizers"]}
             with _alone():
-                dcp.save(shards, checkpoint_id=tmp, process_group=ctl.group, no_dist=not ctl.group)
-            digests = ctl.gather(_digests(Path(tmp), ctl.env.rank, ctl.env.world_size))
+                dcp.save(
+                    shards,
+                    checkpoint_id=tmp,
+                    process_group=control.group,
+                    no_dist=not control.group,
+                )
+            digests = control.gather(_digests(Path(tmp), control.env.rank, control.env.world_size))
         except (Exception, CheckpointException) as e:  # every rank's failure, on all of them
             failed = e
     if main and tmp and failed is None:
@@ -120,7 +125,7 @@ def write(final: Path, payload: dict[str, Any], scores: str, ctl: Control) -> No
             _seal(Path(tmp), final, {k: v for d in digests for k, v in d.items()})
         except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
             failed = e
-    why = ctl.broadcast(None if failed is None else _why(failed))
+    why = control.broadcast(None if failed is None else _why(failed))
     if why is not None:
         if main and tmp:
             remove(Path(tmp))

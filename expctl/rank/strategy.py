@@ -43,10 +43,10 @@ _FAMILIES: tuple[tuple[str, ...], ...] = (
 )
 
 
-def sharded(t: TrainConfig, env: DistEnv) -> bool:
+def sharded(train_cfg: TrainConfig, env: DistEnv) -> bool:
     """Whether this run's models are split over its ranks (fsdp or hsdp on several ranks; one
     rank holds the whole model, as under ddp)."""
-    return t.strategy != "ddp" and env.distributed
+    return train_cfg.strategy != "ddp" and env.distributed
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
@@ -74,6 +74,28 @@ def _submodule(model: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
+def construct(train_cfg: TrainConfig, make: Callable[[], Any]) -> Any:
+    """What the model factory `make` gives: under fsdp and hsdp built on the meta device when
+    every model it gives can make its weights later (`init_weights()`, as torchtitan's models
+    and model=gpt do), so that no rank holds the whole model before it is sharded; else (and
+    under ddp) built as usual."""
+    if train_cfg.strategy == "ddp":
+        return make()
+    try:
+        with torch.device("meta"):
+            built = make()
+    except Exception:  # what cannot be built without memory is built with it
+        return make()
+    models = built.values() if isinstance(built, dict) else [built]
+    if all(isinstance(m, nn.Module) and _on_meta(m) and _initialises(m) for m in models):
+        return built
+    return make()
+
+
+def _initialises(model: nn.Module) -> bool:
+    return callable(getattr(model, "init_weights", None))
+
+
 def prepare(
     cfg: Config, models: dict[str, nn.Module], env: DistEnv, device: torch.device, precision: str
 ) -> None:
@@ -81,29 +103,31 @@ def prepare(
     each block then the model (fsdp, hsdp; `precision` resolved: 32, bf16 or 16), and a model
     built on the meta device made and initialised where its weights now live (its
     `init_weights()`)."""
-    t = cfg.train
-    mesh = _mesh(t, env, device) if sharded(t, env) else None
+    train_cfg = cfg.train
+    mesh = _mesh(train_cfg, env, device) if sharded(train_cfg, env) else None
     if mesh is not None:
         log.info(
             "train.strategy=%s: mesh %s",
-            t.strategy,
+            train_cfg.strategy,
             dict(zip(mesh.mesh_dim_names or (), mesh.shape, strict=True)),
         )
     for name, m in models.items():
-        units, ac = blocks(m), t.activation_checkpointing != "none"
+        units, ac = blocks(m), train_cfg.activation_checkpointing != "none"
         shards = mesh is not None
         doing = " and ".join(w for w, on in (("sharded", shards), ("checkpointed", ac)) if on)
         if doing and not units:
             log.info("model '%s' names no blocks: it is %s as one unit", name, doing)
         if ac:
             for unit in units or [m]:
-                _checkpoint_forward(unit, t.activation_checkpointing)
-        if t.strategy != "ddp":
+                _checkpoint_forward(unit, train_cfg.activation_checkpointing)
+        if train_cfg.strategy != "ddp":
             _check_shardable(cfg.model.name, name, m)
+        if device.type != "cuda":  # DTensor's random ops on CPU would repeat one shard's values
+            materialise(cfg.model.name, name, m, device, train_cfg.seed)
         if mesh is not None:
-            _fully_shard(t, m, units, mesh, _LOW.get(precision))
-    for name, m in models.items():
-        materialise(cfg.model.name, name, m, device, cfg.train.seed)
+            _fully_shard(train_cfg, m, units, mesh, _LOW.get(precision))
+    for name, m in models.items():  # on CUDA each rank makes its shards alone
+        materialise(cfg.model.name, name, m, device, train_cfg.seed)
 
 
 def place(models: dict[str, nn.Module], device: torch.device) -> None:
@@ -115,7 +139,7 @@ def place(models: dict[str, nn.Module], device: torch.device) -> None:
 
 
 def _on_meta(model: nn.Module) -> bool:
-    return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
+    return any(x.is_meta for x in itertools.chain(model.parameters(), model.buffers()))
 
 
 def materialise(model_name: str, name: str, model: nn.Module, device: Any, seed: int) -> None:
@@ -128,17 +152,17 @@ def materialise(model_name: str, name: str, model: nn.Module, device: Any, seed:
     """
     if not _on_meta(model):
         return
-    init = getattr(model, "init_weights", None)
-    if not callable(init):
+    if not _initialises(model):
         raise UserError(
             f"model={model_name}: '{name}' is built on the meta device but has no "
             "init_weights() to give its weights values",
             "give the model an init_weights() method, or build it on the CPU",
         )
+    log.info("model '%s': built on the meta device, made on %s by its init_weights()", name, device)
     model.to_empty(device=device)
     torch.manual_seed(seed)  # the same weights whatever the ranks
     with torch.no_grad():
-        init()
+        model.init_weights()  # type: ignore[operator]
 
 
 def _check_shardable(model: str, name: str, m: nn.Module) -> None:
@@ -165,20 +189,20 @@ def _check_shardable(model: str, name: str, m: nn.Module) -> None:
             )
 
 
-def _mesh(t: TrainConfig, env: DistEnv, device: torch.device) -> DeviceMesh:
+def _mesh(train_cfg: TrainConfig, env: DistEnv, device: torch.device) -> DeviceMesh:
     """fsdp: one dimension over every rank; hsdp: (replicas, shard group), the shard groups
     of `train.fsdp.shard_size` ranks, those of one node by default (config/validate.py
     `check_layout` made sure they divide the ranks)."""
-    if t.strategy == "fsdp":
+    if train_cfg.strategy == "fsdp":
         return init_device_mesh(device.type, (env.world_size,), mesh_dim_names=("shard",))
-    size = t.fsdp.shard_size or env.local_world_size
+    size = train_cfg.fsdp.shard_size or env.local_world_size
     return init_device_mesh(
         device.type, (env.world_size // size, size), mesh_dim_names=("replicate", "shard")
     )
 
 
 def _fully_shard(
-    t: TrainConfig, model: nn.Module, units: list[nn.Module], mesh: DeviceMesh, low: Any
+    train_cfg: TrainConfig, model: nn.Module, units: list[nn.Module], mesh: DeviceMesh, low: Any
 ) -> None:
     """Each block, then the model (the parameters outside the blocks), as torchtitan does; in
     bf16/fp16 (`low`), the weights are gathered in it and the gradients reduced in fp32 (fp32:
@@ -190,7 +214,10 @@ def _fully_shard(
             fully_shard(norm, mesh=mesh, mp_policy=fp32, reshard_after_forward=False)
     for unit in units:
         fully_shard(
-            unit, mesh=mesh, mp_policy=policy, reshard_after_forward=t.fsdp.reshard_after_forward
+            unit,
+            mesh=mesh,
+            mp_policy=policy,
+            reshard_after_forward=train_cfg.fsdp.reshard_after_forward,
         )
     root = MixedPrecisionPolicy(
         param_dtype=low,
@@ -200,17 +227,17 @@ def _fully_shard(
     fully_shard(model, mesh=mesh, mp_policy=root)  # the root keeps its weights for the backward
 
 
-def grad_scaler(t: TrainConfig, env: DistEnv, device: torch.device) -> Any:
+def grad_scaler(train_cfg: TrainConfig, env: DistEnv, device: torch.device) -> Any:
     """fp16's loss scaler: sharded gradients need every rank's verdict on inf/NaN (the sharded
     scaler all-reduces it), else a rank could skip a step the others take."""
-    if sharded(t, env):
+    if sharded(train_cfg, env):
         return ShardedGradScaler(device.type)
     return torch.amp.GradScaler(device.type)
 
 
-def autocast_dtype(t: TrainConfig, env: DistEnv, precision: str) -> torch.dtype | None:
+def autocast_dtype(train_cfg: TrainConfig, env: DistEnv, precision: str) -> torch.dtype | None:
     """The dtype the step autocasts to: none where FSDP's policy casts the weights."""
-    return None if sharded(t, env) else _LOW.get(precision)
+    return None if sharded(train_cfg, env) else _LOW.get(precision)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 validation and checkpoints from a `TrainState` until the run's budget or the stop signal.
 
 It takes the config sections it uses (`train`, `checkpoint`), the built parts and a `Loop`
-(ranks, reporting, the stop flag, the hooks); `rank.main` sets all of them up.
+(ranks, reporting, the stop flag, the hooks); `entry.main` sets all of them up.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from expctl.builtin.steps import no_sync
+from expctl.builtin.steps import derived, no_sync
 from expctl.config.schema import CheckpointConfig, EarlyStopConfig, TrainConfig
 from expctl.dist import DistEnv
 from expctl.errors import (
@@ -31,7 +31,7 @@ from expctl.rank.build import Parts
 from expctl.rank.collector import GarbageCollection
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
-from expctl.rank.metrics import Meter, evaluate, sync_buffers
+from expctl.rank.metrics import Meter, score_split, sync_buffers
 from expctl.rank.report import Reporter
 
 log = logging.getLogger("expctl")
@@ -87,8 +87,8 @@ class Loop:
     the hooks of the launcher and the sweep, and its own clocks."""
 
     env: DistEnv
-    ctl: Control
-    rep: Reporter
+    control: Control
+    reporter: Reporter
     stop: StopFlag
     hooks: Hooks
     run_dir: Path
@@ -154,42 +154,44 @@ def _values(entry: dict[str, Any]) -> str:
     )
 
 
-def finished(t: TrainConfig, state: TrainState, total_steps: int) -> bool:
+def finished(train_cfg: TrainConfig, state: TrainState, total_steps: int) -> bool:
     """Whether the run's budget is spent or early stopping ended it."""
-    epochs_done = t.max_epochs is not None and state.epoch >= t.max_epochs
-    return epochs_done or state.step >= total_steps or _stalled(t.early_stop, state)
+    epochs_done = train_cfg.max_epochs is not None and state.epoch >= train_cfg.max_epochs
+    return epochs_done or state.step >= total_steps or _stalled(train_cfg.early_stop, state)
 
 
-def _step_validation(t: TrainConfig, state: TrainState) -> bool:
+def _step_validation(train_cfg: TrainConfig, state: TrainState) -> bool:
     """Whether train.val_every_steps asks for a validation at this step."""
-    return bool(t.val_every_steps) and state.step % (t.val_every_steps or 1) == 0
+    return bool(train_cfg.val_every_steps) and state.step % (train_cfg.val_every_steps or 1) == 0
 
 
-def _stalled(es: EarlyStopConfig, state: TrainState) -> bool:
-    return es.monitor is not None and state.early_stall >= es.patience
+def _stalled(early_stop: EarlyStopConfig, state: TrainState) -> bool:
+    return early_stop.monitor is not None and state.early_stall >= early_stop.patience
 
 
 def fit(
-    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+    train_cfg: TrainConfig, ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
 ) -> dict[str, Any]:
     """Train from `state` to the end of the budget; returns the final metrics (result.json)."""
-    per_epoch = (parts.batches.steps_per_epoch // t.grad_accum) * t.grad_accum  # micro-batches
+    per_epoch = (
+        parts.batches.steps_per_epoch // train_cfg.grad_accum
+    ) * train_cfg.grad_accum  # micro-batches
     meter = loop.meter
     if len(state.window) == loop.env.world_size:  # restored between two train rows
         meter.load_state_dict(state.window[loop.env.rank], parts.ctx.device)
     loop.mark_step, loop.base_s = state.step, state.train_s
-    loop.hparams = HParams(t.hparam_schedule, parts)
+    loop.hparams = HParams(train_cfg.hparam_schedule, parts)
     loop.hparams.at(state.step)  # a run restored inside a segment: that segment's values
     for m in parts.ctx.models.values():
         m.train()
-    with GarbageCollection(t.gc_every) as collector:
-        status = _loop(t, ck, parts, state, loop, meter, per_epoch, collector)
-    return _finish(t, ck, parts, state, loop, status)
+    with GarbageCollection(train_cfg.gc_every) as collector:
+        status = _loop(train_cfg, ckpt_cfg, parts, state, loop, meter, per_epoch, collector)
+    return _finish(train_cfg, ckpt_cfg, parts, state, loop, status)
 
 
 def _loop(
-    t: TrainConfig,
-    ck: CheckpointConfig,
+    train_cfg: TrainConfig,
+    ckpt_cfg: CheckpointConfig,
     parts: Parts,
     state: TrainState,
     loop: Loop,
@@ -201,85 +203,94 @@ def _loop(
     After each optimizer step, `collector` runs Python's cycle collector when due."""
     ctx, status = parts.ctx, "completed"
     while status == "completed" and (
-        not finished(t, state, parts.total_steps)
+        not finished(train_cfg, state, parts.total_steps)
         or state.batch >= per_epoch  # restored at an epoch's last step: its end is due
     ):
         done = state.batch >= per_epoch  # micro-batches past the last full accumulation: none
         for batch in () if done else parts.batches.epoch(state.epoch, start=state.batch):
             if state.step >= loop.hparams.next_step:  # an int compare: no cost when unused
                 loop.hparams.at(state.step)
-            ctx.boundary = (state.batch + 1) % t.grad_accum == 0
+            ctx.boundary = (state.batch + 1) % train_cfg.grad_accum == 0
             with no_sync(ctx.models, skip=not ctx.boundary):
-                meter.add(parts.step.train_step(ctx, batch))
+                meter.add(parts.batch_step.train_step(ctx, batch))
             state.batch += 1
             if not ctx.boundary:
                 continue
             if ctx.scaler is not None:
                 ctx.scaler.update()
             state.step += 1
-            loop.rep.advance(
+            loop.reporter.advance(
                 state.step, state.epoch_number
             )  # the bar moves; integers only, no sync
             _step_schedulers(parts, "step")
-            collector.step(state.step)
-            if state.step % t.log_every == 0:
-                _log_train(t, parts, state, meter, loop)
-            if _step_validation(t, state) and state.batch < per_epoch:  # else: at the epoch end
-                _validate(t, ck, parts, state, loop)
-            if ck.every and state.step % ck.every == 0 and loop.saved_at != state.step:
-                _save(ck, parts, state, loop)
+            collector.after_step(state.step)
+            if state.step % train_cfg.log_every == 0:
+                _log_train(train_cfg, parts, state, meter, loop)
+            if (
+                _step_validation(train_cfg, state) and state.batch < per_epoch
+            ):  # else: at the epoch end
+                _validate(train_cfg, ckpt_cfg, parts, state, loop)
+            if ckpt_cfg.every and state.step % ckpt_cfg.every == 0 and loop.saved_at != state.step:
+                _save(ckpt_cfg, parts, state, loop)
             if loop.stop.agreed():
                 if loop.saved_at != state.step:
-                    _save(ck, parts, state, loop)
+                    _save(ckpt_cfg, parts, state, loop)
                 code = EXIT_PREEMPTED if loop.stop.requeue else EXIT_TERMINATED
                 raise Preempted(f"stopped by {loop.stop.signame} at step {state.step}", code)
-            if finished(t, state, parts.total_steps) or state.batch >= per_epoch:
+            if finished(train_cfg, state, parts.total_steps) or state.batch >= per_epoch:
                 break
         if state.batch >= per_epoch:
-            status = _end_epoch(t, ck, parts, state, loop)
+            status = _end_epoch(train_cfg, ckpt_cfg, parts, state, loop)
     return status
 
 
 def _end_epoch(
-    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+    train_cfg: TrainConfig, ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
 ) -> str:
     """Count the epoch, validate when due (the sweep's pruner may stop the run there: "stopped")
     and checkpoint; returns the run's status."""
     state.epoch, state.batch = state.epoch + 1, 0
     _step_schedulers(parts, "epoch")
-    last = finished(t, state, parts.total_steps)
+    last = finished(train_cfg, state, parts.total_steps)
     status = "completed"
-    if state.epoch % t.val_every == 0 or last or _step_validation(t, state):
-        _validate(t, ck, parts, state, loop)
-        if loop.ctl.broadcast(loop.hooks.on_validation(state.val, state.epoch, state.step)):
+    if state.epoch % train_cfg.val_every == 0 or last or _step_validation(train_cfg, state):
+        _validate(train_cfg, ckpt_cfg, parts, state, loop)
+        if loop.control.broadcast(loop.hooks.on_validation(state.val, state.epoch, state.step)):
             status = "stopped"  # the sweep's pruner (rank 0) stopped this trial
-    if ck.every == 0 and not last and status == "completed" and loop.saved_at != state.step:
-        _save(ck, parts, state, loop)
+    if ckpt_cfg.every == 0 and not last and status == "completed" and loop.saved_at != state.step:
+        _save(ckpt_cfg, parts, state, loop)
     return status
 
 
 def _finish(
-    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop, status: str
+    train_cfg: TrainConfig,
+    ckpt_cfg: CheckpointConfig,
+    parts: Parts,
+    state: TrainState,
+    loop: Loop,
+    status: str,
 ) -> dict[str, Any]:
     """Validate, checkpoint and test the final weights, log the last train row; write
     result.json."""
     sync_buffers(parts.models, loop.env)  # after the last step: validate and test the saved model
     if loop.validated_at != state.step and (not state.val or state.batch):
-        _validate(t, ck, parts, state, loop)  # stopped mid-epoch (max_steps): the final weights
+        _validate(
+            train_cfg, ckpt_cfg, parts, state, loop
+        )  # stopped mid-epoch (max_steps): the final weights
     if loop.saved_at != state.step and status == "completed":
-        _save(ck, parts, state, loop)
+        _save(ckpt_cfg, parts, state, loop)
     if loop.meter.count:  # the steps since the last train row: the run's last row, logged after
         # the checkpoint that keeps them as its window (a longer budget logs the next row whole)
-        _log_train(t, parts, state, loop.meter, loop)
-    test = evaluate(parts, loop.env, "test") if status == "completed" else {}
+        _log_train(train_cfg, parts, state, loop.meter, loop)
+    test = score_split(parts, loop.env, "test") if status == "completed" else {}
     if test:
-        loop.rep.record(state.step, state.epoch_number, test, "test")
+        loop.reporter.record(state.step, state.epoch_number, test, "test")
     result: dict[str, Any] = {**state.train, **state.val, **test}
     result.update(step=state.step, epoch=state.epoch_number, status=status)
     result["time/train_s"] = round(_elapsed(loop), 3)
-    if _stalled(t.early_stop, state):
+    if _stalled(train_cfg.early_stop, state):
         result["stopped_early"] = True
-    loop.rep.result(result)
+    loop.reporter.result(result)
     return result
 
 
@@ -298,7 +309,7 @@ def check_monitors(names: dict[str, str], parts: Parts, env: DistEnv) -> None:
     if not names:
         return
     rng = checkpoint.rng_state()
-    reported = evaluate(parts, env, limit=1)
+    reported = score_split(parts, env, limit=1)
     checkpoint.set_rng_state(rng)
     for where, name in names.items():
         monitored(reported, where, name)
@@ -332,65 +343,69 @@ def _step_schedulers(parts: Parts, interval: str) -> None:
 
 
 def _validate(
-    t: TrainConfig, ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+    train_cfg: TrainConfig, ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
 ) -> None:
     """Score the validation split with identical buffers on every rank and log it; then act on
     it: a scheduler on a metric steps, early stopping counts, checkpoint.monitor saves."""
     if loop.validated_at == state.step:
         return
     sync_buffers(parts.models, loop.env)
-    scored = evaluate(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
-    state.val = loop.ctl.broadcast(scored)  # rank 0's: every rank decides alike
+    scored = score_split(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
+    state.val = loop.control.broadcast(scored)  # rank 0's: every rank decides alike
     loop.validated_at = state.step
-    loop.rep.record(state.step, state.epoch_number, state.val, "val")
+    loop.reporter.record(state.step, state.epoch_number, state.val, "val")
     if parts.sched_monitor is not None:
         value = monitored(state.val, "sched.monitor", parts.sched_monitor)
         for s in parts.schedulers.values():
             s.step(value)
-    _early_stop(t.early_stop, state)
-    if ck.monitor is not None and loop.saved_at != state.step:
-        monitored(state.val, "checkpoint.monitor", ck.monitor)
-        _save(ck, parts, state, loop)
+    _early_stop(train_cfg.early_stop, state)
+    if ckpt_cfg.monitor is not None and loop.saved_at != state.step:
+        monitored(state.val, "checkpoint.monitor", ckpt_cfg.monitor)
+        _save(ckpt_cfg, parts, state, loop)
 
 
-def _early_stop(es: EarlyStopConfig, state: TrainState) -> None:
-    """Count the validations since `es.monitor` last improved by more than `es.min_delta`."""
-    if es.monitor is None:
+def _early_stop(early_stop: EarlyStopConfig, state: TrainState) -> None:
+    """Count the validations since `early_stop.monitor` last improved by more than
+    `early_stop.min_delta`."""
+    if early_stop.monitor is None:
         return
-    value, best = monitored(state.val, "train.early_stop.monitor", es.monitor), state.early_best
-    sign = 1.0 if es.mode == "min" else -1.0
-    if math.isfinite(value) and (best is None or sign * (best - value) > es.min_delta):
+    value, best = (
+        monitored(state.val, "train.early_stop.monitor", early_stop.monitor),
+        state.early_best,
+    )
+    sign = 1.0 if early_stop.mode == "min" else -1.0
+    if math.isfinite(value) and (best is None or sign * (best - value) > early_stop.min_delta):
         state.early_best, state.early_stall = value, 0
         return
     state.early_stall += 1
-    if _stalled(es, state):
+    if _stalled(early_stop, state):
         log.info(
             "early stop: %s has not improved on %s for %d validation(s) (min_delta %g): "
             "training ends at step %d",
-            es.monitor,
+            early_stop.monitor,
             "nothing" if best is None else f"{best:.6g}",
             state.early_stall,
-            es.min_delta,
+            early_stop.min_delta,
             state.step,
         )
 
 
-def _save(ck: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
+def _save(ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
     """Every rank contributes its RNG state and train-metric sums; rank 0 writes the checkpoint
     (with the validation metrics of these weights, when they were scored at this step), or
     every rank its shard of a sharded model's."""
     sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
-    rng = loop.ctl.gather(checkpoint.rng_state())
-    state.window = loop.ctl.gather(loop.meter.state_dict())
+    rng = loop.control.gather(checkpoint.rng_state())
+    state.window = loop.control.gather(loop.meter.state_dict())
     loop.saved_at = state.step
     state.train_s = round(_elapsed(loop), 3)
-    payload = checkpoint.capture(parts, state.state_dict(), rng, loop.rep.rows)
+    payload = checkpoint.capture(parts, state.state_dict(), rng, loop.reporter.rows)
     scores = state.val if loop.validated_at == state.step else {}
-    checkpoint.save(loop.run_dir, payload, ck, scores, loop.ctl)
+    checkpoint.save(loop.run_dir, payload, ckpt_cfg, scores, loop.control)
 
 
 def _log_train(
-    t: TrainConfig,
+    train_cfg: TrainConfig,
     parts: Parts,
     state: TrainState,
     meter: Meter,
@@ -400,21 +415,22 @@ def _log_train(
     epoch of its newest step)."""
     now = time.perf_counter()
     state.train = meter.reduce(loop.env, "train/")
-    _check_finite(t, state, loop.run_dir)
+    _check_finite(train_cfg, state, loop.run_dir)
     if parts.ctx.skip_nonfinite:
         state.train["train/skipped"] = float(parts.ctx.skipped)
-    global_batch = parts.batches.batch_size * loop.env.world_size * t.grad_accum
+    global_batch = parts.batches.batch_size * loop.env.world_size * train_cfg.grad_accum
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
     event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
-    loop.rep.record(state.step, state.epoch_number, event, "train")
+    event = derived(parts.batch_step, event)
+    loop.reporter.record(state.step, state.epoch_number, event, "train")
     loop.mark, loop.mark_step = now, state.step
 
 
-def _check_finite(t: TrainConfig, state: TrainState, run_dir: Path) -> None:
+def _check_finite(train_cfg: TrainConfig, state: TrainState, run_dir: Path) -> None:
     """train.on_nan=stop: a non-finite loss ends the run, naming the step and last checkpoint."""
     bad = [k for k, v in state.train.items() if not math.isfinite(v)]
-    if bad and t.on_nan == "stop":
+    if bad and train_cfg.on_nan == "stop":
         ckpts = checkpoint.list_checkpoints(run_dir)
         last = ckpts[0].name if ckpts else "none"
         raise UserError(

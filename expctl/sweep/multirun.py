@@ -78,14 +78,18 @@ def new_sweep_dir(root: Path, name: str | None = None) -> Path:
 
 
 def multirun(
-    config_file: str | None, overrides: Sequence[str], repeat: int | None = None
+    config_file: str | None,
+    overrides: Sequence[str],
+    repeat: int | None = None,
+    pool: Pool | None = None,
 ) -> Outcome:
-    """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials."""
+    """`expctl run -m`: validate, create the sweep and its study, then run (or submit) trials.
+    `pool`: the local trials' forker, if the caller started it earlier (cli.py)."""
     notes: list[str] = []
 
     # the local trials' forker starts first: it imports torch while the points are composed
     # (seconds of each; on Slurm it is closed once the first point says so)
-    pool = trials.forker()
+    pool = pool or Pool()
     try:
         # every point is valid before anything exists
         space = plan(config_file, overrides, notes)

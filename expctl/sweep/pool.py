@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import importlib
 import json
 import os
 import selectors
@@ -35,7 +36,10 @@ from typing import Any
 from expctl.dist import apply_env
 from expctl.startup import WORKER_MAIN, paused_gc
 
-Entry = Callable[[Sequence[str]], int]  # cli.main: the trial runs `expctl _trial ...` in-process
+Entry = Callable[[Sequence[str]], int]  # a trial process's main: argv -> exit code
+# What each trial process runs, named rather than passed: the zygote imports it after torch, so
+# that a driver can start its zygote before it imports the sweep's own modules (cli.py does)
+TRIAL_MAIN = "expctl.sweep.trials:trial_main"
 
 
 @dataclass
@@ -55,7 +59,7 @@ class Proc:
 class Pool:
     """Start trial processes and learn how they end; `close` kills what still runs."""
 
-    def __init__(self, entry: Entry) -> None:
+    def __init__(self, entry: str = TRIAL_MAIN) -> None:
         self._procs: dict[int, Proc] = {}
         self._waiting: list[Proc] = []  # asked to start, pid not yet known
         self._buf = b""
@@ -67,7 +71,7 @@ class Pool:
             self._spawn_zygote()
         self._sel.register(self._events, selectors.EVENT_READ)
 
-    def _fork_zygote(self, entry: Entry) -> None:
+    def _fork_zygote(self, entry: str) -> None:
         req_r, req_w = os.pipe()
         ev_r, ev_w = os.pipe()
         for stream in (sys.stdout, sys.stderr):
@@ -186,7 +190,7 @@ class Pool:
 # ---------------------------------------------------------------------------------------------
 
 
-def serve(req_fd: int, ev_fd: int, entry: Entry) -> None:
+def serve(req_fd: int, ev_fd: int, entry_name: str) -> None:
     """The zygote's loop: fork a trial per request line; report pids and exit codes as lines.
     It ends, killing its trials, when the driver closes the request pipe (or dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
@@ -201,6 +205,9 @@ def serve(req_fd: int, ev_fd: int, entry: Entry) -> None:
         import torch._dynamo  # noqa: F401, PLC0415 - in the zygote, never in the driver
 
         from expctl.jobs import launch  # noqa: F401, PLC0415 - the same
+
+        module, _, name = entry_name.partition(":")
+        entry: Entry = getattr(importlib.import_module(module), name)
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -292,7 +299,7 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def zygote_main(entry: Entry) -> int:
+def zygote_main(entry: str = TRIAL_MAIN) -> int:
     """`expctl _zygote`: the zygote of a driver that could not fork one (stdin/stdout pipes)."""
     serve(sys.stdin.fileno(), sys.stdout.fileno(), entry)
     return 0

@@ -22,13 +22,14 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from expctl.config import frozen as config_mod
 from expctl.config.schema import Config, SweepConfig
+from expctl.dist import CUDNN_BENCHMARK_ENV
 from expctl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -82,14 +83,6 @@ def machine(base: Config) -> resources.Machine:
     return resources.Machine.here(gpus)
 
 
-def forker() -> Pool:
-    """The trials' processes' forker (a zygote that imports torch and torch._dynamo: seconds on
-    a GPU machine), started now: a sweep's driver starts it first, so that it loads while the
-    driver composes the points and makes the sweep (each trial imports its `imports:` modules
-    itself, after torch: milliseconds)."""
-    return Pool(trial_main)
-
-
 def plan_for(base: Config, trials: int) -> resources.Plan:
     s = base.sweep
     ranks = base.launcher.nproc if base.launcher.name == "local" else 1
@@ -116,7 +109,7 @@ def run_local(
 ) -> None:
     """Run the trials `todo` (each made into a frozen trial config by `make_config`, when it
     starts) side by side as `plan` allows; returns when all ended. `pool`: the trials' forker,
-    if one was started early (`forker`); it is closed here.
+    if one was started early (cli.py starts it first); it is closed here.
 
     Raises:
         Interrupted: Ctrl-C or SIGTERM stopped the sweep (its trials at a checkpoint).
@@ -163,7 +156,7 @@ class Driver:
         self.running: dict[int, Running] = {}
         self.board = Board(sys.stdout, sweep_dir)
         self.stop = _Stop()
-        self.pool = pool or forker()
+        self.pool = pool or Pool()
 
     def run(self, queue: deque[Any]) -> None:
         """Start trials as their shares free up (a freed share starts the next trial at once;
@@ -211,15 +204,25 @@ class Driver:
         self.board.close()
 
 
+def trial_env(slot: resources.Slot, gpus: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a trial's environment adds to the driver's (`environ`): the GPUs it sees (none of a
+    machine's `gpus` for a CPU trial), and on a GPU shared with other trials how many may share
+    it and cuDNN's autotuner off (unless the driver's environment says otherwise)."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)} if gpus else {}
+    if slot.gpus and slot.shared > 1:
+        env[SHARE_ENV] = str(slot.shared)
+        if CUDNN_BENCHMARK_ENV not in environ:
+            env[CUDNN_BENCHMARK_ENV] = "0"
+    return env
+
+
 def _start(pool: Pool, cfg: Config, slot: resources.Slot, launch_file: Path, gpus: bool) -> Running:
     """Start the trial of `cfg` in `slot`; on a machine with `gpus`, it sees only its own (an
     empty CUDA_VISIBLE_DEVICES hides them all from a CPU trial)."""
     run_dir = RunDir(str(cfg.run.dir))
     ref = TrialRef.read(run_dir.path)
     assert ref is not None, "a trial's run directory holds trial.json"
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)} if gpus else {}
-    if slot.gpus and slot.shared > 1:
-        env[SHARE_ENV] = str(slot.shared)
+    env = trial_env(slot, gpus, os.environ)
     request = {
         "run_dir": str(run_dir.path),
         "launch": str(launch_file),

@@ -26,6 +26,8 @@ TINY_IMAGES = ["data=image_folder", "data.image_size=8", "data.batch_size=4", "m
 SMALL_RUN = ["run", *conftest.SMALL, "train.device=cpu", "sched=none"]
 SYNTHETIC = ["run", "data=synthetic", "data.shape=[6]", "train.device=cpu", "sched=none"]
 ARRAYS = ["run", "data=arrays", "model=mlp", "train.device=cpu", "data.batch_size=4"]
+# a language model on token files (issue 27); each case names what differs first (its id)
+TOKENS = ["data=tokens", "model=gpt", "train.step=lm", "train.device=cpu", "data.block_size=16"]
 
 CORPUS: list[tuple[list[str], str]] = [
     (["run", "-C", "missing.yml"], "no such file"),
@@ -74,7 +76,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "launcher=local", "launcher.max_restarts=-1"], "below the minimum 0"),
     (["run", "launcher.rdzv_timeout=0"], "below the minimum 1"),
     (["run", "data=synthetic", "data.num_classes=0"], "num_samples and num_classes must be >= 1"),
-    (["run", "model=mlp", "+model.hidden=[-5]"], "rejected its arguments"),
+    (["run", "model=mlp", "+model.hidden=[-5]"], "model.hidden[0]=-5: a size of the model"),
     (["run", "train.channels_last=maybe"], "not one of: auto, true, false"),
     (["run", "sched=multistep", "sched.interval=hourly"], "not one of: epoch, step"),
     (["run", "train.on_nan=ignore"], "not one of: stop, skip"),
@@ -380,7 +382,7 @@ CORPUS: list[tuple[list[str], str]] = [
     ),
     (  # the optimizer refuses it when built; from the schedule it trained on to exit 0
         ["run", "sched=none", "train.hparam_schedule=[{step: 3, optim: {lr: -1}}]"],
-        "train.hparam_schedule[0].optim 'sgd' rejected its arguments",
+        "train.hparam_schedule[0].optim: optim.lr=-1: negative",
     ),
     (["run", "-m", "optim.lr=range(0,1,0.0)"], "range() needs a step other than 0"),
     (["run", "-m", "optim.lr=range(3,1)"], "optim.lr: the sweep gives it no value"),
@@ -445,6 +447,30 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "resume", "swept_op"], "swept_op/journal.log is damaged (AssertionError"),
     (["sweep", "resume", "swept_spec"], "swept_spec/sweep.json is damaged"),
     (["sweep", "resume", "swept_nojournal"], "not a sweep directory (no journal.log)"),
+    # found by a new user (stop 35): a traceback, and a run directory left behind, before
+    (["run", "data=synthetic", "model.width=0"], "model.width=0: a size of the model, at least 1"),
+    (["run", "model=mlp", "model.hidden=[16,0]"], "model.hidden[1]=0: a size of the model"),
+    (["run", "data=synthetic", "model.dropout=1.5"], "model.dropout=1.5: a probability"),
+    (["run", "optim=adam", "optim.betas=[0.9]"], "optim.betas=[0.9]: two numbers"),
+    (["run", "optim=adam", "optim.betas=[0.9,1.0]"], "each from 0 up to (not including) 1"),
+    (["run", "optim.lr=-1"], "optim.lr=-1: negative"),
+    (["run", "optim=adamw", "optim.weight_decay=-0.1"], "optim.weight_decay=-0.1: negative"),
+    # issue 27: token files that cannot be a language model's data, and model sizes that do
+    # not fit them or each other
+    (
+        ["run", "data.root=tokens_missing", *TOKENS],
+        "tokens_missing (expected train.bin and val.bin)",
+    ),
+    (["run", "data.root=tokens_odd", *TOKENS], "has 801 bytes, not a whole number of uint16"),
+    (["run", "data.root=tokens_short", *TOKENS], "fewer than one window of data.block_size + 1"),
+    (["run", "data.dtype=int8", *TOKENS], "data.dtype='int8' is not one of: uint16, uint32"),
+    (
+        ["run", "data.vocab_size=256", "data.root=tokens_ok", *TOKENS],
+        "holds token id 299, beyond data.vocab_size=256",
+    ),
+    (["run", "model.block_size=32", *TOKENS], "model.block_size=32, but data.block_size is 16"),
+    (["run", "model.n_head=5", *TOKENS], "over model.n_head=5 heads: each head's width"),
+    (["run", "model.pos=alibi", *TOKENS], "model.pos='alibi' is not one of: rotary, learned"),
     # issue 27: sharded training (FSDP2) and its checkpoints
     (["run", "train.strategy=fsdq"], "Did you mean 'fsdp'"),
     (["run", "train.strategy=hsdp"], "but this run has one node (launcher=inline)"),
@@ -525,6 +551,7 @@ def _corpus_inputs(tmp_path: Path) -> Path:
     _image_inputs(tmp_path)
     _hostile_cifar(tmp_path / "hostile_cifar" / "cifar-10-batches-py")
     _issue_28_inputs(tmp_path)
+    _token_inputs(tmp_path)
     _sweep_not_started(tmp_path / "swept")
     _damaged_sweeps(tmp_path, tmp_path / "swept")
     (tmp_path / "gone_run").mkdir()
@@ -607,6 +634,18 @@ def _hostile_cifar(folder: Path) -> None:
     for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
         (folder / name).write_bytes(pickle.dumps(batch))
     (folder / "data_batch_1").write_bytes(pickle.dumps({**batch, "x": _RunsCode()}))
+
+
+def _token_inputs(tmp_path: Path) -> None:
+    """Token files: fine (ids up to 299), an odd number of bytes, too short, none."""
+    for name, ids in (("tokens_ok", np.arange(400) % 300), ("tokens_short", np.arange(10))):
+        (tmp_path / name).mkdir()
+        for split in ("train", "val"):
+            ids.astype(np.uint16).tofile(tmp_path / name / f"{split}.bin")
+    (tmp_path / "tokens_odd").mkdir()
+    (tmp_path / "tokens_odd" / "train.bin").write_bytes(b"\0" * 801)
+    (tmp_path / "tokens_odd" / "val.bin").write_bytes(b"\0" * 800)
+    (tmp_path / "tokens_missing").mkdir()
 
 
 def _issue_28_inputs(tmp_path: Path) -> None:

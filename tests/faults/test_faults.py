@@ -174,7 +174,7 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
         assert partial.name.startswith(".step_000000008.pt.tmp-")
     assert partial.stat().st_size == stalled["bytes"], "killed where it stalled"
     assert checkpoint.list_checkpoints(run) == [previous], "nothing under step 8's name"
-    found = checkpoint.newest_valid(run)
+    found = checkpoint.resume_point(run)
     assert found is not None and found[0] == previous and found[1]["step"] == 4
     again = expctl(tmp_path, *args)
     assert f"resumed from {previous} (step 4," in again.stdout, again.stdout

@@ -1,4 +1,4 @@
-"""A training step that watches Python's cycle collector (`imports: [gcprobe]`,
+"""A batch step that watches Python's cycle collector (`imports: [gcprobe]`,
 `train.step=gcprobe`): whether automatic collection is on at each step, and which generations
 were collected between the first and the last step (a collection's step: the steps done by then)."""
 

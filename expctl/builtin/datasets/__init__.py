@@ -7,5 +7,6 @@
 - `images`: ``image_folder`` (class-per-subfolder JPEG/PNG trees) and ``imagenet``, streamed;
   `imagefiles`: how their files become samples, with CPU or GPU decoding;
 - `arrays`: features and targets from .npy / .npz / CSV files;
-- `synthetic`: random tensors for shape-only benchmarks.
+- `synthetic`: random tensors for shape-only benchmarks;
+- `tokens`: token ids in flat binary files (nanoGPT's train.bin / val.bin), for language models.
 """

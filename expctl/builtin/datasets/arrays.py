@@ -30,48 +30,13 @@ import torch
 from torch.utils.data import TensorDataset
 
 from expctl.builtin.data import DataInfo, Splits
+from expctl.builtin.datasets import preflight
 from expctl.builtin.datasets.tensors import carve
 from expctl.errors import UserError
 from expctl.registry import register
 
-TASKS = ("classification", "regression")
-SUFFIXES = (".csv", ".npy", ".npz")
-MAX_BYTES = 8 * 2**30  # one file read whole into memory
 NOT_FINITE = ["nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"]
 MAX_CLASSES = 1_000_000  # integer labels 0..N-1 make N classes: the model's outputs
-
-
-def _path(key: str, value: str) -> Path:
-    path = Path(value).expanduser()
-    if path.suffix.lower() not in SUFFIXES:
-        raise UserError(
-            f"data.{key}: {value} is not a .csv, .npy or .npz file", "convert it to one of them"
-        )
-    if not path.is_file():
-        raise UserError(
-            f"data.{key}: {value} does not exist",
-            "check the path (relative to the current directory)",
-        )
-    if path.stat().st_size > MAX_BYTES:
-        raise UserError(
-            f"data.{key}: {value} is larger than {MAX_BYTES >> 30} GiB",
-            "stream it with a dataset plugin",
-        )
-    return path
-
-
-def _check(
-    train: str = "",
-    val: str | None = None,
-    test: str | None = None,
-    task: str = "classification",
-    **_: Any,
-) -> None:
-    if task not in TASKS:
-        raise UserError(f"data.task: '{task}' is not one of: {', '.join(TASKS)}", "set data.task")
-    for key, value in (("train", train), ("val", val), ("test", test)):
-        if value:
-            _path(key, value)
 
 
 def _column(target: str | int | None, header: list[str] | None, width: int, where: Path) -> int:
@@ -261,7 +226,7 @@ def _read(
     )
 
 
-@register("datasets", check=_check)
+@register("datasets", check=preflight.arrays)
 def arrays(
     train: str,
     val: str | None = None,
@@ -273,12 +238,12 @@ def arrays(
     standardize: bool = True,
 ) -> Splits:
     """Your own table: features and targets from .csv, .npy or .npz files (see the module doc)."""
-    _check(train, val, test, task)
-    first = _path("train", train)
+    preflight.arrays(train=train, val=val, test=test, task=task)
+    first = preflight.array_file("train", train)
     found: dict[str, Table | None] = {"train": _read(first, target, features, "train")}
     for split, value in (("val", val), ("test", test)):
         found[split] = (
-            _read(_path(split, value), target, features, split)
+            _read(preflight.array_file(split, value), target, features, split)
             if value
             else (
                 _read(first, target, features, split, whole=False)

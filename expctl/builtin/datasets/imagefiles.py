@@ -26,7 +26,6 @@ from expctl.errors import UserError
 
 log = logging.getLogger("expctl")
 
-PRESETS = ("imagenet", "flip", "center")  # train transform; evaluation is always "center"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -40,15 +39,6 @@ class CorruptImage(UserError):
             message = message.rsplit(f"{type(self).__name__}: ", 1)[1].strip()
             message, _, hint = message.partition("\n  HINT: ")
         super().__init__(message, hint or "remove or replace the file, or set data.on_corrupt=skip")
-
-
-def check_choices(**values: tuple[Any, Sequence[Any]]) -> None:
-    for key, (value, choices) in values.items():
-        if value not in choices:
-            raise UserError(
-                f"data.{key}: '{value}' is not one of: {', '.join(map(str, choices))}",
-                f"set data.{key} to one of them",
-            )
 
 
 # ---------------------------------------------------------------------------------------------

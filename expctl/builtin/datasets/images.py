@@ -18,14 +18,13 @@ from typing import Any
 import torch
 
 from expctl.builtin.data import DataInfo, Splits
+from expctl.builtin.datasets import preflight
 from expctl.builtin.datasets.files import not_found, root_of
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    PRESETS,
     ImageFiles,
     Normalized,
-    check_choices,
 )
 from expctl.builtin.datasets.tensors import carve
 from expctl.errors import UserError
@@ -34,10 +33,7 @@ from expctl.registry import register
 log = logging.getLogger("expctl")
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm")
-NORMALIZE = ("imagenet", "computed", "none")
-DECODE = ("auto", "cpu", "gpu")
 STATS_SAMPLES = 256  # images read for normalize=computed
-MAX_IMAGE_SIZE = 8192  # a side of the samples: 3 x 8192^2 float32 is 805 MB an image
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,14 +154,7 @@ def image_splits(
 ) -> Splits:
     """Splits of image files: with `val_split`, part of train validates and the val files (or
     the test files, when there are some) are the test set."""
-    check_choices(
-        preset=(o.preset, PRESETS),
-        normalize=(o.normalize, NORMALIZE),
-        decode=(o.decode, DECODE),
-        on_corrupt=(o.on_corrupt, ("error", "skip")),
-        channels=(o.channels, (1, 3)),
-    )
-    check_image_size(o.image_size)
+    preflight.image_options(vars(o))
     if o.val_split:
         keep, held = carve(len(train_samples), o.val_split)
         train_samples, val_samples, test_samples = (
@@ -188,61 +177,6 @@ def image_splits(
         info,
         files(test_samples, False, norm) if test_samples else None,
     )
-
-
-def check_image_size(image_size: int = ImageOptions.image_size, **_: Any) -> None:
-    """data.image_size: what a model can take, and a batch of it fits in memory."""
-    if not 8 <= image_size <= MAX_IMAGE_SIZE:
-        raise UserError(
-            f"data.image_size={image_size}: images are resized to image_size x image_size "
-            f"pixels, from 8 to {MAX_IMAGE_SIZE}",
-            "e.g. data.image_size=224",
-        )
-
-
-def _folder_check(**kwargs: Any) -> None:
-    """image_folder's pre-flight check: its folders are there (no image is read yet)."""
-    o, own = _bound(inspect.signature(image_folder), (), kwargs)
-    check_image_size(o.image_size)
-    _folders(o.root, own["train"], own["val"], None, o.val_split)
-
-
-def _folders(
-    root: str | None, train: str, val: str | None, test: str | None, val_split: float
-) -> tuple[Path, Path | None, Path | None]:
-    """The train/val/test folders: ROOT/<train>, ROOT/<val>, ROOT/<test> when ROOT/<train>
-    exists, else ROOT itself is one class-per-folder tree (validated by `val_split`)."""
-    base = root_of(root)
-    if not base.is_dir():
-        what = "does not exist" if not base.exists() else "is not a folder"
-        raise UserError(f"data.root: {base} {what}", "point data.root at your image folder")
-    subs = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not subs:
-        raise UserError(
-            f"data.root: {base} holds no class folders",
-            "lay images out as ROOT/CLASS/IMAGE.jpg (one sub-folder per class)",
-        )
-    names = f"{base} holds: {', '.join(subs[:8])}"
-    if not (base / train).is_dir():
-        if {"train", "val", "valid", "test", val} & set(subs):
-            raise UserError(
-                f"data.train: no folder {base / train} ({names})", "set data.train to one of them"
-            )
-        if not val_split and val is not None:
-            raise UserError(
-                f"data.root: {base} is one folder of classes (no {train}/ and {val}/ inside): "
-                "what validates?",
-                "set data.val_split (e.g. 0.1) to hold part of it out, or data.val=null for none",
-            )
-        return base, None, None
-    if val is not None and not (base / val).is_dir() and not val_split:
-        raise UserError(
-            f"data.val: no folder {base / val} ({names})",
-            "set data.val to one of them, data.val_split=0.1 to hold part of train out, "
-            "or data.val=null for no validation",
-        )
-    pick = [base / s if s and (base / s).is_dir() else None for s in (val, test)]
-    return base / train, pick[0], pick[1]
 
 
 def _bound(
@@ -298,7 +232,7 @@ def _folder_samples(
     measured faster), cpu, gpu (nvJPEG in the training process).
     `on_corrupt`: error (stop, naming the file) or skip (drop it from its batch, with a warning).
     """
-    folders = _folders(o.root, train, val, test, o.val_split)
+    folders = preflight.image_folders(o.root, train, val, test, o.val_split)
     classes, train_samples = scan_folder(folders[0], EXTENSIONS)
     other: list[Samples | None] = []
     for folder in folders[1:]:
@@ -338,9 +272,9 @@ def _imagenet_samples(o: ImageOptions) -> tuple[Samples, Samples, None, list[str
     return sets["train"].samples, sets["val"].samples, None, classes
 
 
-image_folder = register("datasets", runtime=("device",), check=_folder_check)(
+image_folder = register("datasets", runtime=("device",), check=preflight.image_folder)(
     image_factory("image_folder", _folder_samples)
 )
-imagenet = register("datasets", runtime=("device",), check=check_image_size)(
+imagenet = register("datasets", runtime=("device",), check=preflight.imagenet)(
     image_factory("imagenet", _imagenet_samples)
 )

@@ -9,6 +9,7 @@ from their image files by DataLoader workers through the image_folder transforms
 
 from __future__ import annotations
 
+import functools
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +19,13 @@ import torch
 from torch.utils.data import Dataset
 
 from expctl.builtin.data import DataInfo, Splits
+from expctl.builtin.datasets import preflight
 from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    PRESETS,
     Normalized,
     PilTransform,
-    check_choices,
 )
 from expctl.builtin.datasets.tensors import with_val
 from expctl.errors import UserError
@@ -35,24 +35,6 @@ from expctl.registry import register
 # CIFAR: the python pickles of cifar-10-batches-py / cifar-100-python
 # ---------------------------------------------------------------------------------------------
 
-CIFAR = {  # name: (folder, train files, test files, label key, meta file, names key)
-    "cifar10": (
-        "cifar-10-batches-py",
-        [f"data_batch_{i}" for i in range(1, 6)],
-        ["test_batch"],
-        "labels",
-        "batches.meta",
-        "label_names",
-    ),
-    "cifar100": (
-        "cifar-100-python",
-        ["train"],
-        ["test"],
-        "fine_labels",
-        "meta",
-        "fine_label_names",
-    ),
-}
 CIFAR_MAX = 60000  # images a CIFAR folder may hold in all
 _NOT_CIFAR = (
     OSError,
@@ -64,28 +46,6 @@ _NOT_CIFAR = (
     RuntimeError,
     MemoryError,  # an array shape that no file of 60000 images has
 )
-
-
-def _cifar_paths(name: str, root: str | None) -> list[Path]:
-    folder, train, test, *_ = CIFAR[name]
-    return [root_of(root) / folder / f for f in train + test]
-
-
-def _check_cifar(name: str) -> Any:
-    def check(root: str | None = None, download: bool = False, **_: Any) -> None:
-        if not download:
-            _require(name, root, _cifar_paths(name, root))
-
-    return check
-
-
-def _require(name: str, root: str | None, paths: list[Path]) -> None:
-    missing = [p for p in paths if not p.exists()]
-    if missing:
-        base = root_of(root)
-        shown = ", ".join(str(p.relative_to(base)) for p in paths[:3])
-        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
-        raise not_found(name, base, f"{shown}{more}; missing: {missing[0].relative_to(base)}")
 
 
 # All that a CIFAR file under data.root may call as it is unpickled: numpy's reconstruction of
@@ -140,12 +100,12 @@ def _cifar_reader(name: str) -> Any:
     """The `read` of cifar10 or cifar100 (`files.in_memory_factory`)."""
 
     def read(root: str | None, download: bool) -> tuple[Any, ...]:
-        folder, train_files, test_files, label_key, meta, names_key = CIFAR[name]
+        folder, train_files, test_files, label_key, meta, names_key = preflight.CIFAR[name]
         if download:
             import torchvision.datasets as tvd  # noqa: PLC0415 - torchvision off other datasets
 
             getattr(tvd, name.upper())(str(root_of(root)), download=True)
-        _require(name, root, _cifar_paths(name, root))
+        preflight.require(name, root, preflight.cifar_paths(name, root))
         base = root_of(root) / folder
 
         def batches(files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +128,7 @@ def _cifar_reader(name: str) -> Any:
     return read
 
 
-cifar10 = register("datasets", check=_check_cifar("cifar10"))(
+cifar10 = register("datasets", check=functools.partial(preflight.cifar, "cifar10"))(
     in_memory_factory(
         "cifar10",
         _cifar_reader("cifar10"),
@@ -178,7 +138,7 @@ cifar10 = register("datasets", check=_check_cifar("cifar10"))(
     validates and the test images are scored once, at the end.""",
     )
 )
-cifar100 = register("datasets", check=_check_cifar("cifar100"))(
+cifar100 = register("datasets", check=functools.partial(preflight.cifar, "cifar100"))(
     in_memory_factory(
         "cifar100",
         _cifar_reader("cifar100"),
@@ -296,7 +256,7 @@ def _factory(name: str, src: Source, classes: int) -> Any:
                 f"data={name} has a single split: set data.val_split (a count or a fraction)",
                 "e.g. data.val_split=0.1",
             )
-        check_choices(preset=(preset, PRESETS))
+        preflight.check_choices(preset=(preset, preflight.PRESETS))
         sets = _streamed_sets(name, src, root, download, image_size, 3, preset)
         first = sets["train"]
         assert first is not None
@@ -315,17 +275,6 @@ def _factory(name: str, src: Source, classes: int) -> Any:
 def _classes(ds: Any) -> tuple[str, ...] | None:
     names = getattr(ds.ds, "classes", None)
     return tuple(map(str, names)) if names else None
-
-
-def _check(name: str, src: Source) -> Any:
-    """Pre-flight: the dataset's top folder or file is there (torchvision checks the rest)."""
-    first = src.expected.split(" ")[0].split(",")[0].rstrip(",;")
-
-    def check(root: str | None = None, download: bool = False, **_: Any) -> None:
-        if not download and not (root_of(root) / first).exists():
-            raise not_found(name, root_of(root), src.expected)
-
-    return check
 
 
 SOURCES: dict[str, tuple[Source, int]] = {
@@ -387,4 +336,6 @@ SOURCES: dict[str, tuple[Source, int]] = {
 }  # fmt: skip
 
 for _name, (_src, _classes_n) in SOURCES.items():
-    register("datasets", _name, check=_check(_name, _src))(_factory(_name, _src, _classes_n))
+    register("datasets", _name, check=functools.partial(preflight.source, _name, _src.expected))(
+        _factory(_name, _src, _classes_n)
+    )
