@@ -26,6 +26,7 @@ from expctl.jobs import launch
 from expctl.jobs.launch import Result
 from expctl.layout import RunDir
 from expctl.rank import checkpoint as ckpt
+from expctl.rank import strategy
 from expctl.rank.entry import Evaluation
 from expctl.rank.provenance import Launch
 
@@ -141,6 +142,7 @@ def load_model(
     built = registry.get("models", cfg.model.name).factory(**payload["model_args"])
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
+        strategy.materialise(cfg.model.name, name, m, device, cfg.train.seed)  # meta: made here
         m.load_state_dict(payload["models"][name])
         m.to(device).eval()
     return models["model"] if list(models) == ["model"] else models

@@ -1,12 +1,14 @@
 """The one way expctl replaces a file: whole or not at all (`atomic_file`, `write_atomically`),
-and the unfinished files a process killed mid-write leaves (`temporaries`). `layout.py` names
+a folder too (`temporary_folder`, `replace_folder`; `remove` deletes one so), and the unfinished
+files a process killed mid-write leaves (`temporaries`). `layout.py` names
 the files of a run and a sweep directory; every one that is replaced whole is written here.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -66,3 +68,54 @@ def write_atomically(path: Path, data: str | bytes, mode: int = 0o666) -> None:
     """
     with atomic_file(path, mode) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+def temporary_folder(path: Path) -> Path:
+    """A new hidden folder beside `path`, to fill before `replace_folder` names it `path` (what
+    a process killed meanwhile leaves is one of `temporaries`)."""
+    tmp = _temporary(path)
+    tmp.mkdir(mode=0o750)
+    return tmp
+
+
+def replace_folder(tmp: Path, path: Path, ready: Callable[[], None]) -> None:
+    """Name the filled folder `tmp` (`temporary_folder`) `path`, whole or not at all: its files
+    (each synced by its writer) and the folder synced first. A folder `path` already there is
+    renamed out of the way first and removed last; `ready()` runs in between, while nothing has
+    the name (a checksum of the new folder written there never describes the old one).
+
+    Raises:
+        OSError: a rename failed (`path` is the old folder, or absent).
+    """
+    fsync_dir(tmp)
+    old = None
+    if path.exists():
+        old = _temporary(path)
+        path.rename(old)
+    ready()
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def remove(path: Path) -> None:
+    """Delete a file, or a folder: renamed to a temporary name first, so that a folder half
+    deleted is never found under its name."""
+    if not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    if not is_temporary(path):
+        gone = _temporary(path)
+        path.rename(gone)
+        path = gone
+    shutil.rmtree(path)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Put a folder's entries (names made, renamed, removed) on disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

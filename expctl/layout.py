@@ -17,7 +17,8 @@
       train.log     rank 0's log
       output.log    a local sweep trial's console output
       jobs.jsonl    Slurm job events
-      checkpoints/  step_*.pt (+ .sha256, .json: the validation metrics of those weights)
+      checkpoints/  step_*.pt, or step_*.dcp/ folders of shards (+ .sha256, .json: the
+                    validation metrics of those weights)
       eval/         NAME.json: `expctl eval` results
       tb/           logger=[tensorboard]
       wandb/        logger=[wandb]: W&B's offline run files
@@ -248,19 +249,24 @@ class RunDir:
         """Where the run's ``imports:`` modules were found (see `read_imports`)."""
         return read_imports(self.imports)
 
-    def checkpoint(self, step: int) -> Path:
-        """Where the checkpoint of `step` goes (`checkpoint_set` names the files beside it)."""
-        return self.checkpoints / f"{_STEP}{step:09d}{_PT}"
+    def checkpoint(self, step: int, sharded: bool = False) -> Path:
+        """Where the checkpoint of `step` goes (`checkpoint_set` names the files beside it): a
+        file, or with `sharded` a folder of every rank's shard (rank/sharded.py)."""
+        return self.checkpoints / f"{_STEP}{step:09d}{_DCP if sharded else _PT}"
 
     def checkpoint_temporaries(self) -> list[Path]:
         """Checkpoint files (and the files beside them) a process killed mid-write left."""
         return temporaries(self.checkpoints, f"{_STEP}*") if self.checkpoints.is_dir() else []
 
     def checkpoint_files(self) -> list[Path]:
-        """The checkpoint files, newest first."""
+        """The checkpoints (files, and folders of shards), newest first."""
         if not self.checkpoints.is_dir():
             return []
-        return sorted(self.checkpoints.glob(f"{_STEP}*{_PT}"), reverse=True)
+        found = [
+            *self.checkpoints.glob(f"{_STEP}*{_PT}"),
+            *self.checkpoints.glob(f"{_STEP}*{_DCP}"),
+        ]
+        return sorted(found, key=lambda p: (checkpoint_step(p), p.name), reverse=True)
 
 
 def fresh_names(prefix: str, tries: int = 100) -> Iterator[str]:
@@ -273,11 +279,12 @@ def fresh_names(prefix: str, tries: int = 100) -> Iterator[str]:
 
 
 _STEP, _PT = "step_", ".pt"  # checkpoints/step_000001234.pt: sorted by name is sorted by step
+_DCP = ".dcp"  # checkpoints/step_000001234.dcp/: a sharded model's checkpoint, a folder
 
 
 def checkpoint_step(checkpoint: Path) -> int:
-    """The step a checkpoint file holds, from its name."""
-    return int(checkpoint.name.removeprefix(_STEP).removesuffix(_PT))
+    """The step a checkpoint holds, from its name."""
+    return int(checkpoint.name.removeprefix(_STEP).removesuffix(_PT).removesuffix(_DCP))
 
 
 def checkpoint_digest(checkpoint: Path) -> Path:

@@ -229,3 +229,33 @@ def test_train_time_sums_every_attempt(tmp_path: Path, monkeypatch: pytest.Monke
     second = expctl.run(None, [*args, "train.max_steps=8"])
     assert second["time/train_s"] >= first["time/train_s"] + 0.4
     assert checkpoint.load(checkpoint.list_checkpoints(tmp_path / "t")[0])["train_s"] >= 0.8
+
+
+def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_is_read_whole(
+    tmp_path: Path,
+) -> None:
+    """train.strategy=fsdp on 2 workers: its checkpoint folders (each rank's shard) continue
+    inline on one rank (resharded), `expctl eval` reads the newest whole into one process and
+    scores what the run reported, and its weights saved whole start a 2-rank fsdp run
+    (checkpoint.init; lr 0, so its validation is the source's)."""
+    fsdp = [*SMALL, "train.strategy=fsdp", "optim=adamw", "checkpoint.keep=1"]
+    two = ["launcher=local", "launcher.nproc=2"]
+    run_cli("run", *fsdp, *two, "train.max_epochs=2", "run.dir=a", cwd=tmp_path)
+    run = tmp_path / "a"
+    (first,) = checkpoint.list_checkpoints(run)
+    assert first.name == "step_000000004.dcp", "2 steps an epoch on 2 ranks"
+    proc = run_cli("run", *fsdp, "train.max_epochs=3", "run.dir=a", cwd=tmp_path)
+    assert f"resumed from {first} (step 4, end of epoch 2)" in proc.stdout, proc.stdout
+    log = (run / "train.log").read_text()
+    assert "checkpoint written by 2 rank(s), now 1: RNG streams restart" in log
+    result = json.loads((run / "result.json").read_text())
+    assert result["step"] == 8 and checkpoint.list_checkpoints(run)[0].name.endswith("8.dcp")
+    record = expctl.evaluate(run, which="last")
+    assert record["val/acc"] == result["val/acc"] == synthetic_accuracy(run)
+    assert record["val/loss"] == pytest.approx(result["val/loss"], rel=1e-6)
+    torch.save(expctl.load_model(run).state_dict(), tmp_path / "whole.pt")
+    init = ["checkpoint.init=whole.pt", "optim.lr=0", "train.max_steps=1", "run.dir=b"]
+    run_cli("run", *fsdp, *two, *init, cwd=tmp_path)
+    started = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert started["val/acc"] == result["val/acc"]
+    assert started["val/loss"] == pytest.approx(result["val/loss"], rel=1e-6)

@@ -191,7 +191,14 @@ def test_a_resumed_lm_run_sees_the_windows_of_an_uninterrupted_one(tmp_path: Pat
 
 
 @pytest.mark.slow  # two workers over gloo
-def test_two_workers_report_the_saved_lms_validation_loss(tmp_path: Path) -> None:
+# fsdp: the GPT built on the meta device, made before it is sharded (on the CPU), its blocks
+# sharded on their own with selective activation checkpointing, a checkpoint folder of shards
+@pytest.mark.parametrize(
+    "strategy", [[], ["train.strategy=fsdp", "train.activation_checkpointing=selective"]]
+)
+def test_two_workers_report_the_saved_lms_validation_loss(
+    tmp_path: Path, strategy: list[str]
+) -> None:
     """val/loss in result.json, from 2 ranks' shards of the validation windows, is the loss of
     the model load_model returns on those windows; val/ppl is its exponential; loss falls."""
     root = token_files(tmp_path / "tok", train=400, val=200)
@@ -203,6 +210,7 @@ def test_two_workers_report_the_saved_lms_validation_loss(tmp_path: Path) -> Non
         "launcher=local",
         "launcher.nproc=2",
         "run.dir=lm",
+        *strategy,
         cwd=tmp_path,
     )
     run_dir = tmp_path / "lm"
@@ -216,5 +224,7 @@ def test_two_workers_report_the_saved_lms_validation_loss(tmp_path: Path) -> Non
     result = json.loads((run_dir / "result.json").read_text())
     assert result["val/loss"] == pytest.approx(loss, rel=1e-5)
     assert result["val/ppl"] == pytest.approx(math.exp(result["val/loss"]))
+    made_after = "built on the meta device, made on cpu" in (run_dir / "train.log").read_text()
+    assert made_after == bool(strategy)
     rows = [r for r in RunDir(run_dir).metric_rows() if "train/loss" in r]
     assert rows[-1]["train/loss"] < rows[0]["train/loss"] and "perf/tokens_per_s" in rows[0]

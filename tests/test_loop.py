@@ -348,3 +348,134 @@ def test_a_run_resumes_with_another_gc_every(tmp_path: Path) -> None:
         Recorder(),
     )
     assert result["step"] == 8
+
+
+@pytest.mark.slow  # trains in-process, three runs
+def test_a_sharded_run_on_one_rank_resumes_exactly_from_its_checkpoint_folder(
+    tmp_path: Path,
+) -> None:
+    """train.strategy=fsdp on one rank (nothing to split, the same checkpoint format): each
+    checkpoint is a folder of DCP's files whose manifest lists every one, load_model reads it
+    into one process (the score it reports is the saved model's), and a run continued from it
+    ends with bitwise the weights of one never stopped."""
+    import torch
+
+    from expctl.rank import checkpoint
+
+    fsdp = ["train.strategy=fsdp", "optim=adamw"]
+    run_dir, first = rank.main(_cfg(tmp_path, *fsdp, "train.max_steps=2"), DistEnv())
+    (folder,) = RunDir(run_dir).checkpoint_files()
+    assert folder.name == "step_000000002.dcp" and folder.is_dir()
+    listed = {line.split()[1] for line in (folder.parent / f"{folder.name}.sha256").open()}
+    assert listed == {f"{folder.name}/{f.name}" for f in folder.iterdir()} and len(listed) >= 3
+    assert first["val/acc"] == pytest.approx(conftest.synthetic_accuracy(run_dir), abs=1e-6)
+    _, more = rank.main(_cfg(tmp_path, *fsdp, "train.max_steps=6"), DistEnv())
+    assert more["step"] == 6 and "resumed from" in (run_dir / "train.log").read_text()
+    ref_dir, _ = rank.main(_cfg(tmp_path / "ref", *fsdp, "train.max_steps=6"), DistEnv())
+    got, ref = (checkpoint.pick(d, "last")[1]["models"]["model"] for d in (run_dir, ref_dir))
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def _blocks_model() -> Any:
+    from torch import nn
+
+    class Blocks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6)) for _ in range(3)
+            )
+            self.head = nn.Linear(6, 3)
+
+        def forward(self, x: Any) -> Any:
+            for b in self.blocks:
+                x = x + b(x)
+            return self.head(x)
+
+    return Blocks()
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_keeps_the_gradients_and_the_parameter_names(
+    mode: str, tmp_path: Path
+) -> None:
+    """Each block's activations recomputed in the backward (a model's `blocks`): the same
+    gradients as without, and the same state-dict keys (checkpoints stay interchangeable)."""
+    import torch
+
+    from expctl.rank import strategy
+
+    torch.manual_seed(0)
+    plain, checkpointed = _blocks_model(), _blocks_model()
+    checkpointed.load_state_dict(plain.state_dict())
+    cfg = _cfg(tmp_path, f"train.activation_checkpointing={mode}")
+    strategy.prepare(cfg, {"model": checkpointed}, DistEnv(), torch.device("cpu"), "32")
+    assert all(b.forward != type(b).forward for b in checkpointed.blocks)
+    x = torch.randn(4, 6)
+    for m in (plain, checkpointed):
+        m(x).pow(2).sum().backward()
+    assert list(checkpointed.state_dict()) == list(plain.state_dict())
+    for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+
+
+def test_the_blocks_fsdp_shards_each_come_from_the_model_or_its_family() -> None:
+    """A model's `blocks`, else torchvision ResNet's stages and ViT's encoder layers, else none
+    (the model is sharded whole)."""
+    from torch import nn
+    from torchvision.models import VisionTransformer, resnet18
+
+    from expctl.rank.strategy import blocks
+
+    assert len(blocks(_blocks_model())) == 3
+    net = resnet18()
+    assert blocks(net) == [net.layer1, net.layer2, net.layer3, net.layer4]
+    vit = VisionTransformer(8, 4, num_layers=2, num_heads=1, hidden_dim=8, mlp_dim=8)
+    assert blocks(vit) == list(vit.encoder.layers)
+    assert blocks(nn.Sequential(nn.Linear(2, 2))) == []
+
+
+@register("models", "meta_mlp", inferred=("input_shape", "num_classes"))
+def meta_mlp(
+    input_shape: tuple[int, ...] = (6,),
+    num_classes: int = 3,
+    hidden: tuple[int, ...] = (8,),
+    init: bool = True,
+) -> Any:
+    """An MLP built on the meta device (shapes only), made by its init_weights(), which also
+    fills a buffer no state dict holds."""
+    import torch
+    from torch import nn
+
+    class MetaMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(input_shape[0], hidden[0])])
+            self.head = nn.Linear(hidden[0], num_classes)
+            self.register_buffer("scale", torch.empty(1), persistent=False)
+
+        def forward(self, x: Any) -> Any:
+            return self.head(torch.relu(self.blocks[0](x))) * self.scale
+
+    if init:
+        MetaMLP.init_weights = lambda self: [  # type: ignore[attr-defined]
+            *(m.reset_parameters() for m in (*self.blocks, self.head)),
+            self.scale.fill_(1.0),
+        ]
+    with torch.device("meta"):
+        return MetaMLP()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_model_built_on_the_meta_device_is_made_by_its_init_weights(
+    strategy: str, tmp_path: Path
+) -> None:
+    """As torchtitan builds a large model: shapes on the meta device, memory and values after
+    sharding (`init_weights()`); load_model makes it the same way before loading the weights.
+    Without init_weights(): refused in one line."""
+    keys = ["model=meta_mlp", f"train.strategy={strategy}", "train.max_steps=2"]
+    run_dir, result = rank.main(_cfg(tmp_path, *keys), DistEnv())
+    assert result["val/acc"] == pytest.approx(conftest.synthetic_accuracy(run_dir), abs=1e-6)
+    with pytest.raises(UserError, match="built on the meta device but has no init_weights"):
+        rank.main(_cfg(tmp_path / "no", *keys, "model.init=false"), DistEnv())

@@ -147,12 +147,27 @@ train: {max_epochs: 1, log_every: 4}
 """
 
 
-def test_two_workers_report_the_saved_models_batchnorm_metrics(tmp_path: Path) -> None:
+# fsdp: each of the model's blocks sharded on its own (its weights gathered from every rank at
+# each forward), and an odd number of validation samples: rank 1 has a batch fewer than rank 0
+FSDP_BLOCKS = [
+    "train.strategy=fsdp",
+    "imports=[faulty]",
+    "model=tiny_blocks",
+    "data.val_samples=1025",
+]
+
+
+@pytest.mark.parametrize("strategy", [[], FSDP_BLOCKS])
+def test_two_workers_report_the_saved_models_batchnorm_metrics(
+    tmp_path: Path, strategy: list[str]
+) -> None:
     """With BatchNorm, 2 workers: result.json's validation is the saved model's, to the sample
-    (each rank updates its own running statistics after DDP's broadcast; rank 0's are saved)."""
+    (each rank updates its own running statistics after DDP's broadcast; rank 0's are saved).
+    The same with the model sharded (a checkpoint folder, read whole by load_model)."""
     (tmp_path / "bn.yml").write_text(BATCHNORM)
     proc = run_cli(
-        "run", "-C", "bn.yml", "launcher=local", "launcher.nproc=2", "run.dir=bn", cwd=tmp_path
+        *["run", "-C", "bn.yml", "launcher=local", "launcher.nproc=2", "run.dir=bn", *strategy],
+        cwd=tmp_path,
     )
     assert "deprecated" not in proc.stderr  # DDP's buffer flag by the name this torch takes
     run_dir = tmp_path / "bn"
@@ -166,6 +181,41 @@ def test_two_workers_report_the_saved_models_batchnorm_metrics(tmp_path: Path) -
     assert (round(result["val/acc"] * len(y)), result["val/acc"]) == (correct, correct / len(y))
     loss = float(torch.nn.functional.cross_entropy(out, y))
     assert result["val/loss"] == pytest.approx(loss, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "low",
+    [
+        ["train.precision=bf16", "train.activation_checkpointing=selective", "train.grad_clip=1"],
+        ["train.precision=16", "train.activation_checkpointing=full", "train.grad_accum=2"],
+    ],
+)
+def test_a_sharded_model_trains_in_bf16_and_fp16_with_batchnorm(
+    tmp_path: Path, low: list[str]
+) -> None:
+    """FSDP's mixed precision (weights gathered in bf16 / fp16, gradients reduced in fp32; fp16
+    with the sharded loss scaler) on a model with BatchNorm, which stays in fp32 as autocast
+    keeps it (in bf16 it failed: its statistics are fp32), with activation checkpointing: the
+    run completes, and the fp32 weights it saved score what it reported, to that precision."""
+    (tmp_path / "bn.yml").write_text(BATCHNORM)
+    args = [*FSDP_BLOCKS[:-1], "data.val_samples=64", *low]
+    run_cli(
+        "run",
+        "-C",
+        "bn.yml",
+        "launcher=local",
+        "launcher.nproc=2",
+        "run.dir=bn",
+        *args,
+        cwd=tmp_path,
+    )
+    run_dir = tmp_path / "bn"
+    cfg = config.load(run_dir)
+    x, y = registry.get("datasets", cfg.data.name).factory(**cfg.data.args).val.tensors
+    with torch.no_grad():
+        loss = float(torch.nn.functional.cross_entropy(expctl.load_model(run_dir)(x), y))
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["val/loss"] == pytest.approx(loss, rel=0.03)
 
 
 def test_sync_batchnorm_on_cpu_is_a_user_error(tmp_path: Path) -> None:
@@ -455,7 +505,7 @@ def test_ddp_skips_the_buffer_broadcast_only_for_batchnorm_statistics() -> None:
     with any other buffer keeps DDP's broadcast, since its forward may read it."""
     from torchvision.models import resnet18
 
-    from expctl.rank.build import _batchnorm_buffers_only
+    from expctl.rank.strategy import _batchnorm_buffers_only
 
     class Offset(torch.nn.Module):
         def __init__(self) -> None:

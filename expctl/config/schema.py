@@ -51,6 +51,18 @@ class EarlyStopConfig:
     mode: str = setting("min", choices=("min", "max"))  # min: lower is better
 
 
+@dataclass(frozen=True)
+class FSDPConfig:
+    """FSDP2's settings, for train.strategy=fsdp and hsdp."""
+
+    # free each block's gathered weights after its forward: less memory, one more all-gather
+    # per block in the backward
+    reshard_after_forward: bool = True
+    # hsdp: the ranks that shard a model between them (the others hold replicas of it); null:
+    # the ranks of one node
+    shard_size: int | None = setting(None, min=1)
+
+
 DEFAULT_EPOCHS = 3  # train.max_epochs when neither it nor train.max_steps is given
 
 
@@ -84,6 +96,13 @@ class TrainConfig:
     gc_every: int = setting(50, min=0)
     sync_batchnorm: bool = False  # SyncBatchNorm across ranks instead of per-rank statistics
     early_stop: EarlyStopConfig = setting(EarlyStopConfig())
+    # how ranks hold the model: ddp (a whole copy each), fsdp (FSDP2: weights, gradients and
+    # optimizer state sharded over the ranks), hsdp (sharded within a node, replicated across)
+    strategy: str = setting("ddp", choices=("ddp", "fsdp", "hsdp"))
+    fsdp: FSDPConfig = setting(FSDPConfig())
+    # recompute activations in the backward, per block: none, full (all of a block's), or
+    # selective (keeps matmul and attention outputs, every other matmul recomputed)
+    activation_checkpointing: str = setting("none", choices=("none", "full", "selective"))
     # optimizer and loss settings from a step on: [{step: 400, optim: {lr: 0.02}}]; Population
     # Based Training's trials continue with one, and `sweep best` writes the best trial's
     hparam_schedule: list[dict[str, Any]] = setting([])

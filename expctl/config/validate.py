@@ -310,7 +310,8 @@ def _cross_checks(cfg: Config) -> None:
     if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
         raise UserError(
             f"checkpoint.resume: no checkpoint at '{resume}'",
-            "use auto (latest in the run directory), never, or the path of a .pt checkpoint",
+            "use auto (latest in the run directory), never, or the path of a checkpoint (a .pt "
+            "file, or a .dcp folder of shards)",
         )
     _check_init(cfg.checkpoint)
     for where, name in monitors(cfg).items():
@@ -325,11 +326,62 @@ def _cross_checks(cfg: Config) -> None:
             "add train.compile=true, or drop train.compile_mode",
         )
     check_hparam_schedule(cfg)
+    _check_strategy(cfg)
     if train_cfg.grad_accum > 1 and train_cfg.step not in ACCUMULATING_STEPS:
         raise UserError(
             f"train.grad_accum={train_cfg.grad_accum} is handled by the "
             f"{' and '.join(ACCUMULATING_STEPS)} steps only (train.step={train_cfg.step})",
             "set train.grad_accum=1, or accumulate inside your own batch step",
+        )
+
+
+def _check_strategy(cfg: Config) -> None:
+    """train.strategy against the rest of the config, and against the ranks the launcher
+    starts where the config says how many (launcher=local and slurm)."""
+    train_cfg, launcher = cfg.train, cfg.launcher
+    if train_cfg.strategy != "hsdp" and train_cfg.fsdp.shard_size is not None:
+        raise UserError(
+            f"train.fsdp.shard_size={train_cfg.fsdp.shard_size} is for train.strategy=hsdp (this "
+            f"config says {train_cfg.strategy})",
+            "drop train.fsdp.shard_size, or set train.strategy=hsdp",
+        )
+    if train_cfg.strategy != "ddp" and cfg.sweep.scheduler == "pbt":
+        raise UserError(
+            f"sweep.scheduler=pbt copies checkpoints between trials, which it does for "
+            f"train.strategy=ddp only (this config says {train_cfg.strategy})",
+            "use train.strategy=ddp for PBT sweeps, or sweep.scheduler=none",
+        )
+    if launcher.name == "local":
+        check_layout(train_cfg, 1, launcher.nproc, "launcher=local")
+    elif launcher.name == "slurm":
+        per_node = launcher.tasks_per_node or launcher.gpus_per_node or 1
+        where = f"launcher.nodes={launcher.nodes}"
+        check_layout(train_cfg, launcher.nodes, launcher.nodes * per_node, where)
+
+
+def check_layout(train_cfg: TrainConfig, nodes: int, ranks: int, where: str) -> None:
+    """train.strategy=hsdp against the ranks of a run: more than one node, and shard groups
+    that divide the ranks (`where` says where the layout comes from).
+
+    Raises:
+        UserError: hsdp on one node, or a shard group size that does not divide the ranks.
+    """
+    if train_cfg.strategy != "hsdp":
+        return
+    if nodes < 2:
+        raise UserError(
+            f"train.strategy=hsdp shards within a node and replicates across nodes, but this "
+            f"run has one node ({where})",
+            "use train.strategy=fsdp on one node, or run on several (launcher=slurm "
+            "launcher.nodes=2)",
+        )
+    size = train_cfg.fsdp.shard_size or ranks // nodes
+    if ranks % nodes or ranks % size or size > ranks:
+        divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
+        raise UserError(
+            f"train.strategy=hsdp: shard groups of {size} rank(s) do not divide the {ranks} "
+            f"ranks of {nodes} nodes ({where})",
+            f"set train.fsdp.shard_size to one of {', '.join(map(str, divisors))}",
         )
 
 

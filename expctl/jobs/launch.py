@@ -28,6 +28,7 @@ import torch
 from expctl import importpath
 from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
+from expctl.config.validate import check_layout
 from expctl.dist import DistEnv, check_sync_batchnorm, detect
 from expctl.errors import (
     EXIT_FAILED,
@@ -147,6 +148,8 @@ def inline(
             f"{env.local_world_size} ranks on this node but {gpus} GPU(s)",
             f"start at most {gpus} ranks per node",
         )
+    where = "launcher=inline" if env.source == "single" else f"from {env.source}"
+    check_layout(cfg.train, env.num_nodes, env.world_size, where)
     if evaluation is not None:
         return Result(*rank.evaluate_checkpoint(cfg, env, evaluation))
     run_dir, metrics = train_rank(cfg, env, origin=origin)

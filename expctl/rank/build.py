@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 
 from expctl import registry
@@ -21,6 +20,7 @@ from expctl.builtin.steps import StepContext
 from expctl.config.schema import Config
 from expctl.dist import CUDNN_BENCHMARK_ENV, DistEnv, check_sync_batchnorm, usable_cores
 from expctl.errors import UserError
+from expctl.rank import strategy
 from expctl.rank.batches import TrainBatches, auto_workers
 from expctl.startup import freeze_for_this_run, paused_gc
 
@@ -31,7 +31,7 @@ log = logging.getLogger("expctl")
 class Parts:
     """Everything the loop needs, built identically on every rank."""
 
-    models: dict[str, nn.Module]  # unwrapped: what checkpoints save
+    models: dict[str, nn.Module]  # unwrapped by DDP (sharded in place by FSDP): what is saved
     ctx: StepContext  # holds the DDP-wrapped / compiled models the batch step calls
     schedulers: dict[str, Any]
     batch_step: Any  # the train.step component: what one batch does (train_step, val_step)
@@ -45,6 +45,9 @@ class Parts:
     val_batch_size: int = 256  # batch size of validation and test
     limit_val_batches: int | None = None  # validations: this many batches per rank (debug runs)
     reader: Reader | None = None  # the DataLoader workers of the streamed splits
+    # train.strategy=fsdp/hsdp: checkpoints in torch.distributed.checkpoint's format (every rank
+    # writes its shard), and every rank calls the models as often as the others (validation)
+    sharded: bool = False
 
     def close(self) -> None:
         """End the DataLoader workers."""
@@ -139,8 +142,7 @@ def _build(
         models = _sync_batchnorm(models, env, device)
     elif cfg.train.sync_batchnorm:
         log.info("train.sync_batchnorm: one rank, so BatchNorm is left as it is")
-    for m in models.values():
-        m.to(device)
+    strategy.place(models, device)
     channels_last = _channels_last(cfg, models, device)
     if channels_last:
         for m in models.values():
@@ -161,6 +163,8 @@ def _build(
         reader=reader,
     )
     total_steps = _total_steps(cfg, batches.steps_per_epoch)
+    precision = resolve_precision(cfg.train.precision, device)
+    strategy.prepare(cfg, models, env, device, precision)  # sharded before the optimizers
     with paused_gc(freeze=freeze_for_this_run(env.distributed)):  # it imports torch._dynamo
         optimizers = {k: _optimizer(cfg, m, device) for k, m in models.items()}
     per_epoch = max(1, batches.steps_per_epoch // cfg.train.grad_accum)
@@ -170,10 +174,9 @@ def _build(
         "loss", cfg.loss.name, registry.get("losses", cfg.loss.name).factory, **cfg.loss.args
     )
     loss_fn = loss_fn.to(device)
-    wrapped = {k: _wrap(cfg, m, env, device) for k, m in models.items()}
-    precision = resolve_precision(cfg.train.precision, device)
-    amp = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[precision]
-    scaler = torch.amp.GradScaler(device.type) if precision == "16" else None
+    wrapped = {k: strategy.wrap(cfg, m, env, device) for k, m in models.items()}
+    amp = strategy.autocast_dtype(cfg.train, env, precision)
+    scaler = strategy.grad_scaler(cfg.train, env, device) if precision == "16" else None
     ctx = StepContext(
         models=wrapped,
         optimizers=optimizers,
@@ -210,6 +213,7 @@ def _build(
         val_batch_size=cfg.data.val_batch_size or cfg.data.batch_size,
         limit_val_batches=cfg.train.limit_val_batches,
         reader=reader,
+        sharded=cfg.train.strategy != "ddp",
     )
 
 
@@ -268,7 +272,9 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
             args[key] = inferred[key]
         elif args.get(key) is None:
             args.pop(key, None)
-    built = _make("model", cfg.model.name, entry.factory, **args)
+    built = strategy.construct(
+        cfg.train, lambda: _make("model", cfg.model.name, entry.factory, **args)
+    )
     models = built if isinstance(built, dict) else {"model": built}
     for name, m in models.items():
         if not isinstance(m, nn.Module):
@@ -369,36 +375,3 @@ def _schedulers(
         for k, opt in optimizers.items()
     }
     return made, length if inferred else None
-
-
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
-def _batchnorm_buffers_only(model: nn.Module) -> bool:
-    """Whether every buffer is a BatchNorm running statistic. DDP's default broadcasts rank 0's
-    buffers before every forward (one collective per step); a training forward never reads these
-    (BatchNorm normalises by the batch), rank 0's evolve the same either way, and the loop gives
-    every rank rank 0's before it validates or saves (`sync_buffers`): so the broadcast is
-    skipped. Any other buffer may be read by the forward, and keeps DDP's default."""
-    owners = {name.rpartition(".")[0] for name, _ in model.named_buffers(remove_duplicate=False)}
-    modules = dict(model.named_modules(remove_duplicate=False))
-    return all(isinstance(modules.get(o), _BATCHNORMS) for o in owners)
-
-
-def _wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
-    out: nn.Module = model
-    if env.distributed and any(p.requires_grad for p in model.parameters()):
-        sync = not _batchnorm_buffers_only(model)
-        # torch >= 2.13 names it forward_sync_buffers (buffers still synced once at init);
-        # broadcast_buffers, its older name, is deprecated there
-        newer = "forward_sync_buffers" in inspect.signature(DDP).parameters
-        flag: dict[str, Any] = {"forward_sync_buffers" if newer else "broadcast_buffers": sync}
-        out = DDP(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
-            **flag,
-        )
-    if cfg.train.compile:
-        out = torch.compile(out, mode=cfg.train.compile_mode)  # type: ignore[assignment]
-    return out

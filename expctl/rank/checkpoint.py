@@ -15,16 +15,16 @@ next to ``step_000001234.pt.sha256`` and ``step_000001234.pt.json``: ``{"step", 
 "val"}``, the validation metrics of exactly these weights (``{}`` when no validation ran at
 that step), which rank checkpoints by ``checkpoint.monitor``. Loading uses
 ``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary pickled
-objects.
+objects. A sharded model's checkpoint (train.strategy=fsdp, hsdp) is a folder of the same
+payload, ``step_000001234.dcp/``: its format is in sharded.py; listing, keeping, picking and
+loading go through here for both.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import os
 import pickle
 import random
 import warnings
@@ -35,14 +35,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from expctl.atomic import atomic_file, write_atomically
+from expctl.atomic import atomic_file, fsync_dir, remove, write_atomically
 from expctl.config import frozen as config
 from expctl.config.schema import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
 from expctl.layout import RunDir, checkpoint_digest, checkpoint_scores, checkpoint_set
+from expctl.rank import sharded
 
 if TYPE_CHECKING:
     from expctl.rank.build import Parts
+    from expctl.rank.control import Control
 
 FORMAT = 1
 log = logging.getLogger("expctl")
@@ -52,13 +54,20 @@ def capture(
     parts: Parts, state: dict[str, Any], rng: list[dict[str, Any]], metrics_rows: int
 ) -> dict[str, Any]:
     """The checkpoint payload of a run at `state` (`TrainState.state_dict()`: step, epoch, batch,
-    val, train), with every rank's RNG state and the number of metrics.jsonl rows logged so far."""
+    val, train), with every rank's RNG state and the number of metrics.jsonl rows logged so far
+    (`parts.sharded`: this rank's shards of the models and optimizers)."""
+    if parts.sharded:  # marked as such: the .pt payload stays as it was
+        held = {**sharded.state(parts.models, parts.ctx.optimizers), "sharded": True}
+    else:
+        held = {
+            "models": {k: m.state_dict() for k, m in parts.models.items()},
+            "optimizers": {k: o.state_dict() for k, o in parts.ctx.optimizers.items()},
+        }
     return {
         **state,
         "world_size": len(rng),
         "model_args": parts.model_args,
-        "models": {k: m.state_dict() for k, m in parts.models.items()},
-        "optimizers": {k: o.state_dict() for k, o in parts.ctx.optimizers.items()},
+        **held,
         "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
         "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,
         "rng": rng,
@@ -74,11 +83,20 @@ def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> 
     Raises:
         ValueError: the checkpoint's models or optimizers do not match the built ones.
     """
+    shards = payload.get("sharded_from")
+    if shards is not None:  # every rank reads its own part, whoever wrote them
+        sharded.load_into(Path(shards), parts.models, parts.ctx.optimizers)
+    elif parts.sharded and world_size > 1:
+        raise ValueError(
+            "it holds whole models (train.strategy=ddp), not shards; checkpoint.init=PATH "
+            "starts a sharded run from its weights"
+        )
+    whole = {"models": {}, "optimizers": {}} if shards is not None else payload
     targets = [
-        *((f"model '{n}'", parts.models.get(n), sd) for n, sd in payload["models"].items()),
+        *((f"model '{n}'", parts.models.get(n), sd) for n, sd in whole["models"].items()),
         *(
             (f"optimizer '{n}'", parts.ctx.optimizers.get(n), sd)
-            for n, sd in payload["optimizers"].items()
+            for n, sd in whole["optimizers"].items()
         ),
         *(
             (f"scheduler '{n}'", parts.schedulers[n], sd)
@@ -106,31 +124,46 @@ def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> 
             len(rng),
             world_size,
         )
-    heavy = ("models", "optimizers", "schedulers", "scaler", "rng")
+    heavy = ("models", "optimizers", "schedulers", "scaler", "rng", "sharded_from")
     return {k: v for k, v in payload.items() if k not in heavy}
 
 
-def path_for(run_dir: Path, step: int) -> Path:
-    """Where the checkpoint of `step` goes."""
-    return RunDir(run_dir).checkpoint(step)
+def path_for(run_dir: Path, step: int, shards: bool = False) -> Path:
+    """Where the checkpoint of `step` goes (`shards`: the folder of a sharded model's)."""
+    return RunDir(run_dir).checkpoint(step, shards)
 
 
 def save(
-    run_dir: Path, payload: dict[str, Any], ckpt_cfg: CheckpointConfig, scores: dict[str, float]
-) -> Path:
+    run_dir: Path,
+    payload: dict[str, Any],
+    ckpt_cfg: CheckpointConfig,
+    scores: dict[str, float],
+    control: Control | None = None,
+) -> Path | None:
     """Write `payload` atomically (temporary file, fsync, checksum, rename) with `scores`, the
     validation metrics of these weights ({} if none); keep the newest `ckpt_cfg.keep`, or with
-    `ckpt_cfg.monitor` the best `ckpt_cfg.keep` by it plus the newest.
+    `ckpt_cfg.monitor` the best `ckpt_cfg.keep` by it plus the newest. With `control`, every
+    rank calls it: rank 0 writes a whole model's payload, every rank its shard of a sharded one.
 
     Raises:
         CheckpointError: the write failed; no partial file is left under a checkpoint name.
     """
+    if payload.get("sharded"):
+        assert control is not None, "every rank writes its shard"
+        final = path_for(run_dir, int(payload["step"]), shards=True)
+        record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
+        sharded.write(final, {"format": FORMAT, **payload}, json.dumps(record) + "\n", control)
+        if control.env.is_main:
+            _prune(run_dir, ckpt_cfg)
+        return final
+    if control is not None and not control.env.is_main:
+        return None
     final = path_for(run_dir, int(payload["step"]))
     final.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     _, digest_file, scores_file = checkpoint_set(final)
     existed = final.exists()
     for stale in RunDir(run_dir).checkpoint_temporaries():
-        stale.unlink(missing_ok=True)
+        remove(stale)
     try:
         with atomic_file(final, 0o640) as f:
             torch.save({"format": FORMAT, **payload}, f)
@@ -144,7 +177,7 @@ def save(
             write_atomically(scores_file, json.dumps(record) + "\n")
         if existed:
             write_atomically(digest_file, digest)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__
         if not isinstance(cause, OSError):
@@ -160,20 +193,7 @@ def save(
     return final
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+_sha256 = sharded.file_sha256
 
 
 def _prune(run_dir: Path, ckpt_cfg: CheckpointConfig) -> None:
@@ -198,12 +218,14 @@ def _prune(run_dir: Path, ckpt_cfg: CheckpointConfig) -> None:
             )
             continue
         for file in checkpoint_set(old):
-            file.unlink(missing_ok=True)
+            remove(file)
 
 
 def unverified(path: Path) -> str | None:
     """Why the checksum beside checkpoint `path` does not prove it intact (None: it does)."""
     digest_file = checkpoint_digest(path)
+    if path.is_dir() and digest_file.is_file():
+        return sharded.problem(path)
     try:
         expected = digest_file.read_text(errors="replace").split()[:1]
     except FileNotFoundError:
@@ -275,13 +297,20 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return RunDir(run_dir).checkpoint_files()
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load(
+    path: Path, map_location: str | torch.device = "cpu", weights: bool = True
+) -> dict[str, Any]:
     """Load one checkpoint after checking its SHA-256 (weights_only: no arbitrary unpickling).
+    A folder of shards: without `weights`, its models and optimizers stay on disk for `apply`
+    to read in shards (`sharded_from`); with them, the models are read whole in this process.
 
     Raises:
         ValueError: the file is corrupt, truncated, or not an expctl checkpoint.
     """
-    payload = read_verified(path, map_location)
+    if sharded.is_folder(path):
+        payload = sharded.read(path, map_location, weights)
+    else:
+        payload = read_verified(path, map_location)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not an expctl checkpoint of format {FORMAT}")
     return payload
@@ -330,7 +359,7 @@ def resume_point(
     if not files:
         return None
     try:
-        return files[0], load(files[0], map_location)
+        return files[0], load(files[0], map_location, weights=False)
     except ValueError as e:
         problem = e
     intact = next((p for p in files[1:] if unverified(p) is None), None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -73,6 +74,22 @@ def sync_buffers(models: dict[str, nn.Module], env: DistEnv) -> None:
                 b.copy_(v.view_as(b))
 
 
+def _evened(
+    batches: Iterator[Any], total: int, spare: Callable[[], Any]
+) -> Iterator[tuple[Any, bool]]:
+    """Each batch and whether it counts: this rank's batches, then as many uncounted ones as it
+    takes to reach `total` (its last again, or `spare()` when it has none), so that a rank with
+    fewer samples calls the model as often as the others (FSDP gathers each block's weights
+    from every rank in the forward)."""
+    count, last = 0, None
+    for batch in batches:
+        count, last = count + 1, batch
+        yield batch, True
+    for _ in range(total - count):
+        last = spare() if last is None else last
+        yield last, False
+
+
 def score_split(
     parts: Parts, env: DistEnv, split: str = "val", limit: int | None = None
 ) -> dict[str, float]:
@@ -83,21 +100,30 @@ def score_split(
         return {}
     ctx = dataclasses.replace(parts.ctx, models=parts.models)  # unwrapped: no DDP collectives
     sums: dict[str, list[Any]] = {}
-    for m in parts.models.values():
-        m.eval()
-    with torch.no_grad():
-        batches = val_batches(
+
+    def read(rank: int) -> Iterator[Any]:
+        return val_batches(
             data,
             parts.val_batch_size,
-            env.rank,
+            rank,
             env.world_size,
             ctx.device,
             parts.batches.loading,
             parts.reader,
             split,
         )
-        for batch in itertools.islice(batches, limit):
-            for k, (s, n) in parts.batch_step.val_step(ctx, batch).items():
+
+    batches = read(env.rank)
+    counted: Iterator[tuple[Any, bool]] = ((b, True) for b in batches)
+    if parts.sharded and env.distributed:  # rank 0 has the most: val_batches deals in turn
+        most = math.ceil(math.ceil(len(data) / env.world_size) / parts.val_batch_size)
+        counted = _evened(batches, most, lambda: next(read(0)))
+    for m in parts.models.values():
+        m.eval()
+    with torch.no_grad():
+        for batch, counts in itertools.islice(counted, limit):
+            scored = parts.batch_step.val_step(ctx, batch)
+            for k, (s, n) in scored.items() if counts else ():
                 acc = sums.setdefault(k, [0.0, 0.0])
                 acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
     for m in parts.models.values():

@@ -14,7 +14,7 @@ import torch
 from expctl.config.schema import Config
 from expctl.dist import DistEnv
 from expctl.errors import UserError
-from expctl.rank import checkpoint
+from expctl.rank import checkpoint, sharded
 from expctl.rank.build import Parts
 from expctl.rank.train import TrainState
 
@@ -37,7 +37,7 @@ def restore(
     where = "the run's newest checkpoint" if found else f"checkpoint.resume={resume}"
     try:
         if found is None and resume not in ("auto", "never"):
-            found, own = (Path(resume), checkpoint.load(Path(resume))), False
+            found, own = (Path(resume), checkpoint.load(Path(resume), weights=False)), False
         if found is None:
             _init_weights(cfg, parts)
             return 0
@@ -115,16 +115,17 @@ def _lrs(parts: Parts) -> str:
 
 
 def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """Model weights by model name from an expctl checkpoint, a run directory (`pick`'s
-    default) or a plain state-dict file (torch.save(model.state_dict()): the one model's).
+    """Model weights by model name from an expctl checkpoint (a file, or a folder of shards,
+    read whole), a run directory (`pick`'s default) or a plain state-dict file
+    (torch.save(model.state_dict()): the one model's).
 
     Raises:
         UserError: the file cannot be read or holds no weights for these models.
     """
-    if source.is_dir():
+    if source.is_dir() and not sharded.is_folder(source):
         return dict(checkpoint.pick(source)[1]["models"])
     try:
-        found = checkpoint.read_verified(source)
+        found = checkpoint.load(source) if source.is_dir() else checkpoint.read_verified(source)
     except ValueError as e:
         raise UserError(str(e), "give an expctl checkpoint or a torch.save'd state dict") from None
     if isinstance(found, dict) and found.get("format") == checkpoint.FORMAT:
@@ -175,7 +176,7 @@ def put_weights(
     if strict and unfit:
         raise ValueError("; ".join(unfit))
     for name, model in models.items():
-        model.load_state_dict(fitting[name], strict=False)
+        sharded.put_whole(model, fitting[name])
     return unfit
 
 

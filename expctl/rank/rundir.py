@@ -38,6 +38,8 @@ RESUMABLE_CHANGES = (
     "train.max_steps",
     "train.log_every",
     "train.gc_every",  # when Python's collector runs: not what is computed
+    "train.activation_checkpointing",  # memory against time: the same gradients
+    "train.fsdp.reshard_after_forward",
     "launcher.",
     "checkpoint.",
     "env.",

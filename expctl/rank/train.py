@@ -392,16 +392,16 @@ def _early_stop(early_stop: EarlyStopConfig, state: TrainState) -> None:
 
 def _save(ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
     """Every rank contributes its RNG state and train-metric sums; rank 0 writes the checkpoint
-    (with the validation metrics of these weights, when they were scored at this step)."""
+    (with the validation metrics of these weights, when they were scored at this step), or
+    every rank its shard of a sharded model's."""
     sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
     rng = loop.control.gather(checkpoint.rng_state())
     state.window = loop.control.gather(loop.meter.state_dict())
     loop.saved_at = state.step
     state.train_s = round(_elapsed(loop), 3)
-    if loop.env.is_main:
-        payload = checkpoint.capture(parts, state.state_dict(), rng, loop.reporter.rows)
-        scores = state.val if loop.validated_at == state.step else {}
-        checkpoint.save(loop.run_dir, payload, ckpt_cfg, scores)
+    payload = checkpoint.capture(parts, state.state_dict(), rng, loop.reporter.rows)
+    scores = state.val if loop.validated_at == state.step else {}
+    checkpoint.save(loop.run_dir, payload, ckpt_cfg, scores, loop.control)
 
 
 def _log_train(

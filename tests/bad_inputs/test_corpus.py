@@ -24,6 +24,7 @@ TINY_IMAGES = ["data=image_folder", "data.image_size=8", "data.batch_size=4", "m
 
 # a tiny real run: the mistakes found once it is built (a metric name, weights that do not fit)
 SMALL_RUN = ["run", *conftest.SMALL, "train.device=cpu", "sched=none"]
+SYNTHETIC = ["run", "data=synthetic", "data.shape=[6]", "train.device=cpu", "sched=none"]
 ARRAYS = ["run", "data=arrays", "model=mlp", "train.device=cpu", "data.batch_size=4"]
 # a language model on token files (issue 27); each case names what differs first (its id)
 TOKENS = ["data=tokens", "model=gpt", "train.step=lm", "train.device=cpu", "data.block_size=16"]
@@ -470,6 +471,33 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "model.block_size=32", *TOKENS], "model.block_size=32, but data.block_size is 16"),
     (["run", "model.n_head=5", *TOKENS], "over model.n_head=5 heads: each head's width"),
     (["run", "model.pos=alibi", *TOKENS], "model.pos='alibi' is not one of: rotary, learned"),
+    # issue 27: sharded training (FSDP2) and its checkpoints
+    (["run", "train.strategy=fsdq"], "Did you mean 'fsdp'"),
+    (["run", "train.strategy=hsdp"], "but this run has one node (launcher=inline)"),
+    (["run", "launcher=local", "train.strategy=hsdp"], "has one node (launcher=local)"),
+    (
+        [
+            *["run", "launcher=slurm", "launcher.nodes=2", "launcher.tasks_per_node=2"],
+            *["train.strategy=hsdp", "train.fsdp.shard_size=3"],
+        ],
+        "shard groups of 3 rank(s) do not divide the 4 ranks of 2 nodes",
+    ),
+    (["run", "train.fsdp.shard_size=2"], "train.fsdp.shard_size=2 is for train.strategy=hsdp"),
+    (["run", "train.strategy=fsdp", "sweep.scheduler=pbt"], "for train.strategy=ddp only"),
+    (
+        [*SYNTHETIC, "imports=[corpus_bad_dataset]", "model=scalar_gain", "train.strategy=fsdp"],
+        "parameter 'gain' of 'model' is a scalar: FSDP shards",
+    ),
+    (
+        [*SYNTHETIC, "imports=[corpus_bad_dataset]", "model=lazy_head", "train.strategy=fsdp"],
+        "before the first forward (a lazy layer): FSDP cannot shard it",
+    ),
+    (
+        [*SMALL_RUN, "train.strategy=fsdp", "checkpoint.resume=other_model.dcp"],
+        "cannot be used: its models do not match",
+    ),
+    ([*SMALL_RUN, "checkpoint.resume=other_model.dcp"], "its models do not match"),
+    ([*SMALL_RUN, "checkpoint.init=other_model.dcp"], "do not fit: model 'model' missing 4"),
 ]
 
 
@@ -566,7 +594,32 @@ def _image_inputs(tmp_path: Path) -> None:
         "@expctl.register('models')\n"
         "def nothing(num_classes: int = 10):\n"
         "    ...\n"
+        "class Gain(torch.nn.Linear):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(6, 3)\n"
+        "        self.gain = torch.nn.Parameter(torch.tensor(1.0))\n"
+        "@expctl.register('models')\n"
+        "def scalar_gain():\n"
+        "    return Gain()\n"
+        "@expctl.register('models')\n"
+        "def lazy_head(num_classes: int = 3):\n"
+        "    return torch.nn.LazyLinear(num_classes)\n"
     )
+    _other_model_checkpoint(tmp_path / "other_model.dcp")
+
+
+def _other_model_checkpoint(folder: Path) -> None:
+    """A sharded checkpoint (DCP's files and the payload beside them) of a model with other
+    parameters than SMALL_RUN's."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    state = {"models": {"model": {"w.weight": torch.zeros(2, 2)}}}
+    with warnings.catch_warnings():  # DCP's note that it saves in one process
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=folder, no_dist=True)
+    torch.save({"format": 1, "step": 3, "epoch": 0, "batch": 3}, folder / "extra.pt")
 
 
 class _RunsCode:

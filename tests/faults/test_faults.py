@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import conftest as base
 import pytest
@@ -115,52 +116,74 @@ def test_sigkill_of_a_worker_at_any_step(
 WRITE_RUN = ["train.step=stall_checkpoint_write", "train.max_steps=12", "checkpoint.every=4"]
 
 
+# ... and the same with the model sharded over 2 local workers: its checkpoint a folder of their
+# shards, the stall in rank 0's write of the rest of the payload, after every shard is written
+SHARDED = ["train.strategy=fsdp", "launcher=local", "launcher.nproc=2"]
+
+
 @pytest.fixture(scope="module")
-def write_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The weights of WRITE_RUN trained without a kill."""
+def write_reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The weights of WRITE_RUN trained without a kill, by strategy (made when first asked)."""
     work = tmp_path_factory.mktemp("write_ref")
     (work / "tiny.yml").write_text(TINY)
-    expctl(work, *WRITE_RUN, "run.dir=ref")
-    return weights(work / "ref")
+    made: dict[str, dict[str, torch.Tensor]] = {}
+
+    def reference(strategy: str) -> dict[str, torch.Tensor]:
+        if strategy not in made:
+            extra = SHARDED if strategy == "fsdp" else []
+            expctl(work, *WRITE_RUN, *extra, f"run.dir=ref_{strategy}")
+            made[strategy] = weights(work / f"ref_{strategy}")
+        return made[strategy]
+
+    return reference
 
 
-@pytest.mark.parametrize("where", ["mid", "end"])
+@pytest.mark.parametrize(("where", "strategy"), [("mid", "ddp"), ("end", "ddp"), ("mid", "fsdp")])
 def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
-    where: str, tmp_path: Path, write_reference: dict[str, torch.Tensor]
+    where: str, strategy: str, tmp_path: Path, write_reference: Any
 ) -> None:
     """SIGKILL of a run while it writes the checkpoint of step 8, stalled there by the test plugin
     (`mid`: inside torch.save, its first bytes in the file; `end`: the payload whole, before it
-    is synced and named): step 4's checkpoint stays the newest and intact, no file has step 8's
-    name, and the relaunch resumes from step 4 to the uninterrupted weights, bitwise."""
+    is synced and named): step 4's checkpoint stays the newest and intact, nothing has step 8's
+    name, and the relaunch resumes from step 4 to the uninterrupted weights, bitwise. Sharded
+    (fsdp, 2 workers): the killed write is a hidden folder with both ranks' shards in it."""
     (tmp_path / "tiny.yml").write_text(TINY)
     marker = tmp_path / "stalled.json"
     run = tmp_path / "w"
+    args = [*WRITE_RUN, *(SHARDED if strategy == "fsdp" else []), "run.dir=w"]
     stall = env(STALL_AT_STEP="8", STALL_WHERE=where, STALL_MARKER=str(marker))
-    with base.expctl_started(
-        "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w", cwd=tmp_path, env=stall
-    ) as child:
+    with base.expctl_started("run", "-C", "tiny.yml", *args, cwd=tmp_path, env=stall) as child:
         base.wait_for(
             "the stall", lambda: marker.exists() or not Path(f"/proc/{child.pid}").exists()
         )
         assert marker.exists(), f"never stalled in the write: {child.wait()}"
-        os.kill(child.pid, signal.SIGKILL)
+        os.kill(child.pid, signal.SIGKILL)  # local workers die with their launcher
         killed = child.wait()
     assert killed.returncode == -signal.SIGKILL, killed
+    base.wait_for("the workers to end", lambda: not base.workers_of(run))
     stalled = json.loads(marker.read_text())
     partial = Path(stalled["file"])
-    previous = checkpoint.path_for(run, 4)
-    assert partial.parent == previous.parent and partial.name.startswith(".step_000000008.pt.tmp-")
+    previous = checkpoint.path_for(run, 4, shards=strategy == "fsdp")
+    if strategy == "fsdp":
+        folder = partial.parent
+        assert folder.parent == previous.parent and partial.name == "extra.pt"
+        assert folder.name.startswith(".step_000000008.dcp.tmp-")
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {f.name for f in folder.iterdir()}
+    else:
+        assert partial.parent == previous.parent
+        assert partial.name.startswith(".step_000000008.pt.tmp-")
     assert partial.stat().st_size == stalled["bytes"], "killed where it stalled"
     assert checkpoint.list_checkpoints(run) == [previous], "nothing under step 8's name"
     found = checkpoint.resume_point(run)
     assert found is not None and found[0] == previous and found[1]["step"] == 4
-    again = expctl(tmp_path, *WRITE_RUN, "run.dir=w")
+    again = expctl(tmp_path, *args)
     assert f"resumed from {previous} (step 4," in again.stdout, again.stdout
-    assert not list(previous.parent.glob(".step_*.tmp-*")), "the partial file is cleaned up"
-    full = checkpoint.path_for(run, 8).stat().st_size  # the same payload, written whole
-    assert (0 < stalled["bytes"] < full) if where == "mid" else stalled["bytes"] == full
-    got = weights(run)
-    assert all(torch.equal(got[k], write_reference[k]) for k in write_reference)
+    assert not list(previous.parent.glob(".step_*.tmp-*")), "the partial write is cleaned up"
+    full = checkpoint.path_for(run, 8, shards=strategy == "fsdp")
+    size = (full / "extra.pt" if full.is_dir() else full).stat().st_size  # written whole
+    assert (0 < stalled["bytes"] < size) if where == "mid" else stalled["bytes"] == size
+    got, ref = weights(run), write_reference(strategy)
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
@@ -190,11 +213,15 @@ def test_a_corrupt_newest_checkpoint_is_refused_and_set_aside_by_hand(
     assert f"resumed from {previous}" in proc.stdout
 
 
-def test_full_disk_during_a_checkpoint_write(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_full_disk_during_a_checkpoint_write(strategy: str, tmp_path: Path) -> None:
     """A first run checkpoints normally (~2.3 MB files); its continuation may not grow a file past
     1 MB (RLIMIT_FSIZE, as a full disk would stop it): a clear one-line error, exit 1, the
-    previous checkpoint intact and still the newest, no partial file left."""
-    (tmp_path / "tiny.yml").write_text(TINY.replace("hidden: [32]", "hidden: [512, 512]"))
+    previous checkpoint intact and still the newest, no partial file left. The same for a
+    sharded run's folder (DCP's writer fails inside its own threads)."""
+    train = f"train: {{max_epochs: 2, log_every: 4, strategy: {strategy}}}"
+    big = TINY.replace("hidden: [32]", "hidden: [512, 512]")
+    (tmp_path / "tiny.yml").write_text(big.replace("train: {max_epochs: 2, log_every: 4}", train))
 
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -446,7 +473,7 @@ def _tensors(tree: object, at: str = "") -> dict[str, torch.Tensor]:
     return {}
 
 
-@pytest.mark.parametrize("launcher", ["inline", "local"])
+@pytest.mark.parametrize("launcher", ["inline", "local", "local_fsdp"])
 def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
     launcher: str, tmp_path: Path
 ) -> None:
@@ -454,10 +481,11 @@ def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
     launcher=local the launcher passes it on to each rank's process group, DataLoader workers
     included, which leave it to their rank): every rank stops at the same step, the checkpoint
     of that step is saved, the last line says how to resume, exit 143; and that command
-    resumes."""
+    resumes. The same with the model sharded over the ranks (each writes its shard)."""
     (tmp_path / "tiny.yml").write_text(STREAMED)
     run_dir = tmp_path / "term"
-    ranks = ["launcher=local", "launcher.nproc=2"] if launcher == "local" else []
+    ranks = ["launcher=local", "launcher.nproc=2"] if launcher != "inline" else []
+    ranks += ["train.strategy=fsdp"] if launcher == "local_fsdp" else []
     args = [*ranks, "train.step=slow", "train.max_epochs=20", f"run.dir={run_dir}"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],

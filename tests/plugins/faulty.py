@@ -66,6 +66,34 @@ def tiny_custom(input_shape: tuple[int, ...] = (20,), num_classes: int = 4, widt
     )
 
 
+@register("models", "tiny_blocks", inferred=("in_channels", "num_classes"))
+def tiny_blocks(in_channels: int = 1, num_classes: int = 4, width: int = 8):
+    """A conv net with BatchNorm that names its `blocks` (FSDP shards each on its own)."""
+    from torch import nn
+
+    class TinyBlocks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(in_channels, width, 3, padding=1)
+            self.blocks = nn.ModuleList(
+                nn.Sequential(
+                    nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()
+                )
+                for _ in range(2)
+            )
+            self.head = nn.Sequential(
+                nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes)
+            )
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            x = self.stem(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    return TinyBlocks()
+
+
 @register("steps", "slow")
 class Slow(Supervised):
     """Supervised, sleeping $SLOW_STEP_S (default 0.05 s) per step: time to signal a running job;
