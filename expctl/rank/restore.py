@@ -6,6 +6,7 @@ alone from an expctl checkpoint, a run directory or a plain state-dict file (`lo
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ def restore(
     own = resume == "auto" or env.restart_count > 0
     found = checkpoint.resume_point(run_dir) if own else None
     where = "the run's newest checkpoint" if found else f"checkpoint.resume={resume}"
+    began = time.perf_counter()
     try:
         if found is None and resume not in ("auto", "never"):
             found, own = (Path(resume), checkpoint.load(Path(resume), weights=False)), False
@@ -50,7 +52,9 @@ def restore(
             "resume from a checkpoint of the same model and optimizer (its run's config.yaml "
             "says which), or start afresh with checkpoint.resume=never",
         ) from None
-    log.info("resumed from %s (%s)", found[0], state.where())
+    log.info(
+        "resumed from %s (%s), read in %.1f s", found[0], state.where(), time.perf_counter() - began
+    )
     if cfg.checkpoint.init is not None:
         log.info(
             "checkpoint.init=%s not used: the run continues from a checkpoint", cfg.checkpoint.init

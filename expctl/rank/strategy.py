@@ -23,7 +23,6 @@ from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
-    noop_context_fn,
 )
 
 from expctl.config.schema import Config, TrainConfig
@@ -100,7 +99,7 @@ def prepare(
     cfg: Config, models: dict[str, nn.Module], env: DistEnv, device: torch.device, precision: str
 ) -> None:
     """Before the optimizers are made, in place: activation checkpointing per block, FSDP2 on
-    each block then the model (fsdp, hsdp; `precision` resolved: 32, bf16 or 16), and a model
+    each block then the model (each block's forward compiled first where train.compile asks) (fsdp, hsdp; `precision` resolved: 32, bf16 or 16), and a model
     built on the meta device made and initialised where its weights now live (its
     `init_weights()`)."""
     train_cfg = cfg.train
@@ -125,6 +124,9 @@ def prepare(
         if device.type != "cuda":  # DTensor's random ops on CPU would repeat one shard's values
             materialise(cfg.model.name, name, m, device, train_cfg.seed)
         if mesh is not None:
+            if train_cfg.compile:  # per block, FSDP's hooks outside the graphs (torchtitan's way)
+                for unit in units or [m]:
+                    unit.forward = torch.compile(unit.forward, mode=train_cfg.compile_mode)
             _fully_shard(train_cfg, m, units, mesh, _LOW.get(precision))
     for name, m in models.items():  # on CUDA each rank makes its shards alone
         materialise(cfg.model.name, name, m, device, train_cfg.seed)
@@ -250,11 +252,17 @@ def _checkpoint_forward(block: nn.Module, mode: str) -> None:
     The forward is replaced on the instance rather than wrapped in another module, so that
     parameter names, and with them checkpoints, stay those of the model without it."""
     inner = block.forward
-    context: Callable[[], Any] = _selective if mode == "selective" else noop_context_fn
+    # two functions, each naming its context_fn (a global) rather than holding it in a variable:
+    # torch.compile traces a checkpoint only where it can resolve the context_fn it is given
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(inner, *args, use_reentrant=False, context_fn=context, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
+    def selective(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False, context_fn=_selective, **kwargs)
+
+    if mode == "selective":
+        forward = selective
     block.forward = forward
 
 
@@ -316,7 +324,8 @@ def _batchnorm_buffers_only(model: nn.Module) -> bool:
 
 def wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
     """What the step calls: the model in DDP (ddp, several ranks; a sharded model is its own
-    wrapper), compiled when train.compile asks."""
+    wrapper), compiled when train.compile asks (a sharded model's blocks were compiled one by
+    one in `prepare`, before sharding)."""
     out: nn.Module = model
     trains = any(p.requires_grad for p in model.parameters())
     if cfg.train.strategy == "ddp" and env.distributed and trains:
@@ -331,6 +340,6 @@ def wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> n
             gradient_as_bucket_view=True,
             **flag,
         )
-    if cfg.train.compile:
+    if cfg.train.compile and not sharded(cfg.train, env):
         out = torch.compile(out, mode=cfg.train.compile_mode)  # type: ignore[assignment]
     return out

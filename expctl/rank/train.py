@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from expctl.builtin.steps import derived, no_sync
 from expctl.config.schema import CheckpointConfig, EarlyStopConfig, TrainConfig
 from expctl.dist import DistEnv
@@ -401,7 +403,10 @@ def _save(ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loo
     state.train_s = round(_elapsed(loop), 3)
     payload = checkpoint.capture(parts, state.state_dict(), rng, loop.reporter.rows)
     scores = state.val if loop.validated_at == state.step else {}
-    checkpoint.save(loop.run_dir, payload, ckpt_cfg, scores, loop.control)
+    began = time.perf_counter()
+    written = checkpoint.save(loop.run_dir, payload, ckpt_cfg, scores, loop.control)
+    if written is not None and loop.env.is_main:
+        log.info("checkpoint %s written in %.1f s", written.name, time.perf_counter() - began)
 
 
 def _log_train(
@@ -422,6 +427,10 @@ def _log_train(
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
     event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
+    device = parts.ctx.device
+    if device.type == "cuda":  # the most this rank's GPU held since the last row, its weights' too
+        event["perf/max_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        torch.cuda.reset_peak_memory_stats(device)
     event = derived(parts.batch_step, event)
     loop.reporter.record(state.step, state.epoch_number, event, "train")
     loop.mark, loop.mark_step = now, state.step
