@@ -12,6 +12,9 @@
 #   bash bench/gpu.sh fprof     profiles of the Fashion CNN step, expctl and raw, 1 and 4 GPUs
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
+#   bash bench/gpu.sh fsdp      issue 27: ~1B GPT expctl fsdp vs a raw FSDP2 loop (1/2/4 GPUs, eager and
+#                               compiled), ~8B under ddp and fsdp, a 4 -> 2 GPU resume (bench/fsdp_bench.py)
+#   bash bench/gpu.sh parity    the ResNet-50 rows of the harness (DDP: expctl vs raw), 1 and 4 GPUs
 #   bash bench/gpu.sh sweep     16-trial sweeps (Fashion CNN, ResNet-18 32x32): serial on one GPU,
 #                               one GPU per trial, four trials per GPU (bench/sweep_bench.py gpu);
 #                               EPOCHS=N longer trials, SETTINGS=one,quarter a subset, WORKLOADS=...
@@ -105,6 +108,11 @@ bn)
   echo "== reported accuracy vs the saved model's, Fashion-MNIST ResNet-18, 240 steps"
   python3 bench/bn_parity.py --workers 1 2 --extra data.root=.data/fashion-mnist
   python3 bench/bn_parity.py --workers 2 --extra data.root=.data/fashion-mnist train.sync_batchnorm=true ;;
+fsdp)  # issue 27: train.strategy=fsdp against a raw FSDP2 loop (bench/fsdp_bench.py); PARTS=speed,...
+  python3 bench/fsdp_bench.py --gpus $counts ${PARTS:+--parts $PARTS} --out "$OUT/fsdp" ;;
+parity)  # DDP unchanged: the compute-bound ResNet-50 rows of the harness (expctl vs raw DDP)
+  python3 bench/harness.py --suite gpu --only compute --gpus ${PARITY_GPUS:-1,4} --out "$OUT/parity.json" \
+    2>&1 | tee "$OUT/parity.md" ;;
 sweep)  # issue 24: trials side by side on the GPUs
   for w in ${WORKLOADS:-fashion_cnn resnet18_32}; do
     echo "== 16 trials of $w: serial (1 GPU), 1 GPU each, 0.25 GPU each"
