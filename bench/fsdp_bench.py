@@ -9,7 +9,7 @@ Parts (one table each, to stdout and DIR/fsdp.md; raw figures to DIR/fsdp.json a
            the raw loop's; MFU against the bf16 matmul rate measured now (bench/peak.py); peak
            memory per GPU; the time expctl's final sharded checkpoint took to write.
 - compile: the same with train.compile=true / torch.compile per block, at 1 and the most GPUs.
-- big:     a ~8B GPT (40 x 4096, 32 heads), batch 2 per GPU, full activation checkpointing, on
+- big:     a ~10B GPT (48 x 4096, 32 heads: its fp32 weights, gradients and AdamW state, 16 bytes a parameter, pass 141 GB, an H200's memory), batch 2 per GPU, full activation checkpointing, on
            the most GPUs: ddp (every rank holds weights, gradients and AdamW state: expected out
            of memory) and fsdp (tokens/s, peak memory per GPU).
 - resume:  the speed part's checkpoint of the most GPUs (step --steps) continued for 100 steps
@@ -74,11 +74,11 @@ class Bench:
         self.lines: list[str] = []
         if self.smoke:
             self.vocab, self.block = 512, 64
-            self.sizes = {"1B": (2, 32, 4), "8B": (2, 64, 4)}  # layers, d_model, heads
+            self.sizes = {"1B": (2, 32, 4), "10B": (2, 64, 4)}  # layers, d_model, heads
             self.batch, self.steps, self.warmup, self.more = 4, 6, 2, 4
         else:
             self.vocab, self.block = 50304, 2048
-            self.sizes = {"1B": (18, 2048, 16), "8B": (40, 4096, 32)}
+            self.sizes = {"1B": (18, 2048, 16), "10B": (48, 4096, 32)}
             self.batch, self.steps, self.warmup, self.more = 4, 30, 10, 100
 
     # --- the contenders ---------------------------------------------------------------------
@@ -197,13 +197,13 @@ class Bench:
                 self.results["resume_from"] = ours.get("run_dir")
 
     def big(self, n: int) -> None:
-        self.say(f"\n### ~8B GPT, bf16, batch 2 x {self.block} tokens per GPU, {n} GPUs, full "
+        self.say(f"\n### ~10B GPT, bf16, batch 2 x {self.block} tokens per GPU, {n} GPUs, full "
                  "activation checkpointing\n")  # fmt: skip
         self.say("| strategy | result | tokens/s | MFU | peak GiB/GPU | wall s |")
         self.say("|---|---|---|---|---|---|")
         for strategy in ("ddp", "fsdp"):
             extra = [f"train.strategy={strategy}", "train.activation_checkpointing=full"]
-            got = self.expctl("8B", n, 2, extra, f"big-{strategy}", timeout=420)
+            got = self.expctl("10B", n, 2, extra, f"big-{strategy}", timeout=420)
             got.pop("losses", None)
             self.record({"part": "big", "gpus": n, "strategy": strategy, "expctl": got})
             result = "trained" if got["rc"] == 0 else f"exit {got['rc']}: {got.get('error', '')}"

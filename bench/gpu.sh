@@ -13,7 +13,7 @@
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
 #   bash bench/gpu.sh fsdp      issue 27: ~1B GPT expctl fsdp vs a raw FSDP2 loop (1/2/4 GPUs, eager and
-#                               compiled), ~8B under ddp and fsdp, a 4 -> 2 GPU resume (bench/fsdp_bench.py)
+#                               compiled), ~10B under ddp and fsdp, a 4 -> 2 GPU resume (bench/fsdp_bench.py)
 #   bash bench/gpu.sh parity    the ResNet-50 rows of the harness (DDP: expctl vs raw), 1 and 4 GPUs
 #   bash bench/gpu.sh sweep     16-trial sweeps (Fashion CNN, ResNet-18 32x32): serial on one GPU,
 #                               one GPU per trial, four trials per GPU (bench/sweep_bench.py gpu);
