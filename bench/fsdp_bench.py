@@ -9,8 +9,9 @@ Parts (one table each, to stdout and DIR/fsdp.md; raw figures to DIR/fsdp.json a
            the raw loop's; MFU against the bf16 matmul rate measured now (bench/peak.py); peak
            memory per GPU; the time expctl's final sharded checkpoint took to write.
 - compile: the same with train.compile=true / torch.compile per block, at 1 and the most GPUs.
-- big:     a ~10B GPT (48 x 4096, 32 heads: its fp32 weights, gradients and AdamW state, 16 bytes a parameter, pass 141 GB, an H200's memory), batch 2 per GPU, full activation checkpointing, on
-           the most GPUs: ddp (every rank holds weights, gradients and AdamW state: expected out
+- big:     a ~10B GPT (48 x 4096, 32 heads), batch 2 per GPU, full activation checkpointing,
+           on the most GPUs: ddp (every rank holds the fp32 weights, gradients and AdamW state,
+           16 bytes a parameter: ~160 GB, more than an H100's or an H200's memory: expected out
            of memory) and fsdp (tokens/s, peak memory per GPU).
 - resume:  the speed part's checkpoint of the most GPUs (step --steps) continued for 100 steps
            on half the GPUs (twice the batch per GPU: the same global batches) and on as many GPUs
@@ -209,7 +210,7 @@ class Bench:
             result = "trained" if got["rc"] == 0 else f"exit {got['rc']}: {got.get('error', '')}"
             self.say(
                 f"| {strategy} | {result} | {got.get('tokens_per_s', '-')} | "
-                f"{self.mfu(got.get('tokens_per_s'), '8B', n)} | {got.get('max_mem_gib', '-')} | "
+                f"{self.mfu(got.get('tokens_per_s'), '10B', n)} | {got.get('max_mem_gib', '-')} | "
                 f"{got['wall_s']} |"
             )
             shutil.rmtree(self.work / f"big-{strategy}", ignore_errors=True)
