@@ -67,6 +67,10 @@ class Bench:
         self.out.mkdir(parents=True, exist_ok=True)
         self.work = Path(args.work)
         self.data = self.work / "tokens"
+        # the big model's final checkpoint (~120 GB) goes to memory where there is room
+        shm = Path("/dev/shm")
+        room = shm.is_dir() and shutil.disk_usage(shm).free > 150e9
+        self.shm = shm / "fsdp-bench" if room else self.work
         self.env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -88,7 +92,7 @@ class Bench:
         self, size: str, n: int, batch: int, extra: list[str], name: str, timeout: float = 600
     ) -> dict[str, Any]:
         layers, dim, heads = self.sizes[size]
-        run_dir = self.work / name
+        run_dir = (self.shm if size == "10B" else self.work) / name
         shutil.rmtree(run_dir, ignore_errors=True)
         overrides = [
             "model=gpt", f"model.n_layer={layers}", f"model.d_model={dim}", f"model.n_head={heads}",
@@ -213,7 +217,7 @@ class Bench:
                 f"{self.mfu(got.get('tokens_per_s'), '10B', n)} | {got.get('max_mem_gib', '-')} | "
                 f"{got['wall_s']} |"
             )
-            shutil.rmtree(self.work / f"big-{strategy}", ignore_errors=True)
+            shutil.rmtree(self.shm / f"big-{strategy}", ignore_errors=True)
 
     def resume(self, n: int) -> None:
         source = self.results.get("resume_from")
