@@ -201,12 +201,12 @@ class Bench:
             if keep:
                 self.results["resume_from"] = ours.get("run_dir")
 
-    def big(self, n: int) -> None:
+    def big(self, n: int, strategies: list[str]) -> None:
         self.say(f"\n### ~10B GPT, bf16, batch 2 x {self.block} tokens per GPU, {n} GPUs, full "
                  "activation checkpointing\n")  # fmt: skip
         self.say("| strategy | result | tokens/s | MFU | peak GiB/GPU | wall s |")
         self.say("|---|---|---|---|---|---|")
-        for strategy in ("ddp", "fsdp"):
+        for strategy in strategies:
             extra = [f"train.strategy={strategy}", "train.activation_checkpointing=full"]
             got = self.expctl("10B", n, 2, extra, f"big-{strategy}", timeout=420)
             got.pop("losses", None)
@@ -266,6 +266,8 @@ def main() -> None:
     p.add_argument("--gpus", default="1,2,4", help="GPU counts of the speed part")
     p.add_argument("--out", default="/tmp/out")
     p.add_argument("--work", default="/tmp/fsdp-bench", help="token files and run directories")
+    p.add_argument("--compile-gpus", default=None, help="GPU counts of the compile part (1,MOST)")
+    p.add_argument("--big-strategies", default="ddp,fsdp", help="the big part's strategies")
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, a tiny GPT (the tests)")
     args = p.parse_args()
     bench, counts = Bench(args), [int(x) for x in args.gpus.split(",")]
@@ -279,9 +281,10 @@ def main() -> None:
     if "speed" in parts or "resume" in parts:
         bench.throughput(counts, compiled=False)
     if "compile" in parts:
-        bench.throughput(sorted({min(counts), most}), compiled=True)
+        chosen = args.compile_gpus or f"{min(counts)},{most}"
+        bench.throughput(sorted({int(x) for x in chosen.split(",")}), compiled=True)
     if "big" in parts:
-        bench.big(most)
+        bench.big(most, args.big_strategies.split(","))
     if "resume" in parts:
         bench.resume(most)
 

@@ -109,7 +109,8 @@ bn)
   python3 bench/bn_parity.py --workers 1 2 --extra data.root=.data/fashion-mnist
   python3 bench/bn_parity.py --workers 2 --extra data.root=.data/fashion-mnist train.sync_batchnorm=true ;;
 fsdp)  # issue 27: train.strategy=fsdp against a raw FSDP2 loop (bench/fsdp_bench.py); PARTS=speed,...
-  python3 bench/fsdp_bench.py --gpus $counts ${PARTS:+--parts $PARTS} --out "$OUT/fsdp" ;;
+  python3 bench/fsdp_bench.py --gpus ${FSDP_GPUS:-$counts} ${PARTS:+--parts $PARTS} ${COMPILE_GPUS:+--compile-gpus $COMPILE_GPUS} \
+    ${BIG:+--big-strategies $BIG} --out "$OUT/fsdp" ;;
 parity)  # DDP unchanged: the compute-bound ResNet-50 rows of the harness (expctl vs raw DDP)
   python3 bench/harness.py --suite gpu --only compute --gpus ${PARITY_GPUS:-1,4} --out "$OUT/parity.json" \
     2>&1 | tee "$OUT/parity.md" ;;

@@ -98,8 +98,9 @@ def _initialises(model: nn.Module) -> bool:
 def prepare(
     cfg: Config, models: dict[str, nn.Module], env: DistEnv, device: torch.device, precision: str
 ) -> None:
-    """Before the optimizers are made, in place: activation checkpointing per block, FSDP2 on
-    each block then the model (each block's forward compiled first where train.compile asks) (fsdp, hsdp; `precision` resolved: 32, bf16 or 16), and a model
+    """Before the optimizers are made, in place: activation checkpointing per block, each
+    block's forward compiled (fsdp, hsdp, where train.compile asks), FSDP2 on each block then
+    the model (fsdp, hsdp on several ranks; `precision` resolved: 32, bf16 or 16), and a model
     built on the meta device made and initialised where its weights now live (its
     `init_weights()`)."""
     train_cfg = cfg.train
@@ -123,10 +124,10 @@ def prepare(
             _check_shardable(cfg.model.name, name, m)
         if device.type != "cuda":  # DTensor's random ops on CPU would repeat one shard's values
             materialise(cfg.model.name, name, m, device, train_cfg.seed)
+        if train_cfg.compile and train_cfg.strategy != "ddp":  # per block (torchtitan's way):
+            for unit in units or [m]:  # FSDP's hooks outside the graphs, on any number of ranks
+                unit.forward = torch.compile(unit.forward, mode=train_cfg.compile_mode)
         if mesh is not None:
-            if train_cfg.compile:  # per block, FSDP's hooks outside the graphs (torchtitan's way)
-                for unit in units or [m]:
-                    unit.forward = torch.compile(unit.forward, mode=train_cfg.compile_mode)
             _fully_shard(train_cfg, m, units, mesh, _LOW.get(precision))
     for name, m in models.items():  # on CUDA each rank makes its shards alone
         materialise(cfg.model.name, name, m, device, train_cfg.seed)
@@ -324,8 +325,8 @@ def _batchnorm_buffers_only(model: nn.Module) -> bool:
 
 def wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
     """What the step calls: the model in DDP (ddp, several ranks; a sharded model is its own
-    wrapper), compiled when train.compile asks (a sharded model's blocks were compiled one by
-    one in `prepare`, before sharding)."""
+    wrapper), compiled when train.compile asks (under fsdp and hsdp its blocks were compiled one
+    by one in `prepare`, before sharding)."""
     out: nn.Module = model
     trains = any(p.requires_grad for p in model.parameters())
     if cfg.train.strategy == "ddp" and env.distributed and trains:
@@ -340,6 +341,6 @@ def wrap(cfg: Config, model: nn.Module, env: DistEnv, device: torch.device) -> n
             gradient_as_bucket_view=True,
             **flag,
         )
-    if cfg.train.compile and not sharded(cfg.train, env):
+    if cfg.train.compile and cfg.train.strategy == "ddp":
         out = torch.compile(out, mode=cfg.train.compile_mode)  # type: ignore[assignment]
     return out
