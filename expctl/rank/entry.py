@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from expctl.config.frozen import redacted
@@ -55,7 +56,10 @@ def main(
     state = TrainState()
     held: rundir.RunLock | None = None
     try:
-        with _process_group(cfg, env, device) as control, _one_voice(control, env, state):
+        with (
+            _process_group(cfg, env, device) as control,
+            _one_voice(control, env, state, cfg.train),
+        ):
             cfg, held = _agree_run_dir(cfg, env, control, lock)
             run_dir = Path(str(cfg.run.dir))
             setup_logging(run_dir, env.is_main, env.rank)
@@ -128,7 +132,9 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 
 
 @contextlib.contextmanager
-def _one_voice(control: Control, env: DistEnv, state: TrainState) -> Iterator[None]:
+def _one_voice(
+    control: Control, env: DistEnv, state: TrainState, train_cfg: TrainConfig
+) -> Iterator[None]:
     """One line for a failure, whichever rank met it: the first rank to fail prints its error
     (`quiet` marks the others'), and a rank whose peer's process ended says only that, in one
     line (none under the local launcher, which reports a peer that died without a word)."""
@@ -137,6 +143,10 @@ def _one_voice(control: Control, env: DistEnv, state: TrainState) -> Iterator[No
     except (UserError, RunError) as e:
         e.quiet = not control.first_to_fail()
         raise
+    except torch.OutOfMemoryError as e:
+        short = out_of_memory(e, env, state, train_cfg)
+        short.quiet = not control.first_to_fail()
+        raise short from None
     except RuntimeError as e:
         if not env.distributed or not any(s in str(e) for s in PEER_GONE):
             raise
@@ -146,6 +156,26 @@ def _one_voice(control: Control, env: DistEnv, state: TrainState) -> Iterator[No
         )
         lost.quiet = env.source == "local"
         raise lost from None
+
+
+def out_of_memory(
+    e: BaseException, env: DistEnv, state: TrainState, train_cfg: TrainConfig
+) -> RunError:
+    """torch's out-of-memory error in one line: what it tried to allocate and what the GPU
+    holds, and what to change (sharding first, where the model is held whole)."""
+    said = str(e).split("Including non-PyTorch", 1)[0].replace("CUDA out of memory. ", "")
+    ways = ["lower data.batch_size (train.grad_accum keeps the batch)"]
+    if train_cfg.activation_checkpointing == "none":
+        ways.append("train.activation_checkpointing=full")
+    if train_cfg.strategy == "ddp":
+        ways.insert(0, "train.strategy=fsdp (weights, gradients and optimizer state split over "
+                       "the GPUs)")  # fmt: skip
+    else:
+        ways.append("more GPUs")
+    return RunError(
+        f"rank {env.rank}: out of GPU memory near step {state.step + 1}: {' '.join(said.split())} "
+        f"To fit: {'; '.join(ways)}"
+    )
 
 
 def _train(

@@ -299,6 +299,23 @@ def test_a_user_error_in_local_workers_ends_the_output_in_two_lines(
     assert "exitcode" not in proc.stderr and "Connection closed" not in proc.stderr
 
 
+def test_out_of_gpu_memory_ends_the_run_in_one_line_with_what_to_change(tmp_path: Path) -> None:
+    """torch's out-of-memory error on both ranks (raised by the step: the CPU has no CUDA
+    allocator to fill): one line from the first rank, no traceback, what it tried to allocate,
+    and under ddp the strategy that shards; exit 1, the run directory kept."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    proc = expctl(
+        tmp_path, *LOCAL[:2], "train.step=oom_at_step", "run.dir=o", check=False,
+        env=env(OOM_AT_STEP="3"),
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("expctl: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "out of GPU memory near step 3: Tried to allocate 192.00 MiB." in errors[0]
+    assert "train.strategy=fsdp" in errors[0] and "Including non-PyTorch" not in errors[0]
+    assert "exitcode" not in proc.stderr and (tmp_path / "o" / "config.yaml").exists()
+
+
 def test_nan_loss_skip_drops_the_update_and_counts_it(tmp_path: Path) -> None:
     (tmp_path / "tiny.yml").write_text(TINY)
     expctl(

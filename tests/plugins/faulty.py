@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+import torch
+
 from expctl import register
 from expctl.builtin.steps import Supervised
 
@@ -128,6 +130,25 @@ class NanAtStep(Supervised):
         if NanAtStep.calls in bad:
             x, y = batch
             batch = (x * float("nan"), y)
+        return super().train_step(ctx, batch)
+
+
+@register("steps", "oom_at_step")
+class OomAtStep(Supervised):
+    """Supervised, but the micro-batch $OOM_AT_STEP raises torch's out-of-memory error with the
+    text the CUDA allocator gives it (the CPU has no such allocator to fill)."""
+
+    calls = 0
+
+    def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
+        OomAtStep.calls += 1
+        if OomAtStep.calls == int(os.environ.get("OOM_AT_STEP", "0")):
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 192.00 MiB. GPU 0 has a total capacity of "
+                "79.19 GiB of which 17.06 MiB is free. Including non-PyTorch memory, this process "
+                "has 79.17 GiB memory in use. Of the allocated memory 77.1 GiB is allocated by "
+                "PyTorch. See documentation for Memory Management"
+            )
         return super().train_step(ctx, batch)
 
 
