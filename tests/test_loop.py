@@ -395,12 +395,16 @@ def _blocks_model() -> Any:
     return Blocks()
 
 
-@pytest.mark.parametrize("mode", ["full", "selective"])
+@pytest.mark.parametrize(
+    "mode, compiled", [("full", False), ("selective", False), ("full", True), ("selective", True)]
+)
 def test_activation_checkpointing_keeps_the_gradients_and_the_parameter_names(
-    mode: str, tmp_path: Path
+    mode: str, compiled: bool, tmp_path: Path
 ) -> None:
     """Each block's activations recomputed in the backward (a model's `blocks`): the same
-    gradients as without, and the same state-dict keys (checkpoints stay interchangeable)."""
+    gradients as without, and the same state-dict keys (checkpoints stay interchangeable).
+    Under fsdp with train.compile each checkpointed block is compiled on its own, and
+    torch.compile traces the checkpoint (it refused a context_fn held in a variable)."""
     import torch
 
     from expctl.rank import strategy
@@ -408,7 +412,8 @@ def test_activation_checkpointing_keeps_the_gradients_and_the_parameter_names(
     torch.manual_seed(0)
     plain, checkpointed = _blocks_model(), _blocks_model()
     checkpointed.load_state_dict(plain.state_dict())
-    cfg = _cfg(tmp_path, f"train.activation_checkpointing={mode}")
+    extra = ["train.strategy=fsdp", "train.compile=true"] if compiled else []
+    cfg = _cfg(tmp_path, f"train.activation_checkpointing={mode}", *extra)
     strategy.prepare(cfg, {"model": checkpointed}, DistEnv(), torch.device("cpu"), "32")
     assert all(b.forward != type(b).forward for b in checkpointed.blocks)
     x = torch.randn(4, 6)

@@ -253,8 +253,8 @@ def _checkpoint_forward(block: nn.Module, mode: str) -> None:
     The forward is replaced on the instance rather than wrapped in another module, so that
     parameter names, and with them checkpoints, stay those of the model without it."""
     inner = block.forward
-    # two functions, each naming its context_fn (a global) rather than holding it in a variable:
-    # torch.compile traces a checkpoint only where it can resolve the context_fn it is given
+    # two functions: the full one passes no context_fn, since torch.compile cannot trace a
+    # checkpoint given torch's noop_context_fn through a variable (InternalTorchDynamoError)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(inner, *args, use_reentrant=False, **kwargs)
