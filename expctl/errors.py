@@ -93,6 +93,11 @@ class Reported(RunError):
         self.code = code
 
 
+class OutOfMemory(RunError):
+    """A rank ran out of GPU memory (torch's OutOfMemoryError is its cause): one line saying
+    what torch tried to allocate and what to change."""
+
+
 class CheckpointError(RunError):
     """A checkpoint could not be written (disk full, permissions); the previous one is intact."""
 

@@ -164,11 +164,16 @@ def test_out_of_memory_on_a_shared_gpu_names_the_setting_that_packed_it(
     class OutOfMemoryError(RuntimeError):  # torch's, by name: the ledger imports no torch
         pass
 
+    from expctl.errors import OutOfMemory
+
     oom = OutOfMemoryError("CUDA out of memory. Tried to allocate 784.00 MiB")
+    said = OutOfMemory("rank 0: out of GPU memory near step 3: ... To fit: ...")  # the rank's
     assert failure_text(oom).startswith("OutOfMemoryError: CUDA out of memory"), "a GPU of its own"
+    assert failure_text(said) == str(said)
     monkeypatch.setenv(SHARE_ENV, "4")
-    text = failure_text(oom)
-    assert "shared by up to 4 trials" in text and "sweep.gpus_per_trial" in text
+    for error in (oom, said):
+        text = failure_text(error)
+        assert "shared by up to 4 trials" in text and "sweep.gpus_per_trial" in text
     assert failure_text(ValueError("x\ny")) == "ValueError: x"
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl.config.schema import SweepConfig
+from expctl.errors import OutOfMemory
 from expctl.jobs import pbt
 from expctl.layout import RunDir, SweepDir
 from expctl.rank.hooks import Hooks
@@ -203,11 +204,14 @@ def failure_text(error: BaseException) -> str:
     """How the ledger says why a trial failed: its error's first line; running out of GPU
     memory on a shared GPU says which setting packed it there."""
     shared = int(os.environ.get(SHARE_ENV, "1") or 1)
-    if type(error).__name__ == "OutOfMemoryError" and shared > 1:
+    out_of_memory = isinstance(error, OutOfMemory) or type(error).__name__ == "OutOfMemoryError"
+    if out_of_memory and shared > 1:
         return (
             f"CUDA out of memory on a GPU shared by up to {shared} trials: give each trial more "
             "of it (raise sweep.gpus_per_trial) or lower data.batch_size"
         )
+    if isinstance(error, OutOfMemory):  # its one line says what to change
+        return str(error)
     return f"{type(error).__name__}: {error}".splitlines()[0][:200]
 
 

@@ -21,7 +21,14 @@ import torch.distributed as dist
 from expctl.config.frozen import redacted
 from expctl.config.schema import Config, TrainConfig, monitors
 from expctl.dist import DistEnv, apply_env, init_process_group
-from expctl.errors import EXIT_PREEMPTED, Interrupted, Preempted, RunError, UserError
+from expctl.errors import (
+    EXIT_PREEMPTED,
+    Interrupted,
+    OutOfMemory,
+    Preempted,
+    RunError,
+    UserError,
+)
 from expctl.layout import RunDir
 from expctl.rank import provenance, rundir
 from expctl.rank.build import Parts, build, pick_device, resolve_precision
@@ -146,7 +153,7 @@ def _one_voice(
     except torch.OutOfMemoryError as e:
         short = out_of_memory(e, env, state, train_cfg)
         short.quiet = not control.first_to_fail()
-        raise short from None
+        raise short from e
     except RuntimeError as e:
         if not env.distributed or not any(s in str(e) for s in PEER_GONE):
             raise
@@ -160,7 +167,7 @@ def _one_voice(
 
 def out_of_memory(
     e: BaseException, env: DistEnv, state: TrainState, train_cfg: TrainConfig
-) -> RunError:
+) -> OutOfMemory:
     """torch's out-of-memory error in one line: what it tried to allocate and what the GPU
     holds, and what to change (sharding first, where the model is held whole)."""
     said = str(e).split("Including non-PyTorch", 1)[0].replace("CUDA out of memory. ", "")
@@ -172,7 +179,7 @@ def out_of_memory(
                        "the GPUs)")  # fmt: skip
     else:
         ways.append("more GPUs")
-    return RunError(
+    return OutOfMemory(
         f"rank {env.rank}: out of GPU memory near step {state.step + 1}: {' '.join(said.split())} "
         f"To fit: {'; '.join(ways)}"
     )

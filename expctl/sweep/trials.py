@@ -36,6 +36,7 @@ from expctl.errors import (
     EXIT_PREEMPTED,
     EXIT_USER,
     Interrupted,
+    OutOfMemory,
     Preempted,
     RunError,
     UserError,
@@ -370,8 +371,11 @@ def trial_main(argv: Sequence[str]) -> int:
     except UserError as e:
         print(f"expctl: error: {e}", file=sys.stderr)
         return EXIT_USER
-    except RunError as e:
-        print(f"expctl: error: {e}", file=sys.stderr)
+    except RunError as e:  # out of memory on a shared GPU: the setting that packed it there
+        print(
+            f"expctl: error: {failure_text(e) if isinstance(e, OutOfMemory) else e}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     except Preempted as e:
         print(f"expctl: {e}", file=sys.stderr)
