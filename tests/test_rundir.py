@@ -191,10 +191,14 @@ def test_rerun_of_a_completed_run_returns_its_result_and_writes_nothing(
         assert named in proc.stderr and len(proc.stderr.strip().splitlines()) == 2
         assert snapshot(run_dir) == files
     # a longer run refused once built (a metric name the validation lacks): config.yaml as it was
+    # (inline, and by local workers: their launcher held the directory and restores it)
     typo = ["train.max_steps=28", "checkpoint.monitor=val/acc_typo"]
-    proc = run_cli("run", "-C", str(tiny), *typo, "run.dir=done", cwd=tiny.parent, check=False)
-    assert proc.returncode == 2 and "val/acc_typo" in proc.stderr, proc.stderr
-    assert snapshot(run_dir) == files
+    for where in ([], ["launcher=local", "launcher.nproc=2"]):
+        proc = run_cli(
+            "run", "-C", str(tiny), *typo, *where, "run.dir=done", cwd=tiny.parent, check=False
+        )
+        assert proc.returncode == 2 and "val/acc_typo" in proc.stderr, proc.stderr
+        assert snapshot(run_dir) == files, where
 
     more = run_cli("run", "-C", str(tiny), "train.max_steps=28", "run.dir=done", cwd=tiny.parent)
     assert "resumed from" in more.stdout and "already completed" not in more.stdout

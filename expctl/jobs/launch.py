@@ -186,7 +186,7 @@ def _local(
             args = ["--eval", evaluation.to_json(), "--config", str(frozen_eval)]
         try:
             _start_workers(cfg, run_dir, args)
-        except SystemExit as e:  # a worker's user error: nothing of this launch stays
+        except Reported as e:  # a worker's user error: nothing of this launch stays
             if evaluation is None and held is not None and e.code == EXIT_USER:
                 rundir.abandon(held)
             raise
