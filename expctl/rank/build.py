@@ -267,6 +267,7 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
         "vocab_size": info.num_classes,  # a language model's classes: its next-token choices
         "block_size": info.input_shape[0] if len(info.input_shape) == 1 else None,
     }
+    _check_input_kind(cfg, entry.inferred, tuple(info.input_shape))
     for key in entry.inferred:  # null (or absent): from the data, else the factory's default
         if args.get(key) is None and key in params and inferred.get(key) is not None:
             args[key] = inferred[key]
@@ -285,6 +286,30 @@ def _models(cfg: Config, splits: Splits) -> tuple[dict[str, nn.Module], dict[str
             )
         _check_image_size(cfg.model.name, m, info.input_shape)
     return models, args
+
+
+def _check_input_kind(cfg: Config, inferred: Any, shape: tuple[int, ...]) -> None:
+    """A model (by what it infers from the data) or train.step=lm and data of another kind:
+    token windows for image models, images for language models. Said before training, not as
+    torch's error deep in the first forward.
+
+    Raises:
+        UserError: the model, or the step, and what the data gives.
+    """
+    gives = f"data={cfg.data.name} gives samples of shape {list(shape)}"
+    if ("block_size" in inferred or cfg.train.step == "lm") and len(shape) != 1:
+        who = f"model={cfg.model.name}" if "block_size" in inferred else "train.step=lm"
+        raise UserError(
+            f"{who} takes windows of token ids (data=tokens); {gives}",
+            "for language models use data=tokens (experiment=gpt_tiny); for this data, a model "
+            "of its kind (model=resnet18, cnn, mlp) and train.step=supervised",
+        )
+    if "in_channels" in inferred and len(shape) != 3:
+        kind = "windows of token ids" if cfg.train.step == "lm" else "no images"
+        raise UserError(
+            f"model={cfg.model.name} takes images (channels, height, width); {gives} ({kind})",
+            "pick a model for this data: model=gpt for data=tokens, model=mlp for vectors",
+        )
 
 
 def _check_image_size(name: str, model: nn.Module, shape: tuple[int, ...]) -> None:

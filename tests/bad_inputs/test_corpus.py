@@ -461,6 +461,7 @@ CORPUS: list[tuple[list[str], str]] = [
         ["run", "data.root=tokens_missing", *TOKENS],
         "tokens_missing (expected train.bin and val.bin)",
     ),
+    (["run", "data.root=tokens_noval", *TOKENS], "tokens_noval (expected val.bin)"),
     (["run", "data.root=tokens_odd", *TOKENS], "has 801 bytes, not a whole number of uint16"),
     (["run", "data.root=tokens_short", *TOKENS], "fewer than one window of data.block_size + 1"),
     (["run", "data.dtype=int8", *TOKENS], "data.dtype='int8' is not one of: uint16, uint32"),
@@ -471,6 +472,16 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "model.block_size=32", *TOKENS], "model.block_size=32, but data.block_size is 16"),
     (["run", "model.n_head=5", *TOKENS], "over model.n_head=5 heads: each head's width"),
     (["run", "model.pos=alibi", *TOKENS], "model.pos='alibi' is not one of: rotary, learned"),
+    # a model or step of one kind and data of another: said before training, not in a forward
+    (
+        ["run", "data=tokens", "model=resnet18", "train.step=lm", "train.device=cpu"],
+        "model=resnet18 takes images (channels, height, width); data=tokens gives samples of",
+    ),
+    (["run", "model=gpt", "train.device=cpu"], "model=gpt takes windows of token ids"),
+    (
+        ["run", "train.step=lm", "train.device=cpu"],
+        "train.step=lm takes windows of token ids (data=tokens); data=fashion_mnist gives",
+    ),
     # issue 27: sharded training (FSDP2) and its checkpoints
     (["run", "train.strategy=fsdq"], "Did you mean 'fsdp'"),
     (["run", "train.strategy=hsdp"], "but this run has one node (launcher=inline)"),
@@ -642,6 +653,8 @@ def _token_inputs(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
         for split in ("train", "val"):
             ids.astype(np.uint16).tofile(tmp_path / name / f"{split}.bin")
+    (tmp_path / "tokens_noval").mkdir()
+    np.arange(400, dtype=np.uint16).tofile(tmp_path / "tokens_noval" / "train.bin")
     (tmp_path / "tokens_odd").mkdir()
     (tmp_path / "tokens_odd" / "train.bin").write_bytes(b"\0" * 801)
     (tmp_path / "tokens_odd" / "val.bin").write_bytes(b"\0" * 800)

@@ -44,8 +44,9 @@ def _files(root: str | None) -> dict[str, Path]:
     """The token files of each split there is (the generated corpus's without a root)."""
     folder = Path(root).expanduser() if root else _tiny_corpus()
     found = {s: folder / f"{s}.bin" for s in SPLITS if (folder / f"{s}.bin").is_file()}
-    if "train" not in found or "val" not in found:
-        raise not_found("tokens", folder, "train.bin and val.bin", download=False)
+    missing = [f"{s}.bin" for s in ("train", "val") if s not in found]
+    if missing:
+        raise not_found("tokens", folder, " and ".join(missing), download=False)
     return found
 
 
