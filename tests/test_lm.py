@@ -214,17 +214,55 @@ def test_two_workers_report_the_saved_lms_validation_loss(
         cwd=tmp_path,
     )
     run_dir = tmp_path / "lm"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["val/loss"] == pytest.approx(_saved_models_val_loss(run_dir), rel=1e-5)
+    assert result["val/ppl"] == pytest.approx(math.exp(result["val/loss"]))
+    made_after = "built on the meta device, made on cpu" in (run_dir / "train.log").read_text()
+    assert made_after == bool(strategy)
+    rows = [r for r in RunDir(run_dir).metric_rows() if "train/loss" in r]
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"] and "perf/tokens_per_s" in rows[0]
+
+
+def _saved_models_val_loss(run_dir: Path) -> float:
+    """The loss of the model `load_model` returns on the run's validation windows."""
     cfg = config.load(run_dir)
     val = registry.get("datasets", "tokens").factory(**cfg.data.args).val
     x = torch.stack([val[i][0] for i in range(len(val))])
     y = torch.stack([val[i][1] for i in range(len(val))])
     with torch.no_grad():
         logits = expctl.load_model(run_dir)(x)
-    loss = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
+    return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
+
+
+@pytest.mark.slow  # two torchrun agents of two workers each, over gloo
+def test_hsdp_over_two_nodes_shards_within_and_replicates_across(tmp_path: Path) -> None:
+    """train.strategy=hsdp with two torchrun agents on this machine (two "nodes" of two ranks):
+    a (replicate 2, shard 2) mesh, a checkpoint folder of shards, and the saved model scores
+    the validation loss the run reported."""
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    root = token_files(tmp_path / "tok", train=400, val=200)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "hsdp"
+    agent = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hsdp",
+        "-m", "expctl", "run", *TINY_LM, f"data.root={root}", "train.max_steps=6",
+        "train.strategy=hsdp", f"run.dir={run_dir}",
+    ]  # fmt: skip
+    kw: dict[str, Any] = {"env": cli_env(), "cwd": tmp_path, "text": True}
+    kw.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    nodes = [subprocess.Popen(agent, **kw) for _ in range(2)]
+    outs = [node.communicate(timeout=600) for node in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs
+    log = (run_dir / "train.log").read_text()
+    assert "train.strategy=hsdp: mesh {'replicate': 2, 'shard': 2}" in log
+    assert list((run_dir / "checkpoints").glob("step_000000006.dcp"))
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["val/loss"] == pytest.approx(loss, rel=1e-5)
-    assert result["val/ppl"] == pytest.approx(math.exp(result["val/loss"]))
-    made_after = "built on the meta device, made on cpu" in (run_dir / "train.log").read_text()
-    assert made_after == bool(strategy)
-    rows = [r for r in RunDir(run_dir).metric_rows() if "train/loss" in r]
-    assert rows[-1]["train/loss"] < rows[0]["train/loss"] and "perf/tokens_per_s" in rows[0]
+    assert result["val/loss"] == pytest.approx(_saved_models_val_loss(run_dir), rel=1e-5)
