@@ -5,6 +5,11 @@ starts, `expctl eval`, a changed run length on resume, and training time over at
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +203,19 @@ def test_eval_writes_its_json_and_matches_the_runs_validation(tmp_path: Path) ->
     train_acc = synthetic_accuracy(run, "train", num_samples=48)
     assert other["train/acc"] == pytest.approx(train_acc, abs=1e-6)
     assert other["overrides"] == ["data.num_samples=48"] and other["name"].startswith("train-")
+
+    # a read-only run directory (a read-only bind mount: root writes through chmod) is said
+    # before anything is scored, in one line, exit 2
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        readonly = f"mount --bind {run} {run} && mount -o remount,ro,bind {run} {run}"
+        cmd = f"{readonly} && {shlex.quote(sys.executable)} -m expctl eval {run} --name ro"
+        proc = subprocess.run(
+            ["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, env=cli_env()
+        )
+        if "unshare failed" not in proc.stderr and "mount:" not in proc.stderr:
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+            assert f"score into {run / 'eval'}, but it is not writable" in proc.stderr
+            assert "val of step" not in proc.stdout, "nothing was scored"
 
 
 def test_a_changed_run_length_refuses_a_schedule_built_for_the_old_one(tmp_path: Path) -> None:

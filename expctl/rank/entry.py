@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -365,6 +366,23 @@ class Evaluation:
         return cls(**json.loads(text))
 
 
+def _check_writable(folder: Path) -> None:
+    """Before scoring: the folder the score goes to (or its nearest existing parent) can be
+    written, so that a read-only run directory is said first, not after the work.
+
+    Raises:
+        UserError: it cannot.
+    """
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise UserError(
+            f"expctl eval writes its score into {folder}, but "
+            f"{'it' if existing == folder else existing} is not writable "
+            "(a read-only file system, or permissions)",
+            "evaluate a writable copy of the run (cp -r RUN COPY, then expctl eval COPY)",
+        )
+
+
 def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
     """Score a checkpoint on this rank (metrics reduced exactly over ranks); rank 0 writes
     RUN_DIR/eval/NAME.json. Returns the run directory and that record.
@@ -373,6 +391,8 @@ def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path
         UserError: the weights do not fit the config, or the data has no such split.
     """
     run_dir = Path(str(cfg.run.dir))
+    if env.is_main:
+        _check_writable(RunDir(run_dir).eval_result(ev.name).parent)
     device = _prepare(cfg, env)
     with _process_group(cfg, env, device):
         setup_logging(None, env.is_main, env.rank)
