@@ -326,7 +326,9 @@ def test_a_trial_ahead_of_the_others_is_compared_where_they_caught_up(tiny: Path
         "sweep.pbt.resample_probability=0",
         "optim.lr=0.0001,0.1",
         cwd=tiny.parent,
-        env=cli_env(SLOW_STEP_S="0.03", SLOW_LR_ABOVE="0.01"),
+        # sleeps that outweigh a loaded machine's compute (at 0.03 s, 2 busy cores evened the
+        # two trials' speeds in a CI run, and the fast one was never alone ahead)
+        env=cli_env(SLOW_STEP_S="0.08", SLOW_LR_ABOVE="0.01"),
     )
     sweep = Path(re.search(r"sweep directory (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
     table = json.loads(run_cli("sweep", "table", "--json", str(sweep), cwd=tiny.parent).stdout)
