@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from expctl.builtin.data import check_splits
 from expctl.builtin.datasets.arrays import arrays
 from expctl.builtin.datasets.idx import fashion_mnist, find_idx
-from expctl.builtin.datasets.imagefiles import CorruptImage, ImageFiles
+from expctl.builtin.datasets.imagefiles import CorruptImage
 from expctl.builtin.datasets.images import image_folder
 from expctl.builtin.datasets.vision import cifar10
 from expctl.builtin.reader import Loading
@@ -309,29 +309,6 @@ def test_a_corrupt_image_met_in_a_worker_keeps_its_one_line_message(tmp_path: Pa
         list(TrainBatches(s.train, 2, 0, 1, 0, CPU, Loading(1)).epoch(0))
     assert "Traceback" not in str(e.value) and "cannot be decoded" in str(e.value)
     assert len(str(e.value).splitlines()) == 2
-
-
-def test_the_gpu_decode_path_on_the_cpu(tmp_path: Path) -> None:
-    """decode=gpu's batch path (bytes in workers, batched decode_jpeg, crop/resize/flip on the
-    device) run with decode_jpeg on the CPU: JPEGs decoded there, PNGs in the worker."""
-    image_tree(tmp_path, classes=2, per_class=5)
-    cpu = image_folder(root=str(tmp_path), val_split=4, image_size=16, normalize="none")
-    samples = cpu.val.samples  # type: ignore[union-attr]
-    gpu = ImageFiles(samples, 16, 3, False, "imagenet", cpu.val.normalize, decode="gpu")  # type: ignore[union-attr]
-    x_gpu, y_gpu = gpu.on_device(gpu.collate([gpu[i] for i in range(4)]), CPU)
-    x_cpu, y_cpu = cpu.val.on_device(cpu.val.collate([cpu.val[i] for i in range(4)]), CPU)  # type: ignore[union-attr]
-    assert torch.equal(y_gpu, y_cpu) and x_gpu.shape == x_cpu.shape == (4, 3, 16, 16)
-    assert float((x_gpu - x_cpu).abs().mean()) < 12, "the same crops, resized by another library"
-    train = ImageFiles(samples, 16, 3, True, "imagenet", cpu.val.normalize, decode="gpu")  # type: ignore[union-attr]
-    x, y = train.on_device(train.collate([train[i] for i in range(4)]), CPU)  # random crops
-    assert x.shape == (4, 3, 16, 16) and torch.equal(y, y_cpu)
-    broken = tmp_path / "class_0" / "img_000.jpg"
-    broken.write_bytes(broken.read_bytes()[:300] + b"\x00" * 50)
-    odd = ImageFiles(
-        [(str(broken), 0)] * 2, 16, 3, True, "imagenet", cpu.val.normalize, "gpu", "skip"
-    )  # type: ignore[union-attr]
-    with pytest.raises(CorruptImage):
-        odd.on_device(odd.collate([odd[0], odd[1]]), CPU)
 
 
 @pytest.mark.slow
