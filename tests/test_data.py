@@ -331,6 +331,7 @@ def test_image_folder_trains_ddp_with_workers_bitwise_equal_to_none(tmp_path: Pa
         results.append((result, state["models"]["model"]))
         log = (run / "train.log").read_text().splitlines()[0]
         assert f"streamed by {workers} DataLoader worker(s) per rank" in log
+        assert "decoded by Pillow in the workers; data.decode=auto: no CUDA device" in log
     (r2, w2), (r0, w0) = results
     assert {k: v for k, v in r2.items() if not k.startswith("time/")} == {
         k: v for k, v in r0.items() if not k.startswith("time/")
