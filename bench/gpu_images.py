@@ -2,6 +2,7 @@
 
     python bench/gpu_images.py make --root /tmp/jpegs --val 5000      # ImageNet-like, ~500x375 q90
     python bench/gpu_images.py run --root /tmp/jpegs --gpus 1 2 4 --out /tmp/out/gpu_images.json
+    python bench/gpu_images.py check --root /tmp/jpegs                 # (run does it first)
     python bench/gpu_images.py --smoke                                 # the code on the CPU, tiny
 
 ResNet-50, 224 px, bf16, batch 256 per GPU, SGD (bench/images_bench.py's COMMON); at each GPU
@@ -17,7 +18,8 @@ process's affinity, inherited by what it starts):
 
 Columns: img/s, / synthetic, CPU seconds per image (user + system of every process the run
 started, start-up included) and the data path's share (that minus synthetic's, same GPU count),
-and the data part of the run's first log line. Then validation: one pass over the val/ folder
+and the data part of the run's first log line. First `check`: the device path's batches equal
+the CPU path's within 6 grey levels an image (else the run stops), and its decode rate. Then validation: one pass over the val/ folder
 (centre crop, ResNet-50 forward in bf16, this process, one GPU) per decoder, its ms per image
 against the training ms per image of the same decoder at 1 GPU.
 """
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -163,6 +166,59 @@ def val_rows(a: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def check(a: argparse.Namespace) -> None:
+    """Before the table: the device path's batches against the CPU path's for the same seeds
+    (each image within 6 grey levels, mean absolute; labels equal; channels_last), train and validation, with workers;
+    then one batch of 256 train/ JPEGs through `on_device` alone (one thread): img/s."""
+    import torch  # noqa: PLC0415
+
+    from expctl.builtin.datasets.gpuimages import DeviceDecoded, nvimgcodec_missing  # noqa: PLC0415
+    from expctl.builtin.datasets.imagefiles import ImageFiles  # noqa: PLC0415
+    from expctl.builtin.datasets.images import _pick_decode, image_folder  # noqa: PLC0415
+    from expctl.builtin.reader import Loading  # noqa: PLC0415
+    from expctl.rank.batches import TrainBatches, val_batches  # noqa: PLC0415
+
+    device = torch.device("cpu" if a.smoke else "cuda:0")
+    cpu = torch.device("cpu")
+    print(
+        "nvImageCodec:", nvimgcodec_missing() or "imports", "| auto:", _pick_decode("auto", device)
+    )
+    t = image_folder(root=str(a.root), image_size=224).train
+    samples = t.samples[:64]  # type: ignore[attr-defined]
+    k = len(samples)
+    norm = t.normalize  # type: ignore[attr-defined]
+    decoders = ["gpu"] + ([] if nvimgcodec_missing() else ["nvimgcodec"])
+    for dec in decoders:
+        for train in (True, False):
+            ref = ImageFiles(samples, 224, 3, train, "imagenet", norm)
+            dev = DeviceDecoded(samples, 224, 3, train, "imagenet", norm, dec)
+            if train:
+                xa, ya = next(TrainBatches(ref, k, 0, 1, 5, cpu, Loading(0)).epoch(1))
+                xg, yg = next(TrainBatches(dev, k, 0, 1, 5, device, Loading(2)).epoch(1))
+            else:
+                xa, ya = next(val_batches(ref, k, 0, 1, cpu))
+                xg, yg = next(val_batches(dev, k, 0, 1, device, Loading(2)))
+            grey = (xg.cpu() - xa).abs().mean(dim=(1, 2, 3)) * 0.226 * 255
+            ok = torch.equal(ya, yg.cpu()) and xg.is_contiguous(memory_format=torch.channels_last)
+            print(f"check {dec} {'train' if train else 'val'}: labels and layout {ok}, "
+                  f"grey levels off the CPU path: mean {float(grey.mean()):.2f} max {float(grey.max()):.2f}")  # fmt: skip
+            if not ok or float(grey.max()) > 6:  # a wrong box or flip is tens of levels off
+                raise SystemExit(f"check failed: {dec}")
+        dev = DeviceDecoded(t.samples[:256], 224, 3, True, "imagenet", norm, dec)  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        batch = dev.collate([dev[i] for i in range(len(dev))])
+        worker = (time.perf_counter() - start) / len(dev)
+        for i in range(4):
+            if i == 1:
+                torch.cuda.synchronize() if device.type == "cuda" else None
+                start = time.perf_counter()
+            dev.on_device(batch, device)
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        per = (time.perf_counter() - start) / 3 / len(dev)
+        print(f"check {dec}: on_device {1 / per:,.0f} img/s (one thread); the worker's part "
+              f"{1000 * worker:.2f} ms/img")  # fmt: skip
+
+
 def table(train: list[dict[str, Any]], val: list[dict[str, Any]]) -> str:
     lines = ["| GPUs | cores | contender | img/s | / synthetic | CPU ms/img | data path CPU ms/img | how |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -189,7 +245,7 @@ def table(train: list[dict[str, Any]], val: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("cmd", nargs="?", choices=("make", "run"), default="run")
+    p.add_argument("cmd", nargs="?", choices=("make", "check", "run"), default="run")
     p.add_argument("--root", type=Path)
     p.add_argument("--train", type=int, default=20000)
     p.add_argument("--val", type=int, default=5000)
@@ -204,8 +260,18 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="the rows as JSON")
     p.add_argument("--smoke", action="store_true", help="the code on the CPU: tiny data and runs")
     a = p.parse_args()
+    made = None
+    if a.smoke and a.root is None:
+        a.root = made = Path(tempfile.mkdtemp(prefix="gpu-images-smoke-"))
+    try:
+        _main(a, p)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def _main(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     if a.smoke:
-        a.root = a.root or Path(tempfile.mkdtemp(prefix="gpu-images-smoke-"))
         a.train, a.val, a.classes, a.steps, a.warmup, a.gpus = 48, 8, 4, 6, 2, [1]
         if not (a.root / "train").is_dir():
             make(a.root, a.train, a.val, a.classes)
@@ -213,6 +279,9 @@ def main() -> None:
         p.error("--root is required")
     if a.cmd == "make":
         make(a.root, a.train, a.val, a.classes)
+        return
+    check(a)
+    if a.cmd == "check":
         return
     env = dict(os.environ)
     train = train_rows(a, env)

@@ -65,6 +65,8 @@ def test_gpu_images_smoke_runs_every_contender_on_the_cpu(tmp_path: Path) -> Non
     assert set(rows) == {"synthetic", "pillow", "nvjpeg", "nvimgcodec", "auto", "torchvision"}
     for name in ("synthetic", "pillow", "auto", "torchvision"):
         assert rows[name]["img_s"] > 0 and rows[name]["cpu_s_per_img"] > 0, rows[name]
+    assert "check gpu train: labels and layout True" in proc.stdout
+    assert "check gpu val: labels and layout True" in proc.stdout
     assert "data.decode=auto: no CUDA device" in rows["auto"]["how"]
     assert "data.decode=gpu needs a CUDA device" in rows["nvjpeg"]["how"]
     assert "data.decode=nvimgcodec" in rows["nvimgcodec"]["how"]
