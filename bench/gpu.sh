@@ -12,6 +12,11 @@
 #   bash bench/gpu.sh fprof     profiles of the Fashion CNN step, expctl and raw, 1 and 4 GPUs
 #   bash bench/gpu.sh bn        reported vs saved-model accuracy (bench/bn_parity.py)
 #   bash bench/gpu.sh images    JPEG folder vs GPU-resident synthetic, 1 GPU (16 cores) and 2 GPUs
+#   bash bench/gpu.sh gpu-images  issue 25: JPEG folder (Pillow, nvJPEG, nvImageCodec, auto, torchvision)
+#                               vs synthetic at 1/2/4 GPUs, 16 cores per GPU, CPU ms/img, validation
+#                               (bench/gpu_images.py; ~20 runs: start it with `bg`, then `poll`);
+#                               carry nvidia_nvimgcodec_cu13-*.whl in .whl for the nvimgcodec rows;
+#                               IMG_GPUS="1 2 4", STEPS, ONLY="pillow nvjpeg", EXTRA="train.compile=true"
 #   bash bench/gpu.sh fsdp      issue 27: ~1B GPT expctl fsdp vs a raw FSDP2 loop (1/2/4 GPUs, eager and
 #                               compiled), ~10B under ddp and fsdp, a 4 -> 2 GPU resume (bench/fsdp_bench.py)
 #   bash bench/gpu.sh parity    the ResNet-50 rows of the harness (DDP: expctl vs raw), 1 and 4 GPUs
@@ -129,5 +134,12 @@ images)
     echo "-- 2 GPUs, all cores"
     python3 bench/images_bench.py run --root /tmp/jpegs --gpus 2 --steps ${STEPS:-80} --warmup 20 ${ONLY:+--only $ONLY} | tee "$OUT/images2.md"
   fi ;;
+gpu-images)  # issue 25
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    --find-links .whl nvidia-nvimgcodec-cu13 2>/dev/null || echo "no nvidia-nvimgcodec-cu13 wheel in .whl: its rows will say so"
+  python3 -c "from nvidia import nvimgcodec; print('nvImageCodec', nvimgcodec.__version__)" 2>&1 | tail -1
+  [ -d /tmp/jpegs25/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25 --val ${VAL:-5000}
+  python3 bench/gpu_images.py run --root /tmp/jpegs25 --gpus ${IMG_GPUS:-${counts//,/ }} --steps ${STEPS:-80} --warmup 20 \
+    ${ONLY:+--only $ONLY} ${EXTRA:+--expctl-args "$EXTRA"} --out "$OUT/gpu_images${EXTRA:+_extra}.json" 2>&1 | tee "$OUT/gpu_images${EXTRA:+_extra}.md" ;;
 *) echo "unknown part: $part" >&2; exit 2 ;;
 esac

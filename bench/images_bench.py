@@ -75,11 +75,23 @@ def make(root: Path, train: int, val: int, classes: int) -> None:
 
 
 def expctl_img_s(
-    overrides: list[str], gpus: int, steps: int, warmup: int, env: dict[str, str]
+    overrides: list[str],
+    gpus: int,
+    steps: int,
+    warmup: int,
+    env: dict[str, str],
+    common: list[str] = COMMON,
 ) -> tuple[float, str]:
+    """img/s of one expctl run (`common` + `overrides`; `data.batch_size` per GPU) after
+    `warmup` steps, and the data part of its first log line (which data path, and why)."""
+    batch = int(
+        next(o for o in reversed([*common, *overrides]) if o.startswith("data.batch_size=")).split(
+            "="
+        )[1]
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="imgbench-"))
     args = [
-        *COMMON,
+        *common,
         *overrides,
         f"train.max_steps={steps}",
         f"train.log_every={warmup}",
@@ -94,7 +106,7 @@ def expctl_img_s(
     last = train[-1]
     line = (run_dir / "run" / "train.log").read_text().splitlines()[0]
     shutil.rmtree(run_dir, ignore_errors=True)
-    rate = (last["step"] - first["step"]) * 256 * gpus / (last["time"] - first["time"])
+    rate = (last["step"] - first["step"]) * batch * gpus / (last["time"] - first["time"])
     return rate, next((part for part in line.split(" | ") if part.startswith("data ")), "")
 
 

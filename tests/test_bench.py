@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,26 @@ def test_gpu_suite_smoke_runs_every_workload_on_the_cpu(tmp_path: Path) -> None:
         ((start, end),) = rows[0]["phases"][label]
         (wall,) = rows[0]["walls"][label]
         assert 0 < start < wall and 0 < end < wall and start + end < wall, (label, start, end)
+
+
+def test_gpu_images_smoke_runs_every_contender_on_the_cpu(tmp_path: Path) -> None:
+    """bench/gpu_images.py (issue 25) end to end on tiny JPEGs: the CPU contenders train, the
+    GPU decoders refuse the CPU in expctl's one line (their overrides are valid), the table and
+    the JSON are written."""
+    out = tmp_path / "g.json"
+    proc = _bench("gpu_images.py", "--smoke", "--root", str(tmp_path / "jpegs"), "--out", str(out))
+    rows = {r["contender"]: r for r in json.loads(out.read_text())["train"]}
+    assert set(rows) == {"synthetic", "pillow", "nvjpeg", "nvimgcodec", "auto", "torchvision"}
+    for name in ("synthetic", "pillow", "auto", "torchvision"):
+        assert rows[name]["img_s"] > 0 and rows[name]["cpu_s_per_img"] > 0, rows[name]
+    assert "check gpu train: labels and layout True" in proc.stdout
+    assert "check gpu val: labels and layout True" in proc.stdout
+    assert "data.decode=auto: no CUDA device" in rows["auto"]["how"]
+    assert "data.decode=gpu needs a CUDA device" in rows["nvjpeg"]["how"]
+    assert "data.decode=nvimgcodec" in rows["nvimgcodec"]["how"]
+    assert re.search(r"\| 1 \| \d+ \| pillow \| [\d,]+ \| [\d.]+ \|", proc.stdout), proc.stdout
+    val = {v["contender"]: v for v in json.loads(out.read_text())["validation"]}
+    assert val["pillow"]["images"] == val["auto"]["images"] == 8
 
 
 def test_latency_smoke_prints_a_table(tmp_path: Path) -> None:

@@ -236,4 +236,6 @@ def val_batches(
     if reader is None or split not in reader.names:
         reader = Reader({split: dataset}, loading, 0, rank)
     batches = reader.read(split, -1, _groups(indices, batch_size))
-    yield from map(_to_device(dataset, device), batches)
+    finish = _to_device(dataset, device)
+    # on CUDA as in training: the next batch copied (decoded, cropped) while this one is scored
+    yield from ahead(batches, finish, device) if device.type == "cuda" else map(finish, batches)

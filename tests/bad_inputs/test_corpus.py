@@ -197,6 +197,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", *TINY_IMAGES, "data.root=corrupt_images"], "cannot be decoded"),
     (["run", *TINY_IMAGES, "data.root=images", "data.preset=rotate"], "not one of: imagenet"),
     (["run", *TINY_IMAGES, "data.root=images", "data.decode=gpu"], "needs a CUDA device"),
+    (
+        ["run", *TINY_IMAGES, "data.root=images", "data.decode=nvimgcodec"],
+        "nvidia-nvimgcodec is not",
+    ),
     (["run", "data=cifar10", "data.root=nowhere"], "cifar-10-batches-py/data_batch_1"),
     (["run", "data=cifar10", "data.root=hostile_cifar"], "which a CIFAR file never does"),
     (["run", "data=mnist", "data.root=nowhere"], "data=mnist: not found under /"),

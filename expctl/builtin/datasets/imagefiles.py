@@ -3,11 +3,9 @@ transform presets' crop boxes and flips, decoding, normalisation on the training
 ``image_folder`` and ``imagenet`` (`images.py`) and by vision.py's streamed sets (`PilTransform`).
 
 Each sample's crop box and flip are drawn in the worker (torch's RNG, seeded per sample by the
-data path); the pixels are then either decoded there with Pillow, cropped and resized in one
-step (``decode=cpu``), or, for JPEGs on CUDA (``decode=gpu``), the worker only reads the file's
-bytes and the training process decodes the whole batch with nvJPEG
-(``torchvision.io.decode_jpeg(..., device="cuda")``) and crops/resizes there. Batches travel as
-uint8; conversion to float and normalisation happen on the training device.
+data path); here the pixels are then decoded there with Pillow, cropped and resized in one step
+(``decode=cpu``). Batches travel as uint8; conversion to float and normalisation happen on the
+training device. Decoding on the GPU (``decode=gpu|nvimgcodec``) is `gpuimages.py`'s subclass.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from __future__ import annotations
 import io
 import logging
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,7 +73,15 @@ def _centre(width: int, height: int, fraction: float) -> tuple[float, float, flo
 
 
 def pil_sample(image: Any, size: int, channels: int, train: bool, preset: str) -> torch.Tensor:
-    """A Pillow image as a uint8 (channels, size, size) tensor, cropped, resized and flipped.
+    """A Pillow image as a uint8 (channels, size, size) tensor, cropped, resized and flipped."""
+    box, flip = crop_box(image.size[0], image.size[1], size, train, preset)
+    return pil_crop(image, box, flip, size, channels)
+
+
+def pil_crop(
+    image: Any, box: tuple[float, float, float, float], flip: bool, size: int, channels: int
+) -> torch.Tensor:
+    """`box` of a Pillow image resized to a uint8 (channels, size, size) tensor, then flipped.
 
     A JPEG not yet decoded is decoded at the smallest of 1, 1/2, 1/4, 1/8 scale that still
     gives the crop at least `size` pixels a side (libjpeg's DCT scaling: much faster)."""
@@ -86,7 +91,6 @@ def pil_sample(image: Any, size: int, channels: int, train: bool, preset: str) -
 
     mode = "RGB" if channels == 3 else "L"
     width, height = image.size
-    box, flip = crop_box(width, height, size, train, preset)
     if image.format == "JPEG" and image.mode in ("RGB", "L") and getattr(image, "tile", None):
         bw, bh = max(box[2] - box[0], 1.0), max(box[3] - box[1], 1.0)
         image.draft(mode, (math.ceil(width * size / bw), math.ceil(height * size / bh)))
@@ -126,7 +130,11 @@ class Normalized:
 
 
 class ImageFiles(Dataset[Any]):
-    """Samples (path, label) read as size x size images; see the module docstring."""
+    """Samples (path, label) read as size x size images; see the module docstring.
+
+    Args:
+        why: how data.decode came to pick this decoder, for the run's first log line.
+    """
 
     def __init__(
         self,
@@ -136,138 +144,59 @@ class ImageFiles(Dataset[Any]):
         train: bool,
         preset: str,
         normalize: Normalized,
-        decode: str = "cpu",
         on_corrupt: str = "error",
+        why: str = "",
     ) -> None:
         self.samples, self.size, self.channels = list(samples), size, channels
         self.train, self.preset, self.normalize = train, preset, normalize
-        self.decode, self.on_corrupt = decode, on_corrupt
+        self.on_corrupt, self.why = on_corrupt, why
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def describe(self) -> str:
-        return f"{'JPEG decoded by nvJPEG on the GPU' if self.decode == 'gpu' else 'decoded by Pillow'}"
+        return "decoded by Pillow in the workers" + (f"; {self.why}" if self.why else "")
 
     def __getitem__(self, index: int) -> Any:
         path, label = self.samples[index]
         try:
             with open(path, "rb") as f:
                 data = f.read()
-            return (*self._pixels(data), label) + ((path,) if self.decode == "gpu" else ())
+            return self._sample(data, label, path)
         except (OSError, ValueError, SyntaxError) as e:  # what Pillow raises for a bad file
-            if self.on_corrupt == "skip":
-                log.warning("skipped corrupt image %s (%s)", path, " ".join(str(e).split())[:120])
-                return None
-            raise CorruptImage(
-                f"image {path} cannot be decoded ({' '.join(str(e).split())[:160]})"
-            ) from None
+            return self.corrupt(path, e)
 
-    def _pixels(self, data: bytes) -> tuple[Any, ...]:
+    def corrupt(self, path: str, error: Exception) -> None:
+        """A file that cannot be decoded: skipped (None, with a warning) or named."""
+        said = " ".join(str(error).split())
+        if self.on_corrupt == "skip":
+            log.warning("skipped corrupt image %s (%s)", path, said[:120])
+            return None
+        raise CorruptImage(f"image {path} cannot be decoded ({said[:160]})") from None
+
+    def _sample(self, data: bytes, label: int, path: str) -> Any:
+        image = self.open(data)
+        pixels = pil_sample(image, self.size, self.channels, self.train, self.preset)
+        image.load()  # (done by now) a truncated file fails in the worker, named
+        return pixels, label
+
+    @staticmethod
+    def open(data: bytes) -> Any:
+        """A file's bytes as a lazy Pillow image (its header read)."""
         from PIL import Image  # noqa: PLC0415 - Pillow off `expctl show`'s pre-flight check
 
         try:
-            image = Image.open(io.BytesIO(data))
+            return Image.open(io.BytesIO(data))
         except Image.DecompressionBombError as e:  # not an OSError: a file treated as corrupt
             raise ValueError(str(e)) from None
-        if self.decode != "gpu":
-            pixels = pil_sample(image, self.size, self.channels, self.train, self.preset)
-            image.load()  # (done by now) a truncated file fails in the worker, named
-            return (pixels,)
-        box, flip = crop_box(image.width, image.height, self.size, self.train, self.preset)
-        if data[:2] == b"\xff\xd8" and image.mode in ("RGB", "L"):
-            raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            return raw, torch.tensor(box, dtype=torch.float32), flip  # decoded by on_device
-        # PNG & co: decoded whole, here; torchvision off `expctl show`'s pre-flight check
-        from torchvision.transforms.v2.functional import pil_to_tensor  # noqa: PLC0415
-
-        whole = pil_to_tensor(image.convert("RGB" if self.channels == 3 else "L"))
-        return whole, torch.tensor(box, dtype=torch.float32), flip
 
     def collate(self, samples: list[Any]) -> Any:
-        """Stack the samples (skipped corrupt ones dropped); with GPU decoding, a list of
-        encoded or decoded images, their crop boxes, flips and labels."""
+        """Stack the samples (skipped corrupt ones dropped)."""
         kept = [s for s in samples if s is not None]
         if not kept:
             raise CorruptImage(f"all {len(samples)} images of a batch are corrupt")
-        if self.decode != "gpu":
-            return default_collate(kept)
-        images, boxes, flips, labels, paths = zip(*kept, strict=True)
-        return list(images), torch.stack(boxes), torch.tensor(flips), torch.tensor(labels), paths
+        return default_collate(kept)
 
     def on_device(self, batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.decode != "gpu":
-            x, y = batch
-            return self.normalize(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
-        images, boxes, flips, labels, paths = batch
-        encoded = [i for i, img in enumerate(images) if img.dim() == 1]
-        decoded = self._decode([images[i] for i in encoded], [paths[i] for i in encoded], device)
-        full: list[torch.Tensor | None] = list(images)
-        for i, img in zip(encoded, decoded, strict=True):
-            full[i] = img
-        keep = [i for i, img in enumerate(full) if img is not None]
-        if not keep:
-            raise CorruptImage(f"all {len(full)} images of a batch are corrupt")
-        x = self._crop_resize([full[i] for i in keep], boxes[keep], flips[keep], device)  # type: ignore[misc]
-        return self.normalize(x), labels[keep].to(device, non_blocking=True)
-
-    @property
-    def pin_memory(self) -> bool:
-        """Whether batches are worth pinning: not a list of encoded files."""
-        return self.decode != "gpu"
-
-    def _decode(
-        self, data: list[torch.Tensor], paths: Sequence[str], device: torch.device
-    ) -> list[torch.Tensor | None]:
-        """nvJPEG decoding of a batch; when it fails, image by image, to name the bad file
-        (or skip it: None)."""
-        if not data:
-            return []
-        from torchvision.io import ImageReadMode, decode_jpeg  # noqa: PLC0415 - as above
-
-        mode = ImageReadMode.RGB if self.channels == 3 else ImageReadMode.GRAY
-        warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)  # torchcodec
-        try:
-            return list(decode_jpeg(data, mode=mode, device=device))
-        except RuntimeError:
-            pass
-        out: list[torch.Tensor | None] = []
-        for raw, path in zip(data, paths, strict=True):
-            try:
-                out.append(decode_jpeg(raw, mode=mode, device=device))
-            except RuntimeError as e:
-                if self.on_corrupt != "skip":
-                    raise CorruptImage(
-                        f"image {path} cannot be decoded ({' '.join(str(e).split())[:160]})"
-                    ) from None
-                log.warning("skipped corrupt image %s", path)
-                out.append(None)
-        return out
-
-    def _crop_resize(
-        self,
-        images: list[torch.Tensor],
-        boxes: torch.Tensor,
-        flips: torch.Tensor,
-        device: torch.device,
-    ) -> torch.Tensor:
-        """Each image's box resized to size x size, all in one call: the images zero-padded into
-        one batch, then torchvision's roi_align, whose adaptive sampling (ceil(box / size)
-        points a side per output pixel) averages like an antialiasing filter; then the flips."""
-        from torchvision.ops import roi_align  # noqa: PLC0415 - torchvision off the pre-flight
-
-        height = max(int(img.shape[1]) for img in images)
-        width = max(int(img.shape[2]) for img in images)
-        padded = torch.zeros(
-            len(images), self.channels, height, width, dtype=torch.uint8, device=device
-        )
-        for i, img in enumerate(images):
-            padded[i, :, : img.shape[1], : img.shape[2]].copy_(img, non_blocking=True)
-        index = torch.arange(len(images), dtype=torch.float32)[:, None]
-        rois = torch.cat([index, boxes.float()], dim=1).to(device, non_blocking=True)
-        size = (self.size, self.size)
-        out = roi_align(
-            padded.float(), rois, size, spatial_scale=1.0, sampling_ratio=-1, aligned=True
-        )
-        flip = flips.to(device, non_blocking=True)[:, None, None, None]
-        return torch.where(flip, out.flip(-1), out)
+        x, y = batch
+        return self.normalize(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)

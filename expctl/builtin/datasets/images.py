@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from expctl.builtin.data import DataInfo, Splits
 from expctl.builtin.datasets import preflight
 from expctl.builtin.datasets.files import not_found, root_of
+from expctl.builtin.datasets.gpuimages import INSTALL, DeviceDecoded, nvimgcodec_missing
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -27,6 +29,7 @@ from expctl.builtin.datasets.imagefiles import (
     Normalized,
 )
 from expctl.builtin.datasets.tensors import carve
+from expctl.dist import detect
 from expctl.errors import UserError
 from expctl.registry import register
 
@@ -109,19 +112,49 @@ def _normalizer(
     return Normalized(mean_c.tolist(), std_c.tolist())
 
 
-def _pick_decode(decode: str, device: Any) -> str:
-    """decode=auto: Pillow in the DataLoader workers. Measured on 2 x H200 with 16 and 32 cores
-    (bench/RESULTS.md), torchvision's batched nvJPEG decoding (about 1,900 img/s per GPU on
-    ~500x375 JPEGs, one or four decoding threads alike) is slower than 15 Pillow workers, so
-    auto never picks the GPU; decode=gpu remains for machines with few cores per GPU."""
+PILLOW_CORES_PER_GPU = 16  # decode=auto without nvImageCodec: Pillow from this many cores per GPU
+
+
+def _pick_decode(decode: str, device: Any) -> tuple[str, str]:
+    """The decoder data.decode names, and why, for the run's first line.
+
+    auto: Pillow in the DataLoader workers without CUDA; on CUDA nvImageCodec when it imports
+    (its hardware backend decodes on the GPU's JPEG engines, beside the SMs that train: 12.6k
+    img/s on one H200, issue 25); else Pillow when this rank has at least PILLOW_CORES_PER_GPU
+    cores (16 Pillow workers fed one H200's ResNet-50 at 0.995x synthetic, issue 25), else
+    torchvision's nvJPEG (it shares the SMs with training). Measured: bench/gpu_images.py.
+
+    Raises:
+        UserError: gpu or nvimgcodec without a CUDA device; nvimgcodec not importable.
+    """
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if decode == "cpu":
+        return "cpu", ""
     if decode != "auto":
-        if decode == "gpu" and (device is None or torch.device(device).type != "cuda"):
+        if decode == "nvimgcodec" and (missing := nvimgcodec_missing()):
             raise UserError(
-                f"data.decode=gpu needs a CUDA device; this run trains on {device or 'cpu'}",
+                f"data.decode=nvimgcodec: nvImageCodec cannot be imported ({missing})", INSTALL
+            )
+        if not cuda:
+            raise UserError(
+                f"data.decode={decode} needs a CUDA device; this run trains on {device or 'cpu'}",
                 "use data.decode=auto or cpu",
             )
-        return decode
-    return "cpu"
+        return decode, f"data.decode={decode}"
+    if not cuda:
+        return "cpu", "data.decode=auto: no CUDA device"
+    missing = nvimgcodec_missing()
+    if missing is None:
+        return "nvimgcodec", "data.decode=auto: CUDA, and nvImageCodec imports"
+    log.info("data.decode=auto: nvImageCodec is not installed (%s): %s", missing[:80], INSTALL)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_gpu = (cores or 1) // max(1, detect(os.environ).local_world_size)
+    if per_gpu >= PILLOW_CORES_PER_GPU:
+        return "cpu", f"data.decode=auto: {per_gpu} cores per GPU >= {PILLOW_CORES_PER_GPU}"
+    return (
+        "gpu",
+        f"data.decode=auto: {per_gpu} cores per GPU < {PILLOW_CORES_PER_GPU}, no nvImageCodec",
+    )
 
 
 @dataclass(frozen=True)
@@ -162,11 +195,13 @@ def image_splits(
             [train_samples[i] for i in held],
             val_samples if test_samples is None else test_samples,
         )
-    decode = _pick_decode(o.decode, o.device)
+    decode, why = _pick_decode(o.decode, o.device)
     size, ch = o.image_size, o.channels
 
     def files(samples: Sequence[tuple[str, int]], train: bool, norm: Normalized) -> ImageFiles:
-        return ImageFiles(samples, size, ch, train, o.preset, norm, decode, o.on_corrupt)
+        if decode == "cpu":
+            return ImageFiles(samples, size, ch, train, o.preset, norm, o.on_corrupt, why)
+        return DeviceDecoded(samples, size, ch, train, o.preset, norm, decode, o.on_corrupt, why)
 
     plain = ImageFiles(train_samples, size, ch, False, o.preset, Normalized([0.0], [1.0]))
     norm = _normalizer(o.normalize, o.mean, o.std, ch, plain)
@@ -228,8 +263,10 @@ def _folder_samples(
     crop + flip, flip = centre crop + flip, center = centre crop); evaluation always resizes the
     short side to image_size/0.875 and takes the centre. `channels`: 3 (RGB; grey, RGBA, CMYK and
     palette images are converted) or 1 (grey). `normalize`: imagenet, computed (from 256 training
-    images) or none; `mean`/`std` override it. `decode`: auto (= cpu: Pillow in the workers,
-    measured faster), cpu, gpu (nvJPEG in the training process).
+    images) or none; `mean`/`std` override it. `decode`: cpu (Pillow in the workers), gpu
+    (torchvision's nvJPEG) or nvimgcodec (nvImageCodec, `pip install 'expctl[gpu-decode]'`): the
+    JPEGs of a batch decoded together on the training GPU, cropped there; auto picks (on CUDA:
+    nvimgcodec when installed, else Pillow with 16 or more cores per GPU, else gpu).
     `on_corrupt`: error (stop, naming the file) or skip (drop it from its batch, with a warning).
     """
     folders = preflight.image_folders(o.root, train, val, test, o.val_split)

@@ -6,6 +6,7 @@ factory's, read from the registry (stated once, in the factory's signature)."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ ARRAY_MAX_BYTES = 8 * 2**30  # one file read whole into memory
 MAX_IMAGE_SIZE = 8192  # a side of the samples: 3 x 8192^2 float32 is 805 MB an image
 PRESETS = ("imagenet", "flip", "center")  # train transform; evaluation is always "center"
 IMAGE_NORMALIZE = ("imagenet", "computed", "none")
-DECODE = ("auto", "cpu", "gpu")
+DECODE = ("auto", "cpu", "gpu", "nvimgcodec")  # gpu: torchvision's nvJPEG
 
 CIFAR = {  # name: (folder, train files, test files, label key, meta file, names key)
     "cifar10": (
@@ -144,6 +145,19 @@ def image_options(a: dict[str, Any]) -> None:
     )
     image_size(a["image_size"])
     split_form(a["val_split"])
+    if a["decode"] == "nvimgcodec" and not nvimgcodec_found():
+        raise UserError(
+            "data.decode=nvimgcodec: the package nvidia-nvimgcodec is not installed",
+            "pip install 'expctl[gpu-decode]', or use data.decode=auto (or gpu: torchvision's)",
+        )
+
+
+def nvimgcodec_found() -> bool:
+    """Whether nvImageCodec is installed (found, not imported: no CUDA library loads here)."""
+    try:
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except ImportError:  # no `nvidia` package at all
+        return False
 
 
 def image_size(size: int) -> None:
