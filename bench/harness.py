@@ -108,8 +108,21 @@ def _json_line(text: str) -> dict[str, Any]:
     raise RuntimeError(f"no JSON result in output:\n{text[-2000:]}")
 
 
+def trained_rate(rows: list[dict[str, Any]], after_step: int) -> float:
+    """samples/s of the train rows after `after_step`: their steps over their training time.
+    Each row's perf/samples_per_s leaves out the validations and checkpoints in its window (the
+    run's last row is logged after its final checkpoint: time stamps would count it)."""
+    later = [r for r in rows if "train/loss" in r and r["step"] > after_step]
+    steps, seconds, prev = 0, 0.0, after_step
+    for r in later:
+        steps += r["step"] - prev
+        seconds += (r["step"] - prev) / r["perf/samples_per_s"]
+        prev = r["step"]
+    return steps / seconds
+
+
 def run_expctl(w: Workload, nproc: int, root: Path, env: dict[str, str], extra: list[str]) -> Timed:
-    """samples/s between the train events at steps `warmup` and `steps`; start: launch to the
+    """samples/s of the train rows after step `warmup` (`trained_rate`); start: launch to the
     run's first train.log line (written once data and model are ready); end: the last step's
     event to exit (the final checkpoint, and the validation where the data has a split)."""
     run_dir = root / f"expctl-{time.time_ns()}"
@@ -147,12 +160,11 @@ def run_expctl(w: Workload, nproc: int, root: Path, env: dict[str, str], extra: 
     exited = time.time()
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [e for e in events if "train/loss" in e]
-    first = next(e for e in train if e["step"] == w.warmup)
     last = train[-1]
     head = (run_dir / "train.log").read_text()[:23]  # "2026-11-27 01:27:35,874 INFO run ..."
     ready = datetime.strptime(head, "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time, as logged
     shutil.rmtree(run_dir, ignore_errors=True)
-    rate = (last["step"] - first["step"]) * w.batch * nproc / (last["time"] - first["time"])
+    rate = trained_rate(train, w.warmup)
     return Timed(rate, wall, ready - launched, exited - last["time"])
 
 

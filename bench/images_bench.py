@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from harness import _json_line, _run
+from harness import _json_line, _run, trained_rate
 
 HERE = Path(__file__).resolve().parent
 COMMON = [
@@ -84,11 +84,6 @@ def expctl_img_s(
 ) -> tuple[float, str]:
     """img/s of one expctl run (`common` + `overrides`; `data.batch_size` per GPU) after
     `warmup` steps, and the data part of its first log line (which data path, and why)."""
-    batch = int(
-        next(o for o in reversed([*common, *overrides]) if o.startswith("data.batch_size=")).split(
-            "="
-        )[1]
-    )
     run_dir = Path(tempfile.mkdtemp(prefix="imgbench-"))
     args = [
         *common,
@@ -102,12 +97,11 @@ def expctl_img_s(
     _run([sys.executable, "-m", "expctl", "run", *args], env, timeout=1200)
     events = [json.loads(x) for x in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [e for e in events if "train/loss" in e]
-    first = next(e for e in train if e["step"] == warmup)
-    last = train[-1]
     line = (run_dir / "run" / "train.log").read_text().splitlines()[0]
     shutil.rmtree(run_dir, ignore_errors=True)
-    rate = (last["step"] - first["step"]) * batch * gpus / (last["time"] - first["time"])
-    return rate, next((part for part in line.split(" | ") if part.startswith("data ")), "")
+    return trained_rate(train, warmup), next(
+        (part for part in line.split(" | ") if part.startswith("data ")), ""
+    )
 
 
 def main() -> None:

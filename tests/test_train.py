@@ -7,8 +7,10 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from conftest import cli_env, run_dirs, wait_for, workers_of
@@ -521,3 +523,41 @@ def test_ddp_skips_the_buffer_broadcast_only_for_batchnorm_statistics() -> None:
     assert _batchnorm_buffers_only(torch.nn.SyncBatchNorm(4))
     assert not _batchnorm_buffers_only(Offset())
     assert not _batchnorm_buffers_only(torch.nn.Sequential(torch.nn.Linear(4, 4), Offset()))
+
+
+def test_samples_per_s_counts_training_not_validation_or_checkpoints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every train row's samples/s, the final one's included, leaves out the validations and
+    checkpoints inside its window (here each made to last 1 s): the final row was logged after
+    the last checkpoint and counted it (ResNet-50 read 0.88x the raw loop so)."""
+    from expctl.rank import train  # noqa: PLC0415 - the module whose names are slowed
+
+    def slow(real):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            time.sleep(1.0)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(train, "score_split", slow(train.score_split))
+    monkeypatch.setattr(checkpoint, "save", slow(checkpoint.save))
+    monkeypatch.chdir(tmp_path)
+    per_epoch = 32 // 8
+    result = expctl.run(
+        None,
+        [
+            *conftest.SMALL,
+            "train.max_steps=10",
+            f"train.log_every={per_epoch}",
+            "train.val_every=1",
+            "checkpoint.every=0",  # at each epoch's end
+        ],
+    )
+    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in train_rows] == [4, 8, 10]
+    for before, row in zip(train_rows, train_rows[1:], strict=False):
+        assert row["time"] - before["time"] >= 2.0  # a validation and a checkpoint in between
+        training_s = (row["step"] - before["step"]) * 8 / row["perf/samples_per_s"]
+        assert training_s < 1.0, (row, training_s)

@@ -11,6 +11,8 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,24 @@ class Loop:
     base_s: float = 0.0  # training time of earlier attempts
     hparams: HParams = field(default_factory=lambda: HParams([], None))
     meter: Meter = field(default_factory=Meter)  # the train metrics since the last train row
+    pausing: bool = False  # inside `paused`
+
+    @contextmanager
+    def paused(self, device: torch.device) -> Iterator[None]:
+        """Validation or a checkpoint inside: its time is left out of the next train row's
+        samples/s (moved out of the window that began at `mark`). The steps queued on the GPU
+        before it are waited for first, so their time stays in. Nested uses count once."""
+        if self.pausing:
+            yield
+            return
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.pausing, began = True, time.perf_counter()
+        try:
+            yield
+        finally:
+            self.pausing = False
+            self.mark += time.perf_counter() - began
 
 
 class HParams:
@@ -348,9 +368,17 @@ def _validate(
     train_cfg: TrainConfig, ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
 ) -> None:
     """Score the validation split with identical buffers on every rank and log it; then act on
-    it: a scheduler on a metric steps, early stopping counts, checkpoint.monitor saves."""
+    it: a scheduler on a metric steps, early stopping counts, checkpoint.monitor saves (none of
+    it counted as training time in samples/s)."""
     if loop.validated_at == state.step:
         return
+    with loop.paused(parts.ctx.device):
+        _score_validation(train_cfg, ckpt_cfg, parts, state, loop)
+
+
+def _score_validation(
+    train_cfg: TrainConfig, ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+) -> None:
     sync_buffers(parts.models, loop.env)
     scored = score_split(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
     state.val = loop.control.broadcast(scored)  # rank 0's: every rank decides alike
@@ -395,7 +423,14 @@ def _early_stop(early_stop: EarlyStopConfig, state: TrainState) -> None:
 def _save(ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop) -> None:
     """Every rank contributes its RNG state and train-metric sums; rank 0 writes the checkpoint
     (with the validation metrics of these weights, when they were scored at this step), or
-    every rank its shard of a sharded model's."""
+    every rank its shard of a sharded model's (not counted as training time in samples/s)."""
+    with loop.paused(parts.ctx.device):
+        _write_checkpoint(ckpt_cfg, parts, state, loop)
+
+
+def _write_checkpoint(
+    ckpt_cfg: CheckpointConfig, parts: Parts, state: TrainState, loop: Loop
+) -> None:
     sync_buffers(parts.models, loop.env)  # the saved buffers are those every rank evaluates
     rng = loop.control.gather(checkpoint.rng_state())
     state.window = loop.control.gather(loop.meter.state_dict())
