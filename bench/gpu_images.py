@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,15 @@ def val_rows(a: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _first(batches: Any) -> Any:
+    """The first batch of `batches` (TrainBatches), its reader's workers ended after."""
+    with closing(batches.epoch(1)) as epoch:
+        first = next(epoch)
+    if batches.reader is not None:
+        batches.reader.close()
+    return first
+
+
 def check(a: argparse.Namespace) -> None:
     """Before the table: the device path's batches against the CPU path's for the same seeds
     (each image within 6 grey levels, mean absolute; labels equal; channels_last), train and validation, with workers;
@@ -175,7 +185,7 @@ def check(a: argparse.Namespace) -> None:
     from expctl.builtin.datasets.gpuimages import DeviceDecoded, nvimgcodec_missing  # noqa: PLC0415
     from expctl.builtin.datasets.imagefiles import ImageFiles  # noqa: PLC0415
     from expctl.builtin.datasets.images import _pick_decode, image_folder  # noqa: PLC0415
-    from expctl.builtin.reader import Loading  # noqa: PLC0415
+    from expctl.builtin.reader import Loading, Reader  # noqa: PLC0415
     from expctl.rank.batches import TrainBatches, val_batches  # noqa: PLC0415
 
     device = torch.device("cpu" if a.smoke else "cuda:0")
@@ -193,11 +203,14 @@ def check(a: argparse.Namespace) -> None:
             ref = ImageFiles(samples, 224, 3, train, "imagenet", norm)
             dev = DeviceDecoded(samples, 224, 3, train, "imagenet", norm, dec)
             if train:
-                xa, ya = next(TrainBatches(ref, k, 0, 1, 5, cpu, Loading(0)).epoch(1))
-                xg, yg = next(TrainBatches(dev, k, 0, 1, 5, device, Loading(2)).epoch(1))
+                xa, ya = _first(TrainBatches(ref, k, 0, 1, 5, cpu, Loading(0)))
+                xg, yg = _first(TrainBatches(dev, k, 0, 1, 5, device, Loading(2)))
             else:
+                reader = Reader({"val": dev}, Loading(2), 0, 0)
                 xa, ya = next(val_batches(ref, k, 0, 1, cpu))
-                xg, yg = next(val_batches(dev, k, 0, 1, device, Loading(2)))
+                with closing(val_batches(dev, k, 0, 1, device, reader=reader)) as batches:
+                    xg, yg = next(batches)
+                reader.close()
             grey = (xg.cpu() - xa).abs().mean(dim=(1, 2, 3)) * 0.226 * 255
             ok = torch.equal(ya, yg.cpu()) and xg.is_contiguous(memory_format=torch.channels_last)
             print(f"check {dec} {'train' if train else 'val'}: labels and layout {ok}, "

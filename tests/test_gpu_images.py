@@ -4,6 +4,7 @@ CPU path's per-sample reference, the fallback to Pillow, corrupt files, and how 
 
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 from conftest import image_tree
 from PIL import Image, ImageDraw, ImageFilter
 
-from expctl.builtin.datasets import images
+from expctl.builtin.datasets import gpuimages, images
 from expctl.builtin.datasets.gpuimages import INSTALL, DeviceDecoded
 from expctl.builtin.datasets.imagefiles import CorruptImage, ImageFiles
 from expctl.builtin.datasets.images import image_folder
@@ -159,3 +160,19 @@ def test_decode_auto_picks_by_the_documented_rule(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     kind, why = images._pick_decode("auto", "cuda:0")
     assert kind == "gpu" and "8 cores per GPU < 16" in why
+
+
+def test_nvimgcodec_takes_the_batch_as_code_streams_with_pillows_colours() -> None:
+    """What the batched decode is given (no GPU needed to build it): one CodeStream per file
+    and sRGB (or grey) 8-bit output without EXIF rotation. Where nvImageCodec is installed."""
+    if images.nvimgcodec_missing() is not None:
+        pytest.skip("nvImageCodec is not installed here")
+    from nvidia import nvimgcodec  # noqa: PLC0415 - optional
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(buf, "JPEG")
+    data = [torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)] * 2
+    for channels, spec in ((3, nvimgcodec.ColorSpec.SRGB), (1, nvimgcodec.ColorSpec.GRAY)):
+        streams, params = gpuimages.nvimgcodec_inputs(data, channels)
+        assert [(s.width, s.height) for s in streams] == [(40, 30)] * 2
+        assert params.color_spec == spec and not params.apply_exif_orientation

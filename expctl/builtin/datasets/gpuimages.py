@@ -216,12 +216,9 @@ def _nvimgcodec(
             backends=[nvimgcodec.Backend(k) for k in kinds],
         )
     try:
-        spec = nvimgcodec.ColorSpec.RGB if channels == 3 else nvimgcodec.ColorSpec.GRAY
-        params = nvimgcodec.DecodeParams(
-            apply_exif_orientation=False, color_spec=spec, allow_any_depth=False
-        )  # as Pillow's path: no EXIF rotation
+        streams, params = nvimgcodec_inputs(data, channels)
         stream = torch.cuda.current_stream(device).cuda_stream
-        images = decoder.decode([d.numpy() for d in data], params=params, cuda_stream=stream)
+        images = decoder.decode(streams, params=params, cuda_stream=stream)
     finally:
         with _pool_lock:
             _pool[str(device)].append(decoder)
@@ -233,6 +230,18 @@ def _nvimgcodec(
         t = torch.as_tensor(image, device=device)  # HWC, shares the decoder's buffer
         out.append((t.unsqueeze(-1) if t.dim() == 2 else t).permute(2, 0, 1))
     return out
+
+
+def nvimgcodec_inputs(data: list[torch.Tensor], channels: int) -> tuple[list[Any], Any]:
+    """What nvImageCodec's batched decode takes: a CodeStream per file (1-D uint8), and the
+    parameters (sRGB or grey, 8 bits, no EXIF rotation: as Pillow's path)."""
+    from nvidia import nvimgcodec  # noqa: PLC0415 - optional
+
+    spec = nvimgcodec.ColorSpec.SRGB if channels == 3 else nvimgcodec.ColorSpec.GRAY
+    params = nvimgcodec.DecodeParams(
+        apply_exif_orientation=False, color_spec=spec, allow_any_depth=False
+    )
+    return [nvimgcodec.CodeStream(d.numpy()) for d in data], params
 
 
 def finish(
