@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
+import tempfile
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,10 +59,39 @@ INSTALL = "pip install 'expctl[gpu-decode]'"
 def nvimgcodec_missing() -> str | None:
     """Why nvImageCodec cannot be imported here, or None when it can."""
     try:
-        from nvidia import nvimgcodec  # noqa: F401, PLC0415 - optional, heavy
+        with _without_codec_noise():
+            from nvidia import nvimgcodec  # noqa: F401, PLC0415 - optional, heavy
     except Exception as e:  # ImportError, or OSError for a missing libnvjpeg
         return " ".join(str(e).split())[:160] or type(e).__name__
     return None
+
+
+_NOISE = re.compile(r"nvjpeg2k|nvJPEG2000|nvtiff|nvTIFF")
+
+
+@contextmanager
+def _without_codec_noise() -> Iterator[None]:
+    """nvImageCodec's loader prints three lines to stderr for each optional extension whose
+    library is not installed (nvJPEG2000, nvTIFF: JPEG 2000 and TIFF, which expctl does not
+    decode on the device) on every import and decoder: those are dropped, anything else it
+    (or another thread meanwhile) writes is written back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [
+                x
+                for x in caught.read().decode(errors="replace").splitlines()
+                if not _NOISE.search(x)
+            ]
+            if kept:
+                sys.stderr.write("\n".join(kept) + "\n")
 
 
 @dataclass
@@ -213,6 +246,7 @@ def decode(
 
 _pool: dict[str, list[Any]] = {}  # nvImageCodec decoders per device, each used by one thread
 _pool_lock = threading.Lock()
+_fell_back: list[str] = []  # why nvImageCodec made no decoder, once said
 
 
 def _nvimgcodec(
@@ -226,11 +260,24 @@ def _nvimgcodec(
     if decoder is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4
         kinds = (nvimgcodec.BackendKind.HW_GPU_ONLY, nvimgcodec.BackendKind.GPU_ONLY)
-        decoder = nvimgcodec.Decoder(
-            device_id=device.index if device.index is not None else torch.cuda.current_device(),
-            max_num_cpu_threads=max(1, min(4, cores)),  # per rank: its parsing threads
-            backends=[nvimgcodec.Backend(k) for k in kinds],
-        )
+        try:
+            with _without_codec_noise():
+                decoder = nvimgcodec.Decoder(
+                    device_id=device.index
+                    if device.index is not None
+                    else torch.cuda.current_device(),
+                    max_num_cpu_threads=max(1, min(4, cores)),  # per rank: its parsing threads
+                    backends=[nvimgcodec.Backend(k) for k in kinds],
+                )
+        except RuntimeError as e:  # seen once on an H200: "Could not create decoder. Code: 7"
+            if not _fell_back:
+                _fell_back.append(str(e))
+                log.warning(
+                    "data.decode=nvimgcodec: nvImageCodec made no decoder (%s); torchvision's "
+                    "nvJPEG decodes instead",
+                    " ".join(str(e).split())[:160],
+                )
+            return decode(data, device, "gpu", channels)
     try:
         streams, params = nvimgcodec_inputs(data, channels)
         stream = torch.cuda.current_stream(device).cuda_stream

@@ -112,17 +112,19 @@ def _normalizer(
     return Normalized(mean_c.tolist(), std_c.tolist())
 
 
-PILLOW_CORES_PER_GPU = 16  # decode=auto without nvImageCodec: Pillow from this many cores per GPU
+PILLOW_CORES_PER_GPU = 32  # decode=auto: Pillow from this many cores per GPU, else nvJPEG
 
 
 def _pick_decode(decode: str, device: Any) -> tuple[str, str]:
     """The decoder data.decode names, and why, for the run's first line.
 
-    auto: Pillow in the DataLoader workers without CUDA; on CUDA nvImageCodec when it imports
-    (its hardware backend decodes on the GPU's JPEG engines, beside the SMs that train: 12.6k
-    img/s on one H200, issue 25); else Pillow when this rank has at least PILLOW_CORES_PER_GPU
-    cores (16 Pillow workers fed one H200's ResNet-50 at 0.995x synthetic, issue 25), else
-    torchvision's nvJPEG (it shares the SMs with training). Measured: bench/gpu_images.py.
+    auto: Pillow in the DataLoader workers without CUDA. On CUDA, torchvision's nvJPEG, unless
+    this rank has at least PILLOW_CORES_PER_GPU cores: then Pillow. Measured (issue 25,
+    bench/gpu_images.py, ResNet-50 224 bf16 batch 256 on ~500x375 JPEGs, one H200 bound to 16
+    cores, one invocation): nvJPEG 0.850x the GPU-resident synthetic rate, nvImageCodec 0.821x,
+    Pillow 0.770x (it costs ~5 CPU ms an image: ~24 busy cores feed that GPU; 64 cores fed it
+    at 0.995x). nvImageCodec is used only when asked for: it was not faster here, its hardware
+    backend included.
 
     Raises:
         UserError: gpu or nvimgcodec without a CUDA device; nvimgcodec not importable.
@@ -143,18 +145,11 @@ def _pick_decode(decode: str, device: Any) -> tuple[str, str]:
         return decode, f"data.decode={decode}"
     if not cuda:
         return "cpu", "data.decode=auto: no CUDA device"
-    missing = nvimgcodec_missing()
-    if missing is None:
-        return "nvimgcodec", "data.decode=auto: CUDA, and nvImageCodec imports"
-    log.info("data.decode=auto: nvImageCodec is not installed (%s): %s", missing[:80], INSTALL)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     per_gpu = (cores or 1) // max(1, detect(os.environ).local_world_size)
     if per_gpu >= PILLOW_CORES_PER_GPU:
         return "cpu", f"data.decode=auto: {per_gpu} cores per GPU >= {PILLOW_CORES_PER_GPU}"
-    return (
-        "gpu",
-        f"data.decode=auto: {per_gpu} cores per GPU < {PILLOW_CORES_PER_GPU}, no nvImageCodec",
-    )
+    return "gpu", f"data.decode=auto: {per_gpu} cores per GPU < {PILLOW_CORES_PER_GPU}"
 
 
 @dataclass(frozen=True)
@@ -266,7 +261,7 @@ def _folder_samples(
     images) or none; `mean`/`std` override it. `decode`: cpu (Pillow in the workers), gpu
     (torchvision's nvJPEG) or nvimgcodec (nvImageCodec, `pip install 'expctl[gpu-decode]'`): the
     JPEGs of a batch decoded together on the training GPU, cropped there; auto picks (on CUDA:
-    nvimgcodec when installed, else Pillow with 16 or more cores per GPU, else gpu).
+    Pillow with 32 or more cores per GPU, else gpu).
     `on_corrupt`: error (stop, naming the file) or skip (drop it from its batch, with a warning).
     """
     folders = preflight.image_folders(o.root, train, val, test, o.val_split)
