@@ -468,6 +468,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data.root=tokens_noval", *TOKENS], "tokens_noval (expected val.bin)"),
     (["run", "data.root=tokens_odd", *TOKENS], "has 801 bytes, not a whole number of uint16"),
     (["run", "data.root=tokens_short", *TOKENS], "fewer than one window of data.block_size + 1"),
+    (["run", "data.root=tokens_wide", *TOKENS], "reads as uint32 tokens, not data.dtype=uint16"),
     (["run", "data.dtype=int8", *TOKENS], "data.dtype='int8' is not one of: uint16, uint32"),
     (
         ["run", "data.vocab_size=256", "data.root=tokens_ok", *TOKENS],
@@ -652,7 +653,7 @@ def _hostile_cifar(folder: Path) -> None:
 
 
 def _token_inputs(tmp_path: Path) -> None:
-    """Token files: fine (ids up to 299), an odd number of bytes, too short, none."""
+    """Token files: fine (ids up to 299), an odd number of bytes, too short, none, uint32."""
     for name, ids in (("tokens_ok", np.arange(400) % 300), ("tokens_short", np.arange(10))):
         (tmp_path / name).mkdir()
         for split in ("train", "val"):
@@ -663,6 +664,11 @@ def _token_inputs(tmp_path: Path) -> None:
     (tmp_path / "tokens_odd" / "train.bin").write_bytes(b"\0" * 801)
     (tmp_path / "tokens_odd" / "val.bin").write_bytes(b"\0" * 800)
     (tmp_path / "tokens_missing").mkdir()
+    (tmp_path / "tokens_wide").mkdir()  # written as uint32, read as the default uint16
+    for split in ("train", "val"):
+        (np.arange(400) % 300 + 1).astype(np.uint32).tofile(
+            tmp_path / "tokens_wide" / f"{split}.bin"
+        )
 
 
 def _issue_28_inputs(tmp_path: Path) -> None:

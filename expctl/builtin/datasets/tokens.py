@@ -20,7 +20,9 @@ grammar, ~0.4 MB), made in the cache folder on first use: what ``experiment=gpt_
 
 from __future__ import annotations
 
+import array
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +82,29 @@ def _check_files(files: dict[str, Path], dtype: str, block_size: int) -> None:
                 f"({width} bytes each)",
                 "set data.dtype to the type the file was written with (uint16 or uint32)",
             )
+        if dtype == "uint16" and _wider(path):
+            raise UserError(
+                f"data=tokens: {path} reads as uint32 tokens, not data.dtype=uint16 (every "
+                "second uint16 of its first 8,192 is 0: the high halves of 32-bit ids)",
+                "set data.dtype=uint32",
+            )
         if size // width < block_size + 1:
             raise UserError(
                 f"data=tokens: {path} holds {size // width} tokens, fewer than one window of "
                 f"data.block_size + 1 = {block_size + 1}",
                 "lower data.block_size, or use a larger file",
             )
+
+
+def _wider(path: Path) -> bool:
+    """Whether a file read as uint16 looks written as uint32 (little-endian ids below 65,536:
+    each id's upper half is 0); no text tokenises to id 0 at every second place."""
+    head = array.array("H")
+    with path.open("rb") as f:
+        head.frombytes((data := f.read(2 * 8192))[: len(data) // 4 * 4])
+    if sys.byteorder != "little":
+        head.byteswap()
+    return len(head) >= 2 and not any(head[1::2]) and any(head[0::2])
 
 
 class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
