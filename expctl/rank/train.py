@@ -35,6 +35,7 @@ from expctl.rank.build import Parts
 from expctl.rank.collector import GarbageCollection
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
+from expctl.rank.hparams import HParams
 from expctl.rank.metrics import Meter, score_split, sync_buffers
 from expctl.rank.report import Reporter
 
@@ -122,58 +123,6 @@ class Loop:
         finally:
             self.pausing = False
             self.mark += time.perf_counter() - began
-
-
-class HParams:
-    """train.hparam_schedule: each entry's optimizer and loss values, set before the optimizer
-    step that follows its `step` (a run restored at step S gets those of every entry up to S).
-
-    Optimizer values go into every param group (what `checkpoint.resume` restored included),
-    loss values onto the loss module's attribute of that name.
-
-    Raises:
-        UserError: a loss value its module has no attribute for (it could not change mid-run).
-    """
-
-    def __init__(self, schedule: list[dict[str, Any]], parts: Parts | None) -> None:
-        self.entries = sorted(schedule, key=lambda e: int(e["step"]))
-        self.parts, self._next = parts, 0
-        loss = parts.ctx.loss_fn if parts is not None else None
-        for e in self.entries:
-            for key in e.get("loss", {}):
-                if not hasattr(loss, key):
-                    raise UserError(
-                        f"train.hparam_schedule: loss.{key} cannot change mid-run (the loss "
-                        f"module has no attribute '{key}')",
-                        "schedule optimizer values, or loss arguments its module keeps as such",
-                    )
-
-    @property
-    def next_step(self) -> float:
-        """The step of the next entry to apply (infinity: none left)."""
-        return int(self.entries[self._next]["step"]) if self._next < len(self.entries) else math.inf
-
-    def at(self, step: int) -> None:
-        """Apply every entry not yet applied whose step is at most `step`."""
-        while self._next < len(self.entries) and int(self.entries[self._next]["step"]) <= step:
-            entry = self.entries[self._next]
-            self._next += 1
-            assert self.parts is not None
-            for key, value in entry.get("optim", {}).items():
-                for opt in self.parts.ctx.optimizers.values():
-                    for group in opt.param_groups:
-                        group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
-            for key, value in entry.get("loss", {}).items():
-                setattr(self.parts.ctx.loss_fn, key, value)
-            log.info("train.hparam_schedule: from step %d, %s", step, _values(entry))
-
-
-def _values(entry: dict[str, Any]) -> str:
-    return " ".join(
-        f"{section}.{k}={v}"
-        for section in ("optim", "loss")
-        for k, v in entry.get(section, {}).items()
-    )
 
 
 def finished(train_cfg: TrainConfig, state: TrainState, total_steps: int) -> bool:
