@@ -414,10 +414,12 @@ def _show(args: argparse.Namespace) -> int:
     with paused_gc():  # a component's pre-flight check may load torch (datasets but MNIST's)
         cfg, text = kept.compose(args.config, args.overrides, notes=notes)
     env = detect(os.environ)
-    out = [
-        text,
-        "# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()) + "\n",
-    ]
+    out = [text, "# environment: " + ", ".join(f"{k}={v}" for k, v in vars(env).items()) + "\n"]
+    if cfg.launcher.name == "local" and env.world_size == 1:  # this process's is not the run's
+        n = cfg.launcher.nproc
+        out[1] = (
+            f"# environment: launcher=local starts {n} rank(s) on this machine (world_size={n})\n"
+        )
     if cfg.launcher.name == "slurm":  # rendered before anything is printed: it may refuse
         from pathlib import Path
 

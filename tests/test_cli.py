@@ -49,6 +49,10 @@ def test_show_prints_resolved_config_and_environment(
     assert "name: resnet18" in out and "max_epochs: 7" in out and "lr: 0.5" in out
     assert "# environment: rank=0" in out and "source=single" in out
     assert not (tmp_path / "runs").exists()
+    # launcher=local: the ranks it will start, not this one process's environment
+    assert cli.main(["show", "-C", str(f), "launcher=local", "launcher.nproc=3"]) == 0
+    out = capsys.readouterr().out
+    assert "# environment: launcher=local starts 3 rank(s) on this machine (world_size=3)" in out
 
 
 @pytest.mark.slow

@@ -429,8 +429,13 @@ def _check_field(where: str, value: Any, f: dataclasses.Field[Any]) -> Any:
             if alias in choices
             else did_you_mean(str(value), [str(c) for c in choices])
         )
+        # true/false for a choice of names: OmegaConf made the YAML bool a str ('True')
+        switch = isinstance(value, bool) or value in ("True", "False")
+        said = str(value).lower() if switch else value  # as YAML writes it
+        if switch and not suggest:
+            suggest = " It takes one of these names, not true/false."
         raise UserError(
-            f"{where}: '{value}' is not one of: {shown}.{suggest}",
+            f"{where}: '{said}' is not one of: {shown}.{suggest}",
             f"set {where} to one of: {shown}",
         )
     low, high = f.metadata.get("min"), f.metadata.get("max")

@@ -259,6 +259,10 @@ CORPUS: list[tuple[list[str], str]] = [
     # issue 13: best checkpoints, early stopping, metric schedulers, weights-only starts, eval
     (["run", "checkpoint.mode=up"], "checkpoint.mode: 'up' is not one of: min, max"),
     (["run", "train.early_stop.mode=lower"], "train.early_stop.mode: 'lower' is not one of"),
+    (
+        ["run", "train.activation_checkpointing=true"],
+        "train.activation_checkpointing: 'true' is not one of: none, full, selective. It takes one",
+    ),
     (["run", "train.early_stop.patience=0"], "below the minimum 1"),
     (["run", "train.early_stop.patiense=2"], "Did you mean 'early_stop.patience'"),
     (["run", "train.val_every_steps=0"], "below the minimum 1"),
