@@ -561,3 +561,22 @@ def test_samples_per_s_counts_training_not_validation_or_checkpoints(
         assert row["time"] - before["time"] >= 2.0  # a validation and a checkpoint in between
         training_s = (row["step"] - before["step"]) * 8 / row["perf/samples_per_s"]
         assert training_s < 1.0, (row, training_s)
+
+
+def test_a_row_restored_with_no_step_since_claims_no_rate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A completed run's checkpoint resumed with the same budget trains no step: its last row
+    comes back from the checkpoint without a samples/s (it read 0 before)."""
+    monkeypatch.chdir(tmp_path)
+    first = expctl.run(None, [*conftest.SMALL, "train.max_steps=6", "train.log_every=4"])
+    ckpt = checkpoint.list_checkpoints(first.run_dir)[0]  # the newest: step 6
+    again = expctl.run(
+        None,
+        [*conftest.SMALL, "train.max_steps=6", "train.log_every=4", f"checkpoint.resume={ckpt}"],
+    )
+    rows = [json.loads(x) for x in (again.run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "train/loss" in r][-1]
+    assert last["step"] == 6 and "perf/samples_per_s" not in last
+    trained = [json.loads(x) for x in (first.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["perf/samples_per_s"] > 0 for r in trained if "train/loss" in r)

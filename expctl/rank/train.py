@@ -410,7 +410,9 @@ def _log_train(
     global_batch = parts.batches.batch_size * loop.env.world_size * train_cfg.grad_accum
     speed = (state.step - loop.mark_step) * global_batch / max(now - loop.mark, 1e-9)
     lr = next(iter(parts.ctx.optimizers.values())).param_groups[0]["lr"]
-    event = {**state.train, "lr": lr, "perf/samples_per_s": round(speed, 1)}
+    event = {**state.train, "lr": lr}
+    if state.step > loop.mark_step:  # else: a row restored whole from a checkpoint, no step since
+        event["perf/samples_per_s"] = round(speed, 1)
     device = parts.ctx.device
     if device.type == "cuda":  # the most this rank's GPU held since the last row, its weights' too
         event["perf/max_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
