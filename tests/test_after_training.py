@@ -249,6 +249,22 @@ def test_train_time_sums_every_attempt(tmp_path: Path, monkeypatch: pytest.Monke
     assert checkpoint.load(checkpoint.list_checkpoints(tmp_path / "t")[0])["train_s"] >= 0.8
 
 
+def test_a_resume_mid_epoch_on_other_ranks_says_once_that_the_epoch_is_dealt_afresh(
+    tmp_path: Path,
+) -> None:
+    """One rank stops inside epoch 1 (step 1 of 4 an epoch); two ranks continue: the warning
+    says, once (not once per rank), that the rest of that epoch is dealt afresh."""
+    run_cli("run", *SMALL, "train.max_steps=1", "run.dir=a", cwd=tmp_path)
+    two = ["launcher=local", "launcher.nproc=2", "train.max_steps=4", "run.dir=a"]
+    proc = run_cli("run", *SMALL, *two, cwd=tmp_path)
+    said = (
+        "checkpoint written by 1 rank(s), now 2: RNG streams restart from the seed; the rest "
+        "of epoch 1 is dealt to 2 rank(s) afresh, past the first 1 batch(es) of each"
+    )
+    assert (proc.stdout + proc.stderr).count(said) == 1, proc.stdout + proc.stderr
+    assert (tmp_path / "a" / "train.log").read_text().count(said) == 1
+
+
 def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_is_read_whole(
     tmp_path: Path,
 ) -> None:

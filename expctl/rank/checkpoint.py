@@ -118,11 +118,17 @@ def apply(payload: dict[str, Any], parts: Parts, rank: int, world_size: int) -> 
     rng = payload.get("rng") or []
     if len(rng) == world_size:
         set_rng_state(rng[rank])
-    else:
+    elif rank == 0:  # said once, not by every rank
+        within = int(payload.get("batch") or 0)
         log.warning(
-            "checkpoint written by %d rank(s), now %d: RNG streams restart from the seed",
+            "checkpoint written by %d rank(s), now %d: RNG streams restart from the seed%s",
             len(rng),
             world_size,
+            f"; the rest of epoch {int(payload.get('epoch') or 0) + 1} is dealt to {world_size} "
+            f"rank(s) afresh, past the first {within} batch(es) of each: some of its samples may "
+            "be seen twice or not at all (the next epochs are whole)"
+            if within
+            else "",
         )
     heavy = ("models", "optimizers", "schedulers", "scaler", "rng", "sharded_from")
     return {k: v for k, v in payload.items() if k not in heavy}
