@@ -4,6 +4,7 @@ directory, no job)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -417,6 +418,25 @@ CORPUS: list[tuple[list[str], str]] = [
     ),
     (["run", *TINY_IMAGES, "data.root=images", "data.image_size=100000"], "from 8 to 8192"),
     (["run", "data=imagenet", "data.image_size=4"], "data.image_size=4: images are resized"),
+    (
+        ["run", "data=imagenet", "data.root=nowhere", "model=cnn"],
+        "nowhere (expected train/ and val/ class folders and "
+        "ILSVRC2012_devkit_t12.tar.gz or meta.bin; missing: train, val, meta.bin or",
+    ),
+    (
+        ["show", "data=imagenet", "data.root=images"],
+        "missing: meta.bin or ILSVRC2012_devkit_t12.tar.gz",
+    ),
+    *(
+        []
+        if importlib.util.find_spec("scipy")
+        else [
+            (
+                ["run", "data=imagenet", "data.root=imagenet_devkit", "model=cnn"],
+                "which torchvision makes from it with scipy, not installed",
+            )
+        ]
+    ),
     (["run", "run.root=" + "r" * 300], "run.root is too long here (3"),
     (["run", "run.root=" + "/r" * 2100], "run.root is too long here (4"),
     (["run", "run.dir=" + "d" * 300], "run.dir is too long here (3"),
@@ -590,6 +610,9 @@ def _image_inputs(tmp_path: Path) -> None:
     image_tree(tmp_path / "images" / "train", classes=2, per_class=4)
     image_tree(tmp_path / "images" / "val", classes=2, per_class=2)
     (tmp_path / "empty_images").mkdir()
+    for sub in ("train", "val"):  # ImageNet with its devkit archive, not yet meta.bin
+        (tmp_path / "imagenet_devkit" / sub).mkdir(parents=True)
+    (tmp_path / "imagenet_devkit" / "ILSVRC2012_devkit_t12.tar.gz").write_bytes(b"")
     image_tree(tmp_path / "no_images" / "cat", classes=1, per_class=2)
     (tmp_path / "no_images" / "dog").mkdir()
     (tmp_path / "no_images" / "dog" / "notes.txt").write_text("no image here")

@@ -290,14 +290,14 @@ def _imagenet_samples(o: ImageOptions) -> tuple[Samples, Samples, None, list[str
     import torchvision.datasets as tvd  # noqa: PLC0415 - off the pre-flight check (0.3 s)
 
     base = root_of(o.root)
+    preflight.imagenet_files(o.root)
     try:
         sets = {s: tvd.ImageNet(str(base), split=s) for s in ("train", "val")}
-    except (RuntimeError, FileNotFoundError) as e:
+    except (RuntimeError, FileNotFoundError, ImportError) as e:
         raise not_found(
             "imagenet",
             base,
-            "train/ and val/ class folders and ILSVRC2012_devkit_t12.tar.gz or meta.bin; "
-            f"torchvision said: {' '.join(str(e).split())[:120]}",
+            f"{preflight.IMAGENET_EXPECTED}; torchvision said: {' '.join(str(e).split())[:120]}",
             download=False,
         ) from None
     classes = [names[0] for names in sets["train"].classes]

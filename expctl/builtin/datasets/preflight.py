@@ -172,8 +172,34 @@ def image_size(size: int) -> None:
 
 @light
 def imagenet(**given: Any) -> None:
-    """data=imagenet: its options (torchvision checks its folder when it is read)."""
-    image_options(_args("imagenet", given))
+    """data=imagenet: its options, and the files torchvision's ImageNet reads (train/, val/,
+    and meta.bin or the devkit archive it makes meta.bin from)."""
+    a = _args("imagenet", given)
+    image_options(a)
+    imagenet_files(a["root"])
+
+
+IMAGENET_EXPECTED = "train/ and val/ class folders and ILSVRC2012_devkit_t12.tar.gz or meta.bin"
+
+
+def imagenet_files(root: str | None) -> None:
+    """ROOT holds what torchvision's ImageNet reads; with only the devkit archive, scipy (which
+    torchvision needs to make meta.bin from it, once) is installed."""
+    base = root_of(root)
+    missing = [d for d in ("train", "val") if not (base / d).is_dir()]
+    meta, devkit = base / "meta.bin", base / "ILSVRC2012_devkit_t12.tar.gz"
+    if not meta.is_file() and not devkit.is_file():
+        missing.append("meta.bin or ILSVRC2012_devkit_t12.tar.gz")
+    if missing:
+        raise not_found(
+            "imagenet", base, f"{IMAGENET_EXPECTED}; missing: {', '.join(missing)}", download=False
+        )
+    if not meta.is_file() and importlib.util.find_spec("scipy") is None:
+        raise UserError(
+            f"data=imagenet: {devkit.name} is there but not meta.bin, which torchvision makes "
+            "from it with scipy, not installed",
+            "pip install scipy (needed once: meta.bin is kept beside it)",
+        )
 
 
 @light
