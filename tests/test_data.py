@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from expctl.builtin.data import check_splits
 from expctl.builtin.datasets.arrays import arrays
 from expctl.builtin.datasets.idx import fashion_mnist, find_idx
-from expctl.builtin.datasets.imagefiles import CorruptImage
+from expctl.builtin.datasets.imagefiles import CorruptImage, ImageFiles, Normalized
 from expctl.builtin.datasets.images import image_folder
 from expctl.builtin.datasets.vision import cifar10
 from expctl.builtin.reader import Loading
@@ -285,6 +285,31 @@ def test_image_folder_normalises_on_the_device_with_computed_stats(tmp_path: Pat
     x, y = s.val.on_device(s.val.collate([s.val[i] for i in range(4)]), CPU)  # type: ignore[union-attr]
     assert x.dtype == torch.float32 and x.shape == (4, 3, 12, 12) and y.shape == (4,)
     assert abs(float(x.mean())) < 1.0
+
+
+def test_computed_statistics_are_the_pixels_and_skip_corrupt_files_when_told(
+    tmp_path: Path,
+) -> None:
+    """normalize=computed: the training images' per-channel mean and std (summed one image at
+    a time), and a corrupt file among them is skipped with on_corrupt=skip (it was named and
+    the run refused, whatever on_corrupt said)."""
+    image_tree(tmp_path, classes=2, per_class=3)
+    samples = image_folder(root=str(tmp_path), val=None, image_size=8).train.samples  # type: ignore[attr-defined]
+    plain = ImageFiles(samples, 8, 3, False, "imagenet", Normalized([0.0], [1.0]))  # eval's crop
+    x = torch.stack([plain[i][0] for i in range(6)]).double() / 255
+    s = image_folder(root=str(tmp_path), val=None, image_size=8, normalize="computed")
+    norm = s.train.normalize  # type: ignore[attr-defined]
+    # Normalized keeps them on the uint8 scale
+    assert torch.allclose(norm.mean.flatten().double() / 255, x.mean(dim=(0, 2, 3)), atol=1e-6)
+    assert torch.allclose(norm.std.flatten().double() / 255, x.std(dim=(0, 2, 3)), rtol=1e-2)
+    bad = tmp_path / "class_1" / "img_001.jpg"
+    bad.write_bytes(bad.read_bytes()[:60])
+    with pytest.raises(CorruptImage, match=r"class_1/img_001.jpg cannot be decoded"):
+        image_folder(root=str(tmp_path), val=None, image_size=8, normalize="computed")
+    skip = image_folder(
+        root=str(tmp_path), val=None, image_size=8, normalize="computed", on_corrupt="skip"
+    )
+    assert len(skip.train) == 6  # type: ignore[arg-type]
 
 
 def test_a_corrupt_image_is_named_or_skipped(tmp_path: Path) -> None:

@@ -100,12 +100,34 @@ def _normalizer(
         if channels == 1:
             return Normalized([sum(IMAGENET_MEAN) / 3], [sum(IMAGENET_STD) / 3])
         return Normalized(IMAGENET_MEAN, IMAGENET_STD)
+    return _computed(channels, stats_of)
+
+
+def _computed(channels: int, stats_of: ImageFiles) -> Normalized:
+    """Per-channel mean and std of up to STATS_SAMPLES training images, evenly spaced, summed
+    one image at a time (a stack of them at image_size 2048 would be 13 GB); corrupt files
+    skipped as data.on_corrupt says."""
     step = max(1, len(stats_of) // STATS_SAMPLES)
-    pixels = torch.stack([stats_of[i][0] for i in range(0, len(stats_of), step)]).float() / 255
-    mean_c, std_c = pixels.mean(dim=(0, 2, 3)), pixels.std(dim=(0, 2, 3)).clamp_min(1e-3)
+    images, pixels = 0, 0
+    total = torch.zeros(channels, dtype=torch.float64)
+    squares = torch.zeros(channels, dtype=torch.float64)
+    for i in range(0, len(stats_of), step):
+        sample = stats_of[i]
+        if sample is None:  # a corrupt file, skipped
+            continue
+        x = sample[0].to(torch.float64).flatten(1) / 255  # (channels, height x width)
+        total, squares = total + x.sum(1), squares + (x * x).sum(1)
+        images, pixels = images + 1, pixels + x.shape[1]
+    if not images:
+        raise UserError(
+            "data.normalize=computed: none of the training images read for it can be decoded",
+            "set data.normalize=imagenet (or data.mean/data.std), or replace the corrupt files",
+        )
+    mean_c = total / pixels
+    std_c = (squares / pixels - mean_c**2).clamp_min(0).sqrt().clamp_min(1e-3)
     log.info(
         "data.normalize=computed from %d training images: mean %s, std %s",
-        len(pixels),
+        images,
         [round(v, 4) for v in mean_c.tolist()],
         [round(v, 4) for v in std_c.tolist()],
     )
@@ -198,7 +220,9 @@ def image_splits(
             return ImageFiles(samples, size, ch, train, o.preset, norm, o.on_corrupt, why)
         return DeviceDecoded(samples, size, ch, train, o.preset, norm, decode, o.on_corrupt, why)
 
-    plain = ImageFiles(train_samples, size, ch, False, o.preset, Normalized([0.0], [1.0]))
+    plain = ImageFiles(
+        train_samples, size, ch, False, o.preset, Normalized([0.0], [1.0]), o.on_corrupt
+    )
     norm = _normalizer(o.normalize, o.mean, o.std, ch, plain)
     info = DataInfo((ch, size, size), len(classes), tuple(classes))
     return Splits(
