@@ -196,6 +196,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=image_folder", "data.root=images", "data.train=trian"], "data.train: no folder"),
     (["run", "data=image_folder", "data.root=images/train"], "what validates?"),
     (["run", *TINY_IMAGES, "data.root=corrupt_images"], "cannot be decoded"),
+    (
+        ["run", *TINY_IMAGES, "data.root=corrupt_images", "data.on_corrupt=skip"],
+        "every image of a batch (4) is corrupt: data.on_corrupt=skip drops",
+    ),
     (["run", *TINY_IMAGES, "data.root=images", "data.preset=rotate"], "not one of: imagenet"),
     (["run", *TINY_IMAGES, "data.root=images", "data.decode=gpu"], "needs a CUDA device"),
     (

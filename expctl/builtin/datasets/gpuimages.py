@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 from expctl.builtin.datasets.imagefiles import (
-    CorruptImage,
     ImageFiles,
     Normalized,
+    all_corrupt,
     crop_box,
     pil_crop,
 )
@@ -166,7 +166,7 @@ class DeviceDecoded(ImageFiles):
         """The batch's samples (skipped corrupt ones dropped) as `Encoded`."""
         kept = [s for s in samples if s is not None]
         if not kept:
-            raise CorruptImage(f"all {len(samples)} images of a batch are corrupt")
+            raise all_corrupt(len(samples))
         pixels, boxes, flips, labels, paths = zip(*kept, strict=True)
         encoded_at = [i for i, p in enumerate(pixels) if isinstance(p, bytes)]
         ready_at = [i for i, p in enumerate(pixels) if not isinstance(p, bytes)]
@@ -199,7 +199,7 @@ class DeviceDecoded(ImageFiles):
         if batch.ready is not None:
             crops += list(zip(batch.ready_at, batch.ready, strict=True))
         if not decoded and not crops:
-            raise CorruptImage(f"all {len(batch.labels)} images of a batch are corrupt")
+            raise all_corrupt(len(batch.labels))
         x, order = finish(decoded, crops, batch, self.size, device)
         scale, shift = _normalising(self.normalize, device)
         out = torch.empty_like(x, memory_format=torch.channels_last)

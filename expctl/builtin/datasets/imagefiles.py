@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,16 @@ class CorruptImage(UserError):
             message = message.rsplit(f"{type(self).__name__}: ", 1)[1].strip()
             message, _, hint = message.partition("\n  HINT: ")
         super().__init__(message, hint or "remove or replace the file, or set data.on_corrupt=skip")
+
+
+def all_corrupt(n: int) -> CorruptImage:
+    """The error for a batch whose every image was skipped as corrupt (data.on_corrupt=skip):
+    every rank must train on each batch, so it cannot be dropped."""
+    return CorruptImage(
+        f"every image of a batch ({n}) is corrupt: data.on_corrupt=skip drops corrupt images from "
+        "their batch, but a batch needs one to train on (train.log names the skipped files)",
+        "remove or replace those files, or raise data.batch_size",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +179,7 @@ class ImageFiles(Dataset[Any]):
 
     def corrupt(self, path: str, error: Exception) -> None:
         """A file that cannot be decoded: skipped (None, with a warning) or named."""
-        said = " ".join(str(error).split())
+        said = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", " ".join(str(error).split()))
         if self.on_corrupt == "skip":
             log.warning("skipped corrupt image %s (%s)", path, said[:120])
             return None
@@ -194,7 +205,7 @@ class ImageFiles(Dataset[Any]):
         """Stack the samples (skipped corrupt ones dropped)."""
         kept = [s for s in samples if s is not None]
         if not kept:
-            raise CorruptImage(f"all {len(samples)} images of a batch are corrupt")
+            raise all_corrupt(len(samples))
         return default_collate(kept)
 
     def on_device(self, batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
