@@ -338,7 +338,7 @@ def test_data_workers_started_while_the_loop_collects_keep_pythons_collector(
 
 
 @pytest.mark.slow
-def test_a_run_resumes_with_another_gc_every(tmp_path: Path) -> None:
+def test_a_run_resumes_with_another_gc_every_or_data_loading(tmp_path: Path) -> None:
     """train.gc_every decides when Python collects, not what is computed: changing it does not
     make the run directory another run's."""
     rank.main(_cfg(tmp_path, "train.max_steps=4", "train.gc_every=7"), DistEnv(), Recorder())
@@ -348,6 +348,12 @@ def test_a_run_resumes_with_another_gc_every(tmp_path: Path) -> None:
         Recorder(),
     )
     assert result["step"] == 8
+    # nor how samples are read (the corrupt-file error's hint says on_corrupt=skip)
+    more = ["data.num_workers=1", "data.timeout=60", "data.pin_memory=false"]
+    _, result = rank.main(
+        _cfg(tmp_path, "train.max_steps=10", "train.max_epochs=5", *more), DistEnv(), Recorder()
+    )
+    assert result["step"] == 10
 
 
 @pytest.mark.slow  # trains in-process, three runs

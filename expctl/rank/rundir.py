@@ -40,6 +40,14 @@ RESUMABLE_CHANGES = (
     "train.gc_every",  # when Python's collector runs: not what is computed
     "train.activation_checkpointing",  # memory against time: the same gradients
     "train.fsdp.reshard_after_forward",
+    # how samples are read, not which: the same batches (the corrupt-file error's hint, a
+    # decoder within a grey level of another, any number of workers)
+    "data.num_workers",
+    "data.pin_memory",
+    "data.prefetch_factor",
+    "data.timeout",
+    "data.on_corrupt",
+    "data.decode",
     "launcher.",
     "checkpoint.",
     "env.",
