@@ -143,6 +143,8 @@ def test_decode_auto_picks_by_the_documented_rule(monkeypatch: pytest.MonkeyPatc
     assert images._pick_decode("gpu", "cuda:0") == ("gpu", "data.decode=gpu")
     with pytest.raises(UserError, match="data.decode=gpu needs a CUDA device"):
         images._pick_decode("gpu", CPU)
+    with pytest.raises(UserError, match="data.decode=nvimgcodec needs a CUDA device"):
+        images._pick_decode("nvimgcodec", CPU)  # said before nvImageCodec is imported
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)  # as torchrun sets them
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")

@@ -155,14 +155,14 @@ def _pick_decode(decode: str, device: Any) -> tuple[str, str]:
     if decode == "cpu":
         return "cpu", ""
     if decode != "auto":
-        if decode == "nvimgcodec" and (missing := nvimgcodec_missing()):
-            raise UserError(
-                f"data.decode=nvimgcodec: nvImageCodec cannot be imported ({missing})", INSTALL
-            )
-        if not cuda:
+        if not cuda:  # first: nvImageCodec is not even imported (it prints about CUDA libraries)
             raise UserError(
                 f"data.decode={decode} needs a CUDA device; this run trains on {device or 'cpu'}",
                 "use data.decode=auto or cpu",
+            )
+        if decode == "nvimgcodec" and (missing := nvimgcodec_missing()):
+            raise UserError(
+                f"data.decode=nvimgcodec: nvImageCodec cannot be imported ({missing})", INSTALL
             )
         return decode, f"data.decode={decode}"
     if not cuda:

@@ -148,7 +148,8 @@ def image_options(a: dict[str, Any]) -> None:
     if a["decode"] == "nvimgcodec" and not nvimgcodec_found():
         raise UserError(
             "data.decode=nvimgcodec: the package nvidia-nvimgcodec is not installed",
-            "pip install 'expctl[gpu-decode]', or use data.decode=auto (or gpu: torchvision's)",
+            "on a machine with an NVIDIA GPU: pip install 'expctl[gpu-decode]'; "
+            "else data.decode=auto",
         )
 
 
