@@ -580,3 +580,16 @@ def test_a_row_restored_with_no_step_since_claims_no_rate(
     assert last["step"] == 6 and "perf/samples_per_s" not in last
     trained = [json.loads(x) for x in (first.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["perf/samples_per_s"] > 0 for r in trained if "train/loss" in r)
+
+
+def test_a_run_without_a_validation_split_writes_no_empty_validation_rows(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No validation split (data.val=null, val_samples=0): no `val` line, no row of nothing
+    but step, epoch and time."""
+    monkeypatch.chdir(tmp_path)
+    small = [a for a in conftest.SMALL if not a.startswith("data.val_samples")]
+    result = expctl.run(None, [*small, "data.val_samples=0", "train.max_epochs=2"])
+    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(set(r) - {"step", "epoch", "time"} for r in rows), rows
+    assert "val epoch" not in (result.run_dir / "train.log").read_text()

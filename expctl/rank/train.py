@@ -332,7 +332,8 @@ def _score_validation(
     scored = score_split(parts, loop.env, limit=parts.limit_val_batches)  # the test: never limited
     state.val = loop.control.broadcast(scored)  # rank 0's: every rank decides alike
     loop.validated_at = state.step
-    loop.reporter.record(state.step, state.epoch_number, state.val, "val")
+    if state.val:  # else: no validation split (data.val=null), no row
+        loop.reporter.record(state.step, state.epoch_number, state.val, "val")
     if parts.sched_monitor is not None:
         value = monitored(state.val, "sched.monitor", parts.sched_monitor)
         for s in parts.schedulers.values():
