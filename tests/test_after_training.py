@@ -22,6 +22,7 @@ from conftest import expctl as run_cli
 import expctl
 from expctl import registry
 from expctl.config import frozen as config
+from expctl.errors import UserError
 from expctl.layout import RunDir
 from expctl.rank import checkpoint
 
@@ -203,6 +204,12 @@ def test_eval_writes_its_json_and_matches_the_runs_validation(tmp_path: Path) ->
     train_acc = synthetic_accuracy(run, "train", num_samples=48)
     assert other["train/acc"] == pytest.approx(train_acc, abs=1e-6)
     assert other["overrides"] == ["data.num_samples=48"] and other["name"].startswith("train-")
+    with pytest.raises(UserError, match="has no test split") as missing:
+        expctl.evaluate(run, split="test")
+    assert missing.value.hint == "pick another split: --split val or train"
+    with pytest.raises(UserError, match="does not fit this config's models") as unfit:
+        expctl.evaluate(run, overrides=["data.num_classes=5"])  # the run's data has 3
+    assert "as many classes and channels as it trained on" in str(unfit.value.hint)
 
     # a read-only run directory (a read-only bind mount: root writes through chmod) is said
     # before anything is scored, in one line, exit 2

@@ -405,14 +405,16 @@ def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path
             except ValueError as e:
                 raise UserError(
                     f"{path} does not fit this config's models: {e}",
-                    "evaluate with the run's own model settings (no model.* overrides)",
+                    "evaluate with the run's own model settings (no model.* overrides) on data "
+                    "of its shape: as many classes and channels as it trained on",
                 ) from None
             metrics = score_split(parts, env, ev.split)
     if not metrics:
         raise UserError(
             f"data '{cfg.data.name}' has no {ev.split} split to score (or train.step has no "
             "val_step)",
-            "pick another split: --split val, test or train",
+            "pick another split: --split "
+            + " or ".join(s for s in ("val", "test", "train") if s != ev.split),
         )
     record = {**metrics, **asdict(ev), "data": cfg.data.name}
     if env.is_main:
