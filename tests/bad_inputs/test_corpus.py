@@ -197,6 +197,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=image_folder", "data.root=images/train"], "what validates?"),
     (["run", *TINY_IMAGES, "data.root=corrupt_images"], "cannot be decoded"),
     (
+        ["run", *TINY_IMAGES, "data.root=empty_val"],
+        "or validate on part of train (data.val_split=0.1), or not at all (data.val=null)",
+    ),
+    (
         ["run", *TINY_IMAGES, "data.root=corrupt_images", "data.on_corrupt=skip"],
         "every image of a batch (4) is corrupt: data.on_corrupt=skip drops",
     ),
@@ -614,6 +618,8 @@ def _image_inputs(tmp_path: Path) -> None:
     image_tree(tmp_path / "images" / "train", classes=2, per_class=4)
     image_tree(tmp_path / "images" / "val", classes=2, per_class=2)
     (tmp_path / "empty_images").mkdir()
+    image_tree(tmp_path / "empty_val" / "train", classes=2, per_class=2)
+    (tmp_path / "empty_val" / "val").mkdir()
     for sub in ("train", "val"):  # ImageNet with its devkit archive, not yet meta.bin
         (tmp_path / "imagenet_devkit" / sub).mkdir(parents=True)
     (tmp_path / "imagenet_devkit" / "ILSVRC2012_devkit_t12.tar.gz").write_bytes(b"")

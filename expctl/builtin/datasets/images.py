@@ -44,8 +44,11 @@ STATS_SAMPLES = 256  # images read for normalize=computed
 # ---------------------------------------------------------------------------------------------
 
 
-def scan_folder(folder: Path, extensions: Sequence[str]) -> tuple[list[str], list[tuple[str, int]]]:
-    """Class names (sorted sub-folders) and (path, label) samples of a class-per-folder tree."""
+def scan_folder(
+    folder: Path, extensions: Sequence[str], held_out: bool = False
+) -> tuple[list[str], list[tuple[str, int]]]:
+    """Class names (sorted sub-folders) and (path, label) samples of a class-per-folder tree
+    (`held_out`: a validation or test folder, which the run can do without)."""
     if not folder.is_dir():
         raise UserError(
             f"data.root: {folder} is not a folder",
@@ -55,7 +58,12 @@ def scan_folder(folder: Path, extensions: Sequence[str]) -> tuple[list[str], lis
     if not classes:
         raise UserError(
             f"data.root: {folder} holds no class folders",
-            "lay images out as ROOT/CLASS/IMAGE.jpg (one sub-folder per class)",
+            "lay images out as ROOT/CLASS/IMAGE.jpg (one sub-folder per class)"
+            + (
+                "; or validate on part of train (data.val_split=0.1), or not at all (data.val=null)"
+                if held_out
+                else ""
+            ),
         )
     samples, empty = [], []
     for label, name in enumerate(classes):
@@ -295,7 +303,7 @@ def _folder_samples(
         if folder is None:
             other.append(None)
             continue
-        names, samples = scan_folder(folder, EXTENSIONS)
+        names, samples = scan_folder(folder, EXTENSIONS, held_out=True)
         if names != classes:
             raise UserError(
                 f"data.root: the classes of {folder} differ from those of {folders[0]} "
