@@ -100,7 +100,7 @@ class TrainBatches:
         self.steps_per_epoch = (n // world_size) // batch_size
         if self.steps_per_epoch == 0:
             raise UserError(
-                f"data.batch_size={batch_size} x {world_size} worker(s) is larger than the "
+                f"data.batch_size={batch_size} x {world_size} rank(s) is larger than the "
                 f"{n} training samples: no full batch per epoch",
                 f"lower data.batch_size to at most {max(1, n // world_size)}",
             )
