@@ -323,6 +323,10 @@ def test_a_corrupt_image_is_named_or_skipped(tmp_path: Path) -> None:
     skip = image_folder(root=str(tmp_path), val=None, image_size=8, on_corrupt="skip")
     batch = skip.train.collate([skip.train[i] for i in range(len(skip.train))])  # type: ignore[union-attr, arg-type]
     assert batch[0].shape[0] == 5  # 6 files, the corrupt one dropped
+    # every image of a batch corrupt: it cannot be dropped (every rank trains on each batch)
+    with pytest.raises(CorruptImage, match=r"every image of a batch \(2\) is corrupt") as e:
+        skip.train.collate([None, None])  # type: ignore[union-attr]
+    assert e.value.hint == "remove or replace those files, or raise data.batch_size"
 
 
 def test_a_corrupt_image_met_in_a_worker_keeps_its_one_line_message(tmp_path: Path) -> None:

@@ -200,10 +200,6 @@ CORPUS: list[tuple[list[str], str]] = [
         ["run", *TINY_IMAGES, "data.root=empty_val"],
         "or validate on part of train (data.val_split=0.1), or not at all (data.val=null)",
     ),
-    (
-        ["run", *TINY_IMAGES, "data.root=corrupt_images", "data.on_corrupt=skip"],
-        "every image of a batch (4) is corrupt: data.on_corrupt=skip drops",
-    ),
     (["run", *TINY_IMAGES, "data.root=images", "data.preset=rotate"], "not one of: imagenet"),
     (["run", *TINY_IMAGES, "data.root=images", "data.decode=gpu"], "needs a CUDA device"),
     (
