@@ -66,6 +66,60 @@ def test_streamed_random_transforms_do_not_depend_on_num_workers() -> None:
     assert len(set(draws[0].view(-1).tolist())) == draws[0].numel(), "each sample its own draw"
 
 
+class Recorded(Indexed):
+    """Indexed, noting the samples read (in this process: no DataLoader workers)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.read: list[int] = []
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.read.append(i)
+        return super().__getitem__(i)
+
+
+def test_the_next_epoch_is_read_while_this_one_ends_and_a_left_epoch_starts_anew() -> None:
+    data = Recorded(60)  # one rank, batches of 5: 12 a epoch
+    batches = TrainBatches(data, 5, 0, 1, 7, CPU, Loading(0))
+
+    def ids(xs: list[torch.Tensor]) -> list[int]:
+        return [int(v) for x in xs for v in x.view(-1)]
+
+    def fresh(epoch: int, start: int = 0) -> list[int]:
+        other = TrainBatches(Indexed(60), 5, 0, 1, 7, CPU, Loading(0))
+        return ids([x for x, _ in other.epoch(epoch, start)])
+
+    def take(epoch: int, n: int, start: int = 0) -> list[int]:
+        it = batches.epoch(epoch, start)
+        got = [next(it)[0] for _ in range(n)]
+        it.close()  # the loop leaves at the epoch's last batch (or at its budget)
+        return ids(got)
+
+    assert take(0, 12) == fresh(0)
+    assert data.read[60:65] == fresh(1)[:5], "epoch 1's first batch read before it was asked for"
+    assert take(1, 12) == fresh(1)
+    assert sorted(data.read[60:120]) == sorted(fresh(1)), "the stream went on: nothing read twice"
+    assert take(2, 3) == fresh(2)[:15]  # left mid-epoch (a budget, a stop) ...
+    assert take(2, 9, start=3) == fresh(2, start=3)  # ... a resumed epoch starts where asked
+    batches.close()
+
+
+def test_a_process_that_never_closed_its_reader_still_exits() -> None:
+    """Workers ignore SIGTERM (the rank acts on it); Python's exit sends them that and waits:
+    a reader dropped unclosed (after an error, in a user's script) must not hang the exit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from torch.utils.data import TensorDataset\n"
+        "from expctl.builtin.reader import Loading, Reader\n"
+        "r = Reader({'train': TensorDataset(torch.arange(8.0))}, Loading(2), 0, 0)\n"
+        "print(len(next(r.read('train', 0, [[0, 1], [2, 3]]))[0]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and proc.stdout.strip() == "2", proc.stderr
+
+
 def test_validation_is_streamed_whole_with_workers() -> None:
     got = [
         int(v)
@@ -366,6 +420,36 @@ def test_image_folder_trains_ddp_with_workers_bitwise_equal_to_none(tmp_path: Pa
         k: v for k, v in r0.items() if not k.startswith("time/")
     }
     assert all(torch.equal(w2[k], w0[k]) for k in w0)
+
+
+def test_streamed_images_resumed_mid_epoch_with_validations_between_train_as_one_run(
+    tmp_path: Path,
+) -> None:
+    """The stream of training batches runs on across epochs and is interrupted by validations
+    (every 3 steps, epochs of 7): stopped at step 8 and continued to 16, the run ends with the
+    weights and metrics of one that went to 16 at once."""
+    from expctl.api import run as train  # noqa: PLC0415
+
+    image_tree(tmp_path / "imgs" / "train", classes=3, per_class=20)  # 60 files: 7 batches of 8
+    image_tree(tmp_path / "imgs" / "val", classes=3, per_class=3, seed=1)
+    args = [
+        "model=cnn", "model.width=8", "data=image_folder", f"data.root={tmp_path / 'imgs'}",
+        "data.image_size=16", "data.batch_size=8", "data.num_workers=1", "sched=none",
+        "train.device=cpu", "train.val_every_steps=3", "train.log_every=1",
+    ]  # fmt: skip
+    whole = train(None, [*args, "train.max_steps=16", f"run.dir={tmp_path / 'whole'}"]).metrics
+    train(None, [*args, "train.max_steps=8", f"run.dir={tmp_path / 'parts'}"])
+    parts = train(None, [*args, "train.max_steps=16", f"run.dir={tmp_path / 'parts'}"]).metrics
+    assert whole["epoch"] == parts["epoch"] == 3 and whole["step"] == parts["step"] == 16
+    assert {k: v for k, v in whole.items() if not k.startswith("time/")} == {
+        k: v for k, v in parts.items() if not k.startswith("time/")
+    }
+    weights = [
+        torch.load(sorted((tmp_path / d / "checkpoints").glob("*.pt"))[-1], weights_only=False)
+        for d in ("whole", "parts")
+    ]
+    a, b = (w["models"]["model"] for w in weights)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,8 +19,10 @@ import contextlib
 import ctypes
 import ctypes.util
 import multiprocessing
+import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +67,9 @@ class _Keyed(Dataset[Any]):
     def __getitem__(self, key: tuple[int, int, int]) -> tuple[int, Any]:
         split, epoch, index = key
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seeds[split], epoch, index))
+            # the CPU generator alone: torch.manual_seed would also queue a CUDA seeding, with
+            # its stack formatted, for every sample (~10% of a JPEG worker's time)
+            torch.default_generator.manual_seed(sample_seed(self.seeds[split], epoch, index))
             return split, self.datasets[split][index]
 
 
@@ -135,17 +139,25 @@ class Reader:
             generator=torch.Generator().manual_seed(seed),
             **extra,
         )
-        self._it: Iterator[Any] | None = None
+        self._passes = _Passes()  # the loader's iterator, and the workers it forked
         self._turn = 0
-        self._workers: list[multiprocessing.process.BaseProcess] = []
+        # a reader never closed (dropped after an error): its workers ignore SIGTERM, so the
+        # interpreter's exit, which sends them that and waits, would wait forever
+        weakref.finalize(self, self._passes.end, os.getpid())
 
     def start(self) -> None:
         """Fork the workers now (with an empty pass: no queue thread starts)."""
-        if self.loader is not None and self.loader.num_workers and self._it is None:
-            before = set(multiprocessing.active_children())
+        if self.loader is not None and self.loader.num_workers and self._passes.it is None:
             self._plan.batches = []
-            self._it = iter(self.loader)
-            self._workers = [p for p in multiprocessing.active_children() if p not in before]
+            self._iterate()
+
+    def _iterate(self) -> None:
+        """A new pass of the loader (its first forks the workers: they are noted)."""
+        assert self.loader is not None
+        before = set(multiprocessing.active_children()) if self.loader.num_workers else None
+        self._passes.it = iter(self.loader)  # only `self` holds it: `close` ends the workers
+        if before is not None and not self._passes.workers:
+            self._passes.workers = [p for p in multiprocessing.active_children() if p not in before]
 
     def read(self, split: str, epoch: int, batches: Sequence[Sequence[int]]) -> Iterator[Any]:
         """The collated batches of `split` (lists of sample indices) in order; `epoch` keys
@@ -159,16 +171,16 @@ class Reader:
             self._plan.batches = plan[done:]
             if self.loader is None:
                 raise RuntimeError("the reader is closed")
-            self._it = iter(self.loader)  # only `self` holds it: `close` ends the workers
+            self._iterate()
             while self._turn == turn and done < len(plan):
                 batch = self._next(split)
                 done += 1
                 yield batch
 
     def _next(self, split: str) -> Any:
-        assert self._it is not None
+        assert self._passes.it is not None
         try:
-            return next(self._it)
+            return next(self._passes.it)
         except RuntimeError as e:
             if not str(e).startswith("DataLoader timed out"):
                 raise
@@ -182,12 +194,29 @@ class Reader:
         """End the workers now. A Ctrl-C meanwhile is held until they are gone, then raised:
         in the iterator's __del__ it would be printed as "Exception ignored" and lost."""
         with deferred_interrupt():
-            self._it = self.loader = None  # torch's iterator asks its workers to stop, and waits
-            for p in self._workers:  # one stuck in __getitem__ ignored that (and SIGTERM)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-            self._workers = []
+            self.loader = None
+            self._passes.end(os.getpid())
+
+
+class _Passes:
+    """The reader's DataLoader iterator and its workers, apart from the reader: what ends them
+    (`end`) must not hold the reader, or it would never be collected."""
+
+    def __init__(self) -> None:
+        self.it: Iterator[Any] | None = None
+        self.workers: list[multiprocessing.process.BaseProcess] = []
+
+    def end(self, owner: int) -> None:
+        """End the workers: torch's iterator asks them to stop and waits; one stuck in
+        __getitem__ ignored that (and SIGTERM): killed. Only their parent (`owner`) can."""
+        if os.getpid() != owner:
+            return
+        self.it = None
+        for p in self.workers:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self.workers = []
 
 
 @contextlib.contextmanager
