@@ -320,7 +320,10 @@ def test_a_trial_ahead_of_the_others_is_compared_where_they_caught_up(tiny: Path
         "-m",
         "imports=[faulty]",
         "train.step=slow",
-        "train.max_epochs=4",
+        # 6 epochs: the fast trial trains ~7.7 s, the slow one reports its first epoch after
+        # ~2.6 s; at 4 epochs (5.1 s) a CI run's start-up lag let the fast trial end before the
+        # slow one had reported anything, and it was never compared
+        "train.max_epochs=6",
         "sweep.scheduler=pbt",
         "sweep.pbt.quantile=0.5",
         "sweep.pbt.resample_probability=0",
