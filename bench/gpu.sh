@@ -18,7 +18,7 @@
 #                               carry nvidia_nvimgcodec_cu13-*.whl in .whl for the nvimgcodec rows;
 #                               IMG_GPUS="1 2 4", STEPS, ONLY="pillow nvjpeg", EXTRA="train.compile=true"
 #   bash bench/gpu.sh feed-spy  issue 25: py-spy of the training process per thread, GPU busy %
-#                               (DECODES="synthetic gpu", AHEADS="1 2 before" (before: the package
+#                               (DECODES="synthetic gpu", VARIANTS="now before" (before: the package
 #                               in $EXPCTL_BENCH_BEFORE), SPY=1, EXTRA=...; feed-spy.tgz)
 #   bash bench/gpu.sh fsdp      issue 27: ~1B GPT expctl fsdp vs a raw FSDP2 loop (1/2/4 GPUs, eager and
 #                               compiled), ~10B under ddp and fsdp, a 4 -> 2 GPU resume (bench/fsdp_bench.py)
@@ -149,13 +149,13 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
     --find-links .whl py-spy || exit 1
   [ -d /tmp/jpegs25/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25 --val 0
   mkdir -p /tmp/spyout
-  for d in ${DECODES:-synthetic gpu}; do for n in ${AHEADS:-2}; do
+  for d in ${DECODES:-synthetic gpu}; do for n in ${VARIANTS:-now}; do
     r=/tmp/spy-$d-$n; rm -rf $r; o=/tmp/spyout/$d-$n; mkdir -p $o
     data="data=image_folder data.root=/tmp/jpegs25 data.val=null data.decode=$d"
     [ "$d" = synthetic ] && data="data=synthetic data.shape=[3,224,224] data.num_samples=3072 data.val_samples=256"
     nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 50 > $o/util.txt & u=$!
     code=$PWD; [ "$n" = before ] && code=$PWD/${EXPCTL_BENCH_BEFORE:-.before}  # an older package
-    EXPCTL_PROBE_AHEAD=${n//[^0-9]/} PYTHONPATH=$PWD/bench/probe:$code:$PYTHONPATH taskset -c 0-15 python3 -m expctl run \
+    PYTHONPATH=$code:$PYTHONPATH taskset -c 0-15 python3 -m expctl run \
       model=resnet50 optim=sgd optim.lr=0.1 sched=none \
       train.precision=bf16 data.batch_size=256 train.val_every=100000 train.max_epochs=100000 \
       train.limit_val_batches=1 checkpoint.every=1000000 $data train.max_steps=${SPY_STEPS:-468} \
@@ -166,7 +166,7 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
       /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --gil --rate 200 -d 6 --format raw -o $o/spygil.txt 2>&1 | tail -1
       /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --idle --rate 200 -d 6 --format raw -o $o/spyidle.txt 2>&1 | tail -1
     fi
-    wait $pid; echo "== $d ahead $n exit $?"; kill $u; cp $r/metrics.jsonl $o/
+    wait $pid; echo "== $d $n exit $?"; kill $u; cp $r/metrics.jsonl $o/
     python3 -c "import sys; v=[float(x.split(',')[1]) for x in open(sys.argv[1]) if x.count(',')==1]; print('GPU busy %', sum(v)/max(1,len(v)), 'samples', len(v))" $o/util.txt
     python3 -c "
 import json,sys; from harness import trained_rate

@@ -66,44 +66,6 @@ def test_streamed_random_transforms_do_not_depend_on_num_workers() -> None:
     assert len(set(draws[0].view(-1).tolist())) == draws[0].numel(), "each sample its own draw"
 
 
-class Recorded(Indexed):
-    """Indexed, noting the samples read (in this process: no DataLoader workers)."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__(n)
-        self.read: list[int] = []
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self.read.append(i)
-        return super().__getitem__(i)
-
-
-def test_the_next_epoch_is_read_while_this_one_ends_and_a_left_epoch_starts_anew() -> None:
-    data = Recorded(60)  # one rank, batches of 5: 12 a epoch
-    batches = TrainBatches(data, 5, 0, 1, 7, CPU, Loading(0))
-
-    def ids(xs: list[torch.Tensor]) -> list[int]:
-        return [int(v) for x in xs for v in x.view(-1)]
-
-    def fresh(epoch: int, start: int = 0) -> list[int]:
-        other = TrainBatches(Indexed(60), 5, 0, 1, 7, CPU, Loading(0))
-        return ids([x for x, _ in other.epoch(epoch, start)])
-
-    def take(epoch: int, n: int, start: int = 0) -> list[int]:
-        it = batches.epoch(epoch, start)
-        got = [next(it)[0] for _ in range(n)]
-        it.close()  # the loop leaves at the epoch's last batch (or at its budget)
-        return ids(got)
-
-    assert take(0, 12) == fresh(0)
-    assert data.read[60:65] == fresh(1)[:5], "epoch 1's first batch read before it was asked for"
-    assert take(1, 12) == fresh(1)
-    assert sorted(data.read[60:120]) == sorted(fresh(1)), "the stream went on: nothing read twice"
-    assert take(2, 3) == fresh(2)[:15]  # left mid-epoch (a budget, a stop) ...
-    assert take(2, 9, start=3) == fresh(2, start=3)  # ... a resumed epoch starts where asked
-    batches.close()
-
-
 def test_a_process_that_never_closed_its_reader_still_exits() -> None:
     """Workers ignore SIGTERM (the rank acts on it); Python's exit sends them that and waits:
     a reader dropped unclosed (after an error, in a user's script) must not hang the exit."""

@@ -12,7 +12,6 @@ Two data paths, chosen by the dataset's type and reported in the run's first log
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 from collections import deque
@@ -112,8 +111,6 @@ class TrainBatches:
         else:
             self.reader = reader or Reader({"train": dataset}, loading, seed, rank)
         self._finish = _to_device(dataset, device)
-        self._stream: Iterator[tuple[Any, ...]] | None = None
-        self._stream_at: tuple[int, int] | None = None  # where the open stream's next batch is
 
     def describe(self) -> str:
         """How batches reach the model, for the run's first log line."""
@@ -130,90 +127,24 @@ class TrainBatches:
         )
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
-        """Yield this rank's batches of `epoch`, skipping the first `start` (a resumed epoch).
-
-        A streamed dataset's batches come from one stream that runs on into the next epoch: its
-        first batches are read (and decoded on the device) while this epoch's last ones train,
-        so an epoch's start does not wait for the workers. Any other call opens a new stream."""
+        """Yield this rank's batches of `epoch`, skipping the first `start` (a resumed epoch)."""
         self.sampler.set_epoch(epoch)
+        indices = list(iter(self.sampler))[: self.steps_per_epoch * self.batch_size]
+        indices = indices[start * self.batch_size :]
         if self.tensors is not None:
-            indices = self._indices(epoch)[start * self.batch_size :]
-            batches: Iterator[tuple[Any, ...]] = _index_batches(
-                self.tensors, indices, self.batch_size, self.device
-            )
+            batches = _index_batches(self.tensors, indices, self.batch_size, self.device)
         else:
-            if self._stream is None or self._stream_at != (epoch, start):
-                self.close()
-                self._stream = self._open(epoch, start)
-            self._stream_at = None  # left mid-epoch: the next call opens a new stream
-            batches = self._epoch_of(self._stream, epoch, self.steps_per_epoch - start)
+            assert self.reader is not None
+            batches = self.reader.read("train", epoch, _groups(indices, self.batch_size))
+            batches = (
+                ahead(batches, self._finish, self.device)
+                if self.device.type == "cuda"
+                else map(self._finish, batches)
+            )
         for batch in batches:
             if self.augment != "none":
                 batch = (augment(batch[0], self.augment), *batch[1:])
             yield batch
-
-    def _epoch_of(self, stream: Iterator[Any], epoch: int, n: int) -> Iterator[tuple[Any, ...]]:
-        for i in range(n):
-            batch = next(stream)
-            if i == n - 1:  # the caller may stop at the epoch's last batch: the stream goes on
-                self._stream_at = (epoch + 1, 0)
-            yield batch
-
-    def _indices(self, epoch: int) -> list[int]:
-        order = copy.copy(self.sampler)  # self.sampler stays at the epoch being trained
-        order.set_epoch(epoch)
-        return list(iter(order))[: self.steps_per_epoch * self.batch_size]
-
-    def _open(self, epoch: int, start: int) -> Iterator[tuple[Any, ...]]:
-        """The batches from (`epoch`, `start`) on, epoch after epoch, `READ_AHEAD` collated
-        batches read ahead of the one being finished (they bridge the workers' start of an
-        epoch), then finished `AHEAD` ahead on CUDA."""
-        reader = self.reader
-        assert reader is not None
-
-        def collated() -> Iterator[Any]:
-            e, s = epoch, start
-            while True:
-                indices = self._indices(e)[s * self.batch_size :]
-                yield from reader.read("train", e, _groups(indices, self.batch_size))
-                e, s = e + 1, 0
-
-        read = _read_ahead(collated(), READ_AHEAD)
-        if self.device.type == "cuda":
-            return ahead(read, self._finish, self.device)
-        return map(self._finish, read)
-
-    def close(self) -> None:
-        """End the stream of batches (its feeding thread): at the run's end, or before another."""
-        stream, self._stream, self._stream_at = self._stream, None, None
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
-
-
-READ_AHEAD = 4  # collated batches (bytes, on the host) between the workers and the feeding
-
-
-def _read_ahead(batches: Iterator[Any], n: int) -> Iterator[Any]:
-    """`batches`, with up to `n` of them read before they are asked for (in this thread). An
-    error reading one (a corrupt file, a stuck worker) is raised where that batch is asked for:
-    the batches before it train, and one never asked for (past the run's end) raises nothing."""
-    buffered: deque[Any] = deque()
-    while True:
-        try:
-            buffered.append(next(batches))
-        except StopIteration:
-            break
-        except Exception as e:
-            while buffered:
-                yield buffered.popleft()
-            raise e
-        if len(buffered) > n:
-            yield buffered.popleft()
-    yield from buffered
-
-
-AHEAD = 2  # batches finished (or being finished) beyond the one training: DALI's default depth
 
 
 def ahead(
@@ -221,13 +152,11 @@ def ahead(
     finish: Callable[[Any], tuple[Any, ...]],
     device: torch.device,
     threads: int = 1,
-    depth: int | None = None,
 ) -> Iterator[tuple[Any, ...]]:
     """`finish` (copy to the device, decode, normalise) applied by `threads` threads to the
-    `depth` (default `AHEAD`) batches ahead of the one training, in order (torch releases the GIL
-    in its kernels, so they work while the step runs). On CUDA each thread works on its own
-    stream, and the training stream waits for each batch's event before using it."""
-    depth = max(threads, AHEAD if depth is None else depth)
+    batches ahead of the one training, in order (torch releases the GIL in its kernels, so they
+    work while the step runs). On CUDA each thread works on its own stream, and the training
+    stream waits for each batch's event before using it."""
     cuda = device.type == "cuda"
     local = threading.local()
 
@@ -258,7 +187,7 @@ def ahead(
     try:
         for batch in batches:  # read here: a DataLoader's iterator is not thread-safe
             pending.append(pool.submit(run, batch))
-            if len(pending) > depth:
+            if len(pending) > threads:
                 yield take(pending.popleft())
         while pending:
             yield take(pending.popleft())

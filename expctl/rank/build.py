@@ -50,8 +50,7 @@ class Parts:
     sharded: bool = False
 
     def close(self) -> None:
-        """End the stream of training batches and the DataLoader workers."""
-        self.batches.close()
+        """End the DataLoader workers."""
         if self.reader is not None:
             self.reader.close()
 
