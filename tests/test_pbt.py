@@ -365,8 +365,16 @@ def test_a_copy_cut_short_by_a_killed_driver_is_finished_by_resume(tmp_path: Pat
     )
     assert killed.returncode == -9, killed.stdout + killed.stderr
     sweep = Path(re.search(r"sweep directory (\S+)", killed.stdout).group(1))  # type: ignore[union-attr]
-    cut = [p for p in sweep.glob("trial_*") if list(p.glob("pbt/*.pt"))]
-    assert cut, "a trial was copying"  # (another may have been deciding to, at that moment)
+    # copies recorded as decided ("copying"); a trial killed after linking the donor's checkpoint
+    # but before recording its decision (another, at that moment) continues as itself
+    from expctl.jobs.study import TrialRef, attrs_of
+
+    def copying(trial: Path) -> bool:
+        ref = TrialRef.read(trial)
+        return ref is not None and attrs_of(ref).get("status") == "copying"
+
+    cut = [p for p in sorted(sweep.glob("trial_*")) if copying(p)]
+    assert cut, "a trial was copying"
     run_cli("sweep", "resume", str(sweep), cwd=tmp_path)
     rows = {Path(r.run_dir).name: r for r in ledger.rows(sweep)}
     assert all(r.status == "completed" for r in rows.values())
