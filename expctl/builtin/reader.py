@@ -154,9 +154,10 @@ class Reader:
     def _iterate(self) -> None:
         """A new pass of the loader (its first forks the workers: they are noted)."""
         assert self.loader is not None
-        before = set(multiprocessing.active_children()) if self.loader.num_workers else None
+        forks = self.loader.num_workers and not self._passes.workers  # persistent after that
+        before = set(multiprocessing.active_children()) if forks else None
         self._passes.it = iter(self.loader)  # only `self` holds it: `close` ends the workers
-        if before is not None and not self._passes.workers:
+        if before is not None:
             self._passes.workers = [p for p in multiprocessing.active_children() if p not in before]
 
     def read(self, split: str, epoch: int, batches: Sequence[Sequence[int]]) -> Iterator[Any]:
