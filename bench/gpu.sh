@@ -19,7 +19,8 @@
 #                               IMG_GPUS="1 2 4", STEPS, ONLY="pillow nvjpeg", EXTRA="train.compile=true"
 #   bash bench/gpu.sh feed-spy  issue 25: py-spy of the training process per thread, GPU busy %
 #                               (DECODES="synthetic gpu", VARIANTS="now before" (before: the package
-#                               in $EXPCTL_BENCH_BEFORE), SPY=1, EXTRA=...; feed-spy.tgz)
+#                               in $EXPCTL_BENCH_BEFORE), SPY=1, EXTRA=..., NPROCS="1 2 4": ranks,
+#                               16 cores each; feed-spy.tgz, each run's train rows in it)
 #   bash bench/gpu.sh fsdp      issue 27: ~1B GPT expctl fsdp vs a raw FSDP2 loop (1/2/4 GPUs, eager and
 #                               compiled), ~10B under ddp and fsdp, a 4 -> 2 GPU resume (bench/fsdp_bench.py)
 #   bash bench/gpu.sh parity    the ResNet-50 rows of the harness (DDP: expctl vs raw), 1 and 4 GPUs
@@ -149,14 +150,15 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
     --find-links .whl py-spy || exit 1
   [ -d /tmp/jpegs25/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25 --val 0
   mkdir -p /tmp/spyout
-  for d in ${DECODES:-synthetic gpu}; do for n in ${VARIANTS:-now}; do
-    r=/tmp/spy-$d-$n; rm -rf $r; o=/tmp/spyout/$d-$n; mkdir -p $o
+  for np in ${NPROCS:-1}; do for d in ${DECODES:-synthetic gpu}; do for n in ${VARIANTS:-now}; do
+    r=/tmp/spy-$np-$d-$n; rm -rf $r; o=/tmp/spyout/$np-$d-$n; mkdir -p $o
     data="data=image_folder data.root=/tmp/jpegs25 data.val=null data.decode=$d"
     [ "$d" = synthetic ] && data="data=synthetic data.shape=[3,224,224] data.num_samples=3072 data.val_samples=256"
-    nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 50 > $o/util.txt & u=$!
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits -lms 50 > $o/util.txt & u=$!
     code=$PWD; [ "$n" = before ] && code=$PWD/${EXPCTL_BENCH_BEFORE:-.before}  # an older package
-    PYTHONPATH=$code:$PYTHONPATH taskset -c 0-15 python3 -m expctl run \
-      model=resnet50 optim=sgd optim.lr=0.1 sched=none \
+    ranks=""; [ "$np" -gt 1 ] && ranks="launcher=local launcher.nproc=$np"
+    PYTHONPATH=$code:$PYTHONPATH CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((np - 1))) taskset -c 0-$((16 * np - 1)) python3 -m expctl run \
+      model=resnet50 optim=sgd optim.lr=0.1 sched=none $ranks \
       train.precision=bf16 data.batch_size=256 train.val_every=100000 train.max_epochs=100000 \
       train.limit_val_batches=1 checkpoint.every=1000000 $data train.max_steps=${SPY_STEPS:-468} \
       train.log_every=${SPY_EVERY:-13} ${EXTRA:-} run.dir=$r > $o/run.log 2>&1 & pid=$!
@@ -166,13 +168,18 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
       /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --gil --rate 200 -d 6 --format raw -o $o/spygil.txt 2>&1 | tail -1
       /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --idle --rate 200 -d 6 --format raw -o $o/spyidle.txt 2>&1 | tail -1
     fi
-    wait $pid; echo "== $d $n exit $?"; kill $u; cp $r/metrics.jsonl $o/
-    python3 -c "import sys; v=[float(x.split(',')[1]) for x in open(sys.argv[1]) if x.count(',')==1]; print('GPU busy %', sum(v)/max(1,len(v)), 'samples', len(v))" $o/util.txt
+    wait $pid; echo "== $np GPU(s) $d $n exit $?"; kill $u; cp $r/metrics.jsonl $o/
+    python3 -c "
+import sys, collections; b = collections.defaultdict(list)
+for x in open(sys.argv[1]):
+    f = x.split(',')
+    if len(f) == 3: b[f[1].strip()].append(float(f[2]))
+print('GPU busy %', ' '.join(f'{k}:{sum(v) / len(v):.1f}' for k, v in sorted(b.items())))" $o/util.txt
     python3 -c "
 import json,sys; from harness import trained_rate
 rows=[json.loads(x) for x in open(sys.argv[1])]
-print('img/s after step 104:', round(trained_rate(rows, 104)))" $r/metrics.jsonl
-  done; done
+print('img/s after step 104:', round(trained_rate(rows, 104)), ' rows:', ' '.join(str(round(r['perf/samples_per_s'])) for r in rows if 'train/loss' in r and r['step'] > 104))" $r/metrics.jsonl
+  done; done; done
   tar czf $OUT/feed-spy.tgz -C /tmp/spyout . ;;
 *) echo "unknown part: $part" >&2; exit 2 ;;
 esac

@@ -66,6 +66,48 @@ def test_streamed_random_transforms_do_not_depend_on_num_workers() -> None:
     assert len(set(draws[0].view(-1).tolist())) == draws[0].numel(), "each sample its own draw"
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epochs_with_no_validation_between_are_read_as_one_pass_and_the_same_batches(
+    workers: int,
+) -> None:
+    """The epochs up to a validation are one pass of the workers (they read the next epoch's
+    first batches while this one's last ones train), and give exactly the batches each epoch
+    gives alone: the same samples and random draws, the epoch's leftover batches (gradient
+    accumulation's) left out, a resumed epoch's first ones skipped."""
+
+    def alone(epoch: int, start: int = 0) -> list[torch.Tensor]:
+        one = TrainBatches(Indexed(83), 5, 1, 2, 7, CPU, Loading(workers))
+        return [torch.cat(b) for b in one.epoch(epoch, start, count=7)]
+
+    streak = TrainBatches(Indexed(83), 5, 1, 2, 7, CPU, Loading(workers))
+    assert streak.steps_per_epoch == 8
+    got = [[torch.cat(b) for b in streak.epoch(e, 0, count=7, through=2)] for e in (0, 1, 2)]
+    for e in (0, 1, 2):
+        assert len(got[e]) == 7 and all(
+            torch.equal(a, b) for a, b in zip(got[e], alone(e), strict=True)
+        ), e
+    assert streak.reader is not None and streak.reader._turn == 1, "one pass for the streak"
+    assert not torch.equal(got[0][0], got[1][0]), "each epoch its own order and draws"
+    resumed = [torch.cat(b) for b in streak.epoch(1, 3, count=7, through=2)]  # a new pass
+    assert all(torch.equal(a, b) for a, b in zip(resumed, alone(1)[3:], strict=True))
+    assert streak.reader._turn == 2
+    streak.close()
+
+
+def test_the_streak_of_epochs_read_as_one_ends_at_the_next_validation() -> None:
+    from expctl.config.schema import TrainConfig
+    from expctl.rank.train import _validated_after
+
+    def last(epoch: int, **train: Any) -> int:
+        return _validated_after(TrainConfig(**train), epoch)
+
+    assert [last(e) for e in range(3)] == [0, 1, 2]  # val_every=1: every epoch ends in one
+    assert [last(e, val_every=3) for e in range(7)] == [2, 2, 2, 5, 5, 5, 8]
+    assert last(3, val_every=10, max_epochs=6) == 5  # and at the last epoch
+    assert last(9, val_every=10, max_epochs=6) == 9  # (past it: none beyond this one)
+    assert last(0, val_every=3, val_every_steps=50) == 0  # validations inside epochs
+
+
 def test_a_process_that_never_closed_its_reader_still_exits() -> None:
     """Workers ignore SIGTERM (the rank acts on it); Python's exit sends them that and waits:
     a reader dropped unclosed (after an error, in a user's script) must not hang the exit."""

@@ -9,21 +9,30 @@ fork its workers at the first validation, while the training workers' feeder thr
 
 Passes share the workers: a pass (`read`) that starts while another is unfinished (a validation
 within an epoch) takes the workers over; the earlier pass asks again for what it had not yet
-received when it goes on (samples are keyed, so a sample read twice is the same sample). A worker
-that stops answering ends the run after `data.timeout` seconds, naming the rank.
+received when it goes on (samples are keyed, so a sample read twice is the same sample).
+A pass draws its batches lazily, as the workers take them (`prefetch_factor` per worker ahead),
+so one pass may run on through several epochs (`stream`): its workers read the next epoch's
+first batches while this one's last ones train. A worker that stops answering ends the run after
+`data.timeout` seconds, naming the rank.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
+import sys
 import threading
+import traceback
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +40,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, default_collate
 
 from expctl.errors import RunError
+
+_END = object()  # a pass's last batch was received
 
 
 @dataclass(frozen=True)
@@ -84,16 +95,21 @@ class _Collate:
 
 
 class _Plan(Sampler[list[Any]]):
-    """The batches (lists of keys) of the current pass."""
+    """The batches (lists of keys) of the current pass, drawn from `source` as the workers take
+    them; those drawn and not yet received by the rank wait in `sent`."""
 
     def __init__(self) -> None:
-        self.batches: list[list[Any]] = []
+        self.source: Iterator[list[Any]] = iter(())
+        self.sent: deque[list[Any]] = deque()
 
     def __iter__(self) -> Iterator[list[Any]]:
-        return iter(self.batches)
+        return self._draw(self.source, self.sent)  # bound now: the next pass sets its own
 
-    def __len__(self) -> int:
-        return len(self.batches)
+    @staticmethod
+    def _draw(source: Iterator[list[Any]], sent: deque[list[Any]]) -> Iterator[list[Any]]:
+        for keys in source:
+            sent.append(keys)
+            yield keys
 
 
 def _worker_init(worker_id: int) -> None:
@@ -104,9 +120,28 @@ def _worker_init(worker_id: int) -> None:
     along (Linux's PR_SET_PDEATHSIG), stuck ones included."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.excepthook = _quiet_when_abandoned(sys.excepthook)
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+Hook = Callable[[type[BaseException], BaseException, Any], Any]
+
+
+def _quiet_when_abandoned(hook: Hook) -> Hook:
+    """A worker's excepthook that says nothing of a batch its rank no longer takes: a tensor in
+    flight when the rank ends the workers (a Ctrl-C, the run's end) fails to reach it in
+    multiprocessing's resource_sharer thread, which would print the traceback."""
+
+    def quiet(kind: type[BaseException], error: BaseException, tb: Any) -> Any:
+        abandoned = issubclass(kind, (OSError, EOFError)) and any(
+            frame.f_code.co_filename.endswith("resource_sharer.py")
+            for frame, _ in traceback.walk_tb(tb)
+        )
+        return None if abandoned else hook(kind, error, tb)
+
+    return quiet
 
 
 class Reader:
@@ -142,13 +177,15 @@ class Reader:
         self._passes = _Passes()  # the loader's iterator, and the workers it forked
         self._turn = 0
         # a reader never closed (dropped after an error): its workers ignore SIGTERM, so the
-        # interpreter's exit, which sends them that and waits, would wait forever
-        weakref.finalize(self, self._passes.end, os.getpid())
+        # interpreter's exit, which sends them that and waits, would wait forever: they end
+        # when the reader is collected, or at the exit before multiprocessing waits (_at_exit)
+        weakref.finalize(self, self._passes.end, os.getpid()).atexit = False
+        _LIVE.add(self._passes)
 
     def start(self) -> None:
         """Fork the workers now (with an empty pass: no queue thread starts)."""
         if self.loader is not None and self.loader.num_workers and self._passes.it is None:
-            self._plan.batches = []
+            self._plan.source = iter(())
             self._iterate()
 
     def _iterate(self) -> None:
@@ -160,28 +197,40 @@ class Reader:
         if before is not None:
             self._passes.workers = [p for p in multiprocessing.active_children() if p not in before]
 
-    def read(self, split: str, epoch: int, batches: Sequence[Sequence[int]]) -> Iterator[Any]:
+    def read(self, split: str, epoch: int, batches: Iterable[Sequence[int]]) -> Iterator[Any]:
         """The collated batches of `split` (lists of sample indices) in order; `epoch` keys
         the training split's random transforms."""
+        return self.stream(split, ((epoch, b) for b in batches))
+
+    def stream(self, split: str, batches: Iterable[tuple[int, Sequence[int]]]) -> Iterator[Any]:
+        """The collated batches of `split`, each given with its epoch (which keys the training
+        split's random transforms), in order, in one pass: `batches` is drawn as the workers take
+        them, so it may run on through several epochs, each computed when first needed."""
         which = self.names.index(split)
-        plan = [[(which, epoch, i) for i in b] for b in batches]
-        done = 0
-        while done < len(plan):
+        plan = ([(which, epoch, i) for i in b] for epoch, b in batches)
+        unreceived: deque[list[Any]] = deque()
+        while True:
             self._turn += 1
             turn = self._turn
-            self._plan.batches = plan[done:]
             if self.loader is None:
                 raise RuntimeError("the reader is closed")
+            # what an earlier turn sent to the workers and never received first, then the rest
+            self._plan.source = itertools.chain(list(unreceived), plan)
+            self._plan.sent = unreceived = deque()
             self._iterate()
-            while self._turn == turn and done < len(plan):
+            while self._turn == turn:
                 batch = self._next(split)
-                done += 1
+                if batch is _END:
+                    return
+                unreceived.popleft()
                 yield batch
 
     def _next(self, split: str) -> Any:
         assert self._passes.it is not None
         try:
             return next(self._passes.it)
+        except StopIteration:
+            return _END
         except RuntimeError as e:
             if not str(e).startswith("DataLoader timed out"):
                 raise
@@ -218,6 +267,19 @@ class _Passes:
                 p.kill()
                 p.join()
         self.workers = []
+
+
+_LIVE: weakref.WeakSet[_Passes] = weakref.WeakSet()  # the workers of readers not yet collected
+
+
+def _at_exit() -> None:
+    for passes in list(_LIVE):
+        passes.end(os.getpid())
+
+
+# atexit runs the newest first: this before multiprocessing's own (registered when it was
+# imported, above), which sends the workers SIGTERM and waits for them
+atexit.register(_at_exit)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ Two data paths, chosen by the dataset's type and reported in the run's first log
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections import deque
@@ -111,6 +112,8 @@ class TrainBatches:
         else:
             self.reader = reader or Reader({"train": dataset}, loading, seed, rank)
         self._finish = _to_device(dataset, device)
+        self._stream: Iterator[tuple[Any, ...]] | None = None
+        self._at: tuple[int, int, int, int] | None = None  # the open stream's next batch
 
     def describe(self) -> str:
         """How batches reach the model, for the run's first log line."""
@@ -126,25 +129,72 @@ class TrainBatches:
             f"rank{f' ({extra()})' if extra else ''}"
         )
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
-        """Yield this rank's batches of `epoch`, skipping the first `start` (a resumed epoch)."""
+    def epoch(
+        self, epoch: int, start: int = 0, count: int | None = None, through: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Yield this rank's batches of `epoch` from the `start`-th (a resumed epoch) to the
+        `count`-th (default: all; gradient accumulation may leave the last few out).
+
+        A streamed dataset is read by one pass of the workers through the epochs `epoch` ..
+        `through` (default: `epoch` alone): those that follow each other with no validation
+        between. Its workers read the next epoch's first batches while this one's last ones
+        train, so an epoch's start does not wait for them. Any other call starts a new pass."""
+        count = self.steps_per_epoch if count is None else count
         self.sampler.set_epoch(epoch)
-        indices = list(iter(self.sampler))[: self.steps_per_epoch * self.batch_size]
-        indices = indices[start * self.batch_size :]
         if self.tensors is not None:
-            batches = _index_batches(self.tensors, indices, self.batch_size, self.device)
-        else:
-            assert self.reader is not None
-            batches = self.reader.read("train", epoch, _groups(indices, self.batch_size))
-            batches = (
-                ahead(batches, self._finish, self.device)
-                if self.device.type == "cuda"
-                else map(self._finish, batches)
+            indices = list(iter(self.sampler))[start * self.batch_size : count * self.batch_size]
+            batches: Iterator[Any] = _index_batches(
+                self.tensors, indices, self.batch_size, self.device
             )
+        else:
+            through = max(epoch, epoch if through is None else through)
+            if self._stream is None or self._at != (epoch, start, count, through):
+                self._open(epoch, start, count, through)
+            batches = self._take(count - start)
         for batch in batches:
             if self.augment != "none":
                 batch = (augment(batch[0], self.augment), *batch[1:])
             yield batch
+
+    def _take(self, n: int) -> Iterator[tuple[Any, ...]]:
+        """The open stream's next `n` batches; where it stands is noted before each is handed
+        out (the caller may stop after any)."""
+        assert self._stream is not None and self._at is not None
+        epoch, start, count, through = self._at
+        for k in range(start, start + n):
+            batch = next(self._stream)
+            if k + 1 < count:
+                self._at = (epoch, k + 1, count, through)
+            else:  # the epoch's last: the stream goes on into the next one, if it reads it
+                self._at = (epoch + 1, 0, count, through) if epoch < through else None
+            yield batch
+
+    def _open(self, epoch: int, start: int, count: int, through: int) -> None:
+        """A new pass of the workers over batches `start`..`count` of `epoch`, then the first
+        `count` of each epoch to `through`; finished (copied, decoded) ahead on CUDA."""
+        self.close()
+        reader = self.reader
+        assert reader is not None
+
+        def plan() -> Iterator[tuple[int, list[int]]]:  # drawn as the workers take batches
+            for e in range(epoch, through + 1):
+                order = copy.copy(self.sampler)  # self.sampler stays at the epoch training
+                order.set_epoch(e)
+                indices = list(iter(order))
+                for k in range(start if e == epoch else 0, count):
+                    yield e, indices[k * self.batch_size : (k + 1) * self.batch_size]
+
+        read = reader.stream("train", plan())
+        cuda = self.device.type == "cuda"
+        self._stream = ahead(read, self._finish, self.device) if cuda else map(self._finish, read)
+        self._at = (epoch, start, count, through)
+
+    def close(self) -> None:
+        """End the open stream (its feeding thread): at the run's end, or before another."""
+        stream, self._stream, self._at = self._stream, None, None
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
 
 
 def ahead(
@@ -165,7 +215,9 @@ def ahead(
             return finish(batch), None
         if not hasattr(local, "stream"):
             torch.cuda.set_device(device)  # a new thread starts on device 0
-            local.stream = torch.cuda.Stream(device)
+            # ahead of the step's kernels where both wait for the SMs: the batch is what the
+            # next step waits for, and its kernels are few and short
+            local.stream = torch.cuda.Stream(device, priority=-1)
         with torch.cuda.stream(local.stream):
             out = finish(batch)
             done = torch.cuda.Event()

@@ -50,7 +50,8 @@ class Parts:
     sharded: bool = False
 
     def close(self) -> None:
-        """End the DataLoader workers."""
+        """End the stream of training batches and the DataLoader workers."""
+        self.batches.close()
         if self.reader is not None:
             self.reader.close()
 

@@ -136,6 +136,18 @@ def _step_validation(train_cfg: TrainConfig, state: TrainState) -> bool:
     return bool(train_cfg.val_every_steps) and state.step % (train_cfg.val_every_steps or 1) == 0
 
 
+def _validated_after(train_cfg: TrainConfig, epoch: int) -> int:
+    """The first epoch from `epoch` (counted from 0) at whose end a validation is due (or the
+    last): the epochs up to it follow each other with no pause, so their batches are read as
+    one stream. With train.val_every_steps: `epoch` itself (validations fall inside epochs)."""
+    if train_cfg.val_every_steps:
+        return epoch
+    last = epoch + (-(epoch + 1)) % train_cfg.val_every
+    if train_cfg.max_epochs is not None:
+        last = min(last, train_cfg.max_epochs - 1)
+    return max(epoch, last)
+
+
 def _stalled(early_stop: EarlyStopConfig, state: TrainState) -> bool:
     return early_stop.monitor is not None and state.early_stall >= early_stop.patience
 
@@ -178,7 +190,10 @@ def _loop(
         or state.batch >= per_epoch  # restored at an epoch's last step: its end is due
     ):
         done = state.batch >= per_epoch  # micro-batches past the last full accumulation: none
-        for batch in () if done else parts.batches.epoch(state.epoch, start=state.batch):
+        batches = parts.batches.epoch(
+            state.epoch, state.batch, per_epoch, _validated_after(train_cfg, state.epoch)
+        )
+        for batch in () if done else batches:
             if state.step >= loop.hparams.next_step:  # an int compare: no cost when unused
                 loop.hparams.at(state.step)
             ctx.boundary = (state.batch + 1) % train_cfg.grad_accum == 0

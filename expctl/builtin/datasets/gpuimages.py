@@ -204,8 +204,7 @@ class DeviceDecoded(ImageFiles):
         scale, shift = _normalising(self.normalize, device)
         out = torch.empty_like(x, memory_format=torch.channels_last)
         torch.addcmul(shift, x, scale, out=out)
-        keep = torch.tensor(order)
-        return out, batch.labels[keep].to(device, non_blocking=True)
+        return out, to_device(batch.labels[torch.tensor(order)], device)
 
     def _pillow(self, data: bytes, batch: Encoded, at: int) -> torch.Tensor | None:
         """A JPEG the device decoder refused, decoded by Pillow here (None: skipped)."""
@@ -329,23 +328,32 @@ def finish(
         rois = torch.cat([torch.arange(len(at), dtype=torch.float64)[:, None], batch.boxes[at]], 1)
         out = roi_align(
             stacked,
-            rois.float().to(device, non_blocking=True),
+            to_device(rois.float(), device),
             (size, size),
             spatial_scale=1.0,
             sampling_ratio=-1,
             aligned=True,  # pixel centres at +0.5, as Pillow's boxes
         )
-        flip = batch.flips[at].to(device, non_blocking=True)[:, None, None, None]
+        flip = to_device(batch.flips[at], device)[:, None, None, None]
         parts.append(torch.where(flip, out.flip(-1), out))
         order += at
     if crops:
-        parts.append(torch.stack([c for _, c in crops]).to(device, non_blocking=True).float())
+        parts.append(to_device(torch.stack([c for _, c in crops]), device).float())
         order += [at for at, _ in crops]
     x = torch.cat(parts) if len(parts) > 1 else parts[0]
     rows = sorted(range(len(order)), key=order.__getitem__)  # back into the batch's order
     if rows != list(range(len(order))):
-        x = x[torch.tensor(rows).to(device, non_blocking=True)]
+        x = x[to_device(torch.tensor(rows), device)]
     return x, sorted(order)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` (host memory) copied to `device` without waiting: on CUDA from pinned memory. From
+    pageable memory a copy first waits for all the work queued on the stream (the batch's decode
+    and crops, behind the training step's kernels): the feeding thread would stall mid-batch."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 _norms: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
