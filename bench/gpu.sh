@@ -156,6 +156,7 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
     [ "$d" = synthetic ] && data="data=synthetic data.shape=[3,224,224] data.num_samples=3072 data.val_samples=256"
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits -lms 50 > $o/util.txt & u=$!
     code=$PWD; [ "$n" = before ] && code=$PWD/${EXPCTL_BENCH_BEFORE:-.before}  # an older package
+    [ -d ".v-$n" ] && code=$PWD/.v-$n  # a variant of the package (made by hand, not committed)
     ranks=""; [ "$np" -gt 1 ] && ranks="launcher=local launcher.nproc=$np"
     PYTHONPATH=$code:$PYTHONPATH CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((np - 1))) taskset -c 0-$((16 * np - 1)) python3 -m expctl run \
       model=resnet50 optim=sgd optim.lr=0.1 sched=none $ranks \
@@ -164,9 +165,8 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
       train.log_every=${SPY_EVERY:-13} ${EXTRA:-} run.dir=$r > $o/run.log 2>&1 & pid=$!
     for ((i = 0; i < 240; i++)); do grep -q '"step": 104,' $r/metrics.jsonl 2>/dev/null && break; sleep 0.5; done
     if [ -n "${SPY:-}" ]; then
-      /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --nonblocking --rate 200 -d 8 --format raw -o $o/spy.txt 2>&1 | tail -1
-      /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --gil --rate 200 -d 6 --format raw -o $o/spygil.txt 2>&1 | tail -1
-      /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --idle --rate 200 -d 6 --format raw -o $o/spyidle.txt 2>&1 | tail -1
+      # nonblocking (the processes are not paused), idle threads too: where each one waits
+      /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --nonblocking --idle --rate 100 -d 8 --format raw -o $o/spy.txt 2>&1 | tail -1
     fi
     wait $pid; echo "== $np GPU(s) $d $n exit $?"; kill $u; cp $r/metrics.jsonl $o/
     python3 -c "
