@@ -108,6 +108,25 @@ def test_the_streak_of_epochs_read_as_one_ends_at_the_next_validation() -> None:
     assert last(0, val_every=3, val_every_steps=50) == 0  # validations inside epochs
 
 
+def test_a_worker_says_nothing_of_a_batch_its_rank_no_longer_takes() -> None:
+    """A Ctrl-C ends the workers with batches in flight: the connection error that the
+    worker's resource_sharer thread then meets is not printed; any other error is."""
+    from expctl.builtin.reader import _quiet_when_abandoned
+
+    said: list[type[BaseException]] = []
+    hook = _quiet_when_abandoned(lambda kind, error, tb: said.append(kind))
+    for where, error in [
+        ("multiprocessing/resource_sharer.py", "ConnectionRefusedError"),
+        ("multiprocessing/resource_sharer.py", "ValueError"),
+        ("mydataset.py", "ConnectionRefusedError"),
+    ]:
+        try:
+            exec(compile(f"raise {error}()", where, "exec"))
+        except Exception as e:
+            hook(type(e), e, e.__traceback__)
+    assert said == [ValueError, ConnectionRefusedError]
+
+
 def test_a_process_that_never_closed_its_reader_still_exits() -> None:
     """Workers ignore SIGTERM (the rank acts on it); Python's exit sends them that and waits:
     a reader dropped unclosed (after an error, in a user's script) must not hang the exit."""
@@ -426,12 +445,14 @@ def test_image_folder_trains_ddp_with_workers_bitwise_equal_to_none(tmp_path: Pa
     assert all(torch.equal(w2[k], w0[k]) for k in w0)
 
 
+@pytest.mark.parametrize("validate", ["train.val_every_steps=3", "train.val_every=2"])
 def test_streamed_images_resumed_mid_epoch_with_validations_between_train_as_one_run(
-    tmp_path: Path,
+    tmp_path: Path, validate: str
 ) -> None:
-    """The stream of training batches runs on across epochs and is interrupted by validations
-    (every 3 steps, epochs of 7): stopped at step 8 and continued to 16, the run ends with the
-    weights and metrics of one that went to 16 at once."""
+    """Training batches are read by passes of the workers taken over by validations (every 3
+    steps, epochs of 7), or running on through two epochs (a validation every 2): stopped at
+    step 8 (inside either) and continued to 16, the run ends with the weights and metrics of one
+    that went to 16 at once."""
     from expctl.api import run as train  # noqa: PLC0415
 
     image_tree(tmp_path / "imgs" / "train", classes=3, per_class=20)  # 60 files: 7 batches of 8
@@ -439,7 +460,7 @@ def test_streamed_images_resumed_mid_epoch_with_validations_between_train_as_one
     args = [
         "model=cnn", "model.width=8", "data=image_folder", f"data.root={tmp_path / 'imgs'}",
         "data.image_size=16", "data.batch_size=8", "data.num_workers=1", "sched=none",
-        "train.device=cpu", "train.val_every_steps=3", "train.log_every=1",
+        "train.device=cpu", validate, "train.log_every=1",
     ]  # fmt: skip
     whole = train(None, [*args, "train.max_steps=16", f"run.dir={tmp_path / 'whole'}"]).metrics
     train(None, [*args, "train.max_steps=8", f"run.dir={tmp_path / 'parts'}"])
