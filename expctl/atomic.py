@@ -1,6 +1,7 @@
 """The one way expctl replaces a file: whole or not at all (`atomic_file`, `write_atomically`),
 a folder too (`temporary_folder`, `replace_folder`; `remove` deletes one so), and the unfinished
-files a process killed mid-write leaves (`temporaries`). `layout.py` names
+files a process killed mid-write leaves (`temporaries`); `deferred_interrupt` holds a Ctrl-C
+until a write that must not be cut (a checkpoint) is done. `layout.py` names
 the files of a run and a sweep directory; every one that is replaced whole is written here.
 """
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -119,3 +122,20 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """A SIGINT inside is held, and sent again on leaving, to the handler it was meant for
+    (Python's raises KeyboardInterrupt). Only the main thread can: elsewhere, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        if got:
+            signal.raise_signal(signal.SIGINT)

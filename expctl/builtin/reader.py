@@ -28,7 +28,6 @@ import multiprocessing.util
 import os
 import signal
 import sys
-import threading
 import traceback
 import weakref
 from collections import deque
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, default_collate
 
+from expctl.atomic import deferred_interrupt
 from expctl.errors import RunError
 
 _END = object()  # a pass's last batch was received
@@ -280,20 +280,3 @@ def _at_exit() -> None:
 # atexit runs the newest first: this before multiprocessing's own (registered when it was
 # imported, above), which sends the workers SIGTERM and waits for them
 atexit.register(_at_exit)
-
-
-@contextlib.contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """A SIGINT inside is held, and sent again on leaving, to the handler it was meant for
-    (Python's raises KeyboardInterrupt). Only the main thread can: elsewhere, nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-        if got:
-            signal.raise_signal(signal.SIGINT)

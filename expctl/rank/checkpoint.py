@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from expctl.atomic import atomic_file, fsync_dir, remove, write_atomically
+from expctl.atomic import atomic_file, deferred_interrupt, fsync_dir, remove, write_atomically
 from expctl.config import frozen as config
 from expctl.config.schema import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
@@ -158,7 +158,8 @@ def save(
         assert control is not None, "every rank writes its shard"
         final = path_for(run_dir, int(payload["step"]), shards=True)
         record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
-        sharded.write(final, {"format": FORMAT, **payload}, json.dumps(record) + "\n", control)
+        with deferred_interrupt():  # as below
+            sharded.write(final, {"format": FORMAT, **payload}, json.dumps(record) + "\n", control)
         if control.env.is_main:
             _prune(run_dir, ckpt_cfg)
         return final
@@ -170,31 +171,34 @@ def save(
     existed = final.exists()
     for stale in RunDir(run_dir).checkpoint_temporaries():
         remove(stale)
-    try:
-        with atomic_file(final, 0o640) as f:
-            torch.save({"format": FORMAT, **payload}, f)
-            f.flush()
-            digest = f"{_sha256(Path(f.name))}  {final.name}\n"
-            if existed:  # saved again (restored where it ended): never old weights, new checksum
-                digest_file.unlink(missing_ok=True)
-            else:
+    # a Ctrl-C meanwhile is raised once the files are whole: inside torch.save it breaks the zip
+    # writer, whose RuntimeError would replace the KeyboardInterrupt
+    with deferred_interrupt():
+        try:
+            with atomic_file(final, 0o640) as f:
+                torch.save({"format": FORMAT, **payload}, f)
+                f.flush()
+                digest = f"{_sha256(Path(f.name))}  {final.name}\n"
+                if existed:  # saved again (restored where it ended): no old checksum stays
+                    digest_file.unlink(missing_ok=True)
+                else:
+                    write_atomically(digest_file, digest)
+                record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
+                write_atomically(scores_file, json.dumps(record) + "\n")
+            if existed:
                 write_atomically(digest_file, digest)
-            record = {"step": payload["step"], "epoch": payload["epoch"], "val": scores}
-            write_atomically(scores_file, json.dumps(record) + "\n")
-        if existed:
-            write_atomically(digest_file, digest)
-        fsync_dir(final.parent)
-    except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
-        cause = e if isinstance(e, OSError) else e.__context__
-        if not isinstance(cause, OSError):
-            raise
-        if not existed:  # none of this step's files stays
-            for file in (final, digest_file, scores_file):
-                file.unlink(missing_ok=True)
-        raise CheckpointError(
-            f"could not write checkpoint {final} ({cause.strerror or cause}); "
-            "the previous checkpoint is intact"
-        ) from e
+            fsync_dir(final.parent)
+        except (OSError, RuntimeError) as e:  # torch.save wraps a failed write in a RuntimeError
+            cause = e if isinstance(e, OSError) else e.__context__
+            if not isinstance(cause, OSError):
+                raise
+            if not existed:  # none of this step's files stays
+                for file in (final, digest_file, scores_file):
+                    file.unlink(missing_ok=True)
+            raise CheckpointError(
+                f"could not write checkpoint {final} ({cause.strerror or cause}); "
+                "the previous checkpoint is intact"
+            ) from e
     _prune(run_dir, ckpt_cfg)
     return final
 

@@ -186,6 +186,42 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
     assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
+def test_ctrl_c_inside_a_checkpoint_write_ends_after_it_whole_and_resumes(tmp_path: Path) -> None:
+    """Ctrl-C while the checkpoint of step 8 is inside torch.save (held there 2 s by the test
+    plugin): the write finishes, then the run stops as a Ctrl-C stops it (exit 130, the command
+    that resumes, no traceback: before, the interrupted zip writer raised a RuntimeError), the
+    checkpoint of step 8 whole and newest, and the relaunch resumes from it."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    marker = tmp_path / "stalled.json"
+    stall = env(STALL_AT_STEP="8", STALL_WHERE="mid", STALL_MARKER=str(marker), STALL_SECONDS="2")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w"],
+        cwd=tmp_path,
+        env=stall,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job
+    )
+    try:
+        base.wait_for("the stall", lambda: marker.exists() or child.poll() is not None)
+        assert marker.exists(), f"never stalled in the write: {child.communicate()}"
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 130, err[-3000:]
+    assert "Traceback" not in out + err, err[-3000:]
+    assert "to resume from the last checkpoint" in out + err, (out + err)[-2000:]
+    eight = checkpoint.path_for(tmp_path / "w", 8)
+    assert checkpoint.list_checkpoints(tmp_path / "w")[0] == eight
+    assert checkpoint.load(eight)["step"] == 8  # whole: its checksum verified
+    again = expctl(tmp_path, *WRITE_RUN, "run.dir=w")
+    assert f"resumed from {eight} (step 8," in again.stdout, again.stdout
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_a_corrupt_newest_checkpoint_is_refused_and_set_aside_by_hand(
     damage: str, tmp_path: Path

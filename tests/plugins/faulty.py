@@ -205,8 +205,8 @@ class StallCheckpointWrite(Supervised):
     """Supervised, but the checkpoint of step $STALL_AT_STEP stops inside its write, where
     $STALL_WHERE says: `mid` (inside torch.save, its first bytes in the file) or `end` (torch.save
     done, before the file is synced, checksummed and named). It then writes $STALL_MARKER (JSON:
-    the temporary file's path and the bytes in it) and sleeps until the test kills it. Nothing
-    stalls without $STALL_AT_STEP."""
+    the temporary file's path and the bytes in it) and sleeps until the test kills it, or for
+    $STALL_SECONDS. Nothing stalls without $STALL_AT_STEP."""
 
     def train_step(self, ctx, batch):  # type: ignore[no-untyped-def]
         _stall_checkpoint_write()
@@ -230,18 +230,21 @@ def _stall_checkpoint_write() -> None:
         with open(marker + ".tmp", "w") as m:
             json.dump({"file": f.name, "bytes": os.fstat(f.fileno()).st_size}, m)
         os.replace(marker + ".tmp", marker)
-        while True:
-            time.sleep(3600)
+        end = time.monotonic() + float(os.environ.get("STALL_SECONDS", "inf"))
+        while time.monotonic() < end:
+            time.sleep(min(3600.0, end - time.monotonic()))
 
     class Stalling:
         """The checkpoint's file, stalling after the first bytes torch.save writes to it."""
 
         def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
-            self.f = f
+            self.f, self.stalled = f, False
 
         def write(self, data) -> int:  # type: ignore[no-untyped-def]
             n = self.f.write(data)
-            stall(self.f)
+            if not self.stalled:  # once ($STALL_SECONDS: the write then goes on)
+                self.stalled = True
+                stall(self.f)
             return n
 
         def flush(self) -> None:
