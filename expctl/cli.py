@@ -280,10 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code
     except KeyboardInterrupt as e:
         if args.command != "_worker":  # the launching process speaks for its workers
-            how = e.resume if isinstance(e, Interrupted) else "run the same command"
-            print(
-                f"expctl: interrupted; to resume from the last checkpoint: {how}", file=sys.stderr
+            # (without `resume`: before a run directory was chosen, nothing to resume)
+            how = (
+                f"; to resume from the last checkpoint: {e.resume}"
+                if isinstance(e, Interrupted)
+                else ""
             )
+            print(f"expctl: interrupted{how}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

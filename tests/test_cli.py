@@ -28,6 +28,33 @@ def test_help_imports_neither_torch_nor_hydra() -> None:
     assert "expctl run -C my.yml" in out.stdout
 
 
+@pytest.mark.parametrize("where", ["before the run directory", "in the run"])
+def test_ctrl_c_says_how_to_resume_only_when_there_is_a_run_to_resume(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 130 either way; before a run directory was chosen (imports, composition) there is
+    nothing to resume, so no "to resume from the last checkpoint" (it used to say so)."""
+    from expctl import api, startup
+    from expctl.errors import Interrupted
+
+    def interrupted(*_: object, **__: object) -> None:
+        if where == "in the run":
+            raise Interrupted("run the same command with run.dir=/tmp/r")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "run", interrupted)
+    monkeypatch.setattr(startup, "_ONE_RUN", startup._ONE_RUN)  # `run` sets it: restored after
+    assert cli.main(["run"]) == 130
+    err = capsys.readouterr().err.strip()
+    if where == "in the run":
+        assert err == (
+            "expctl: interrupted; to resume from the last checkpoint: "
+            "run the same command with run.dir=/tmp/r"
+        )
+    else:
+        assert err == "expctl: interrupted"
+
+
 def test_list_shows_names_descriptions_and_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["list", "models"]) == 0
     out = capsys.readouterr().out
