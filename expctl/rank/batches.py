@@ -186,11 +186,7 @@ class TrainBatches:
 
         read = reader.stream("train", plan())
         cuda = self.device.type == "cuda"
-        self._stream = (
-            ahead(read, self._finish, self.device, FEED_THREADS, FEED_DEPTH)
-            if cuda
-            else map(self._finish, read)
-        )
+        self._stream = ahead(read, self._finish, self.device) if cuda else map(self._finish, read)
         self._at = (epoch, start, count, through)
 
     def close(self) -> None:
@@ -201,21 +197,16 @@ class TrainBatches:
             close()
 
 
-FEED_THREADS, FEED_DEPTH = 1, 1  # threads finishing training batches on CUDA, batches ahead
-
-
 def ahead(
     batches: Iterator[Any],
     finish: Callable[[Any], tuple[Any, ...]],
     device: torch.device,
     threads: int = 1,
-    depth: int = 1,
 ) -> Iterator[tuple[Any, ...]]:
     """`finish` (copy to the device, decode, normalise) applied by `threads` threads to the
-    `depth` (at least `threads`) batches ahead of the one training, in order (torch releases the
-    GIL in its kernels, so they work while the step runs). On CUDA each thread works on its own
-    stream, and the training stream waits for each batch's event before using it."""
-    depth = max(threads, depth)
+    batches ahead of the one training, in order (torch releases the GIL in its kernels, so they
+    work while the step runs). On CUDA each thread works on its own stream, and the training
+    stream waits for each batch's event before using it."""
     cuda = device.type == "cuda"
     local = threading.local()
 
@@ -248,7 +239,7 @@ def ahead(
     try:
         for batch in batches:  # read here: a DataLoader's iterator is not thread-safe
             pending.append(pool.submit(run, batch))
-            if len(pending) > depth:
+            if len(pending) > threads:
                 yield take(pending.popleft())
         while pending:
             yield take(pending.popleft())

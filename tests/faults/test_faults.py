@@ -65,6 +65,34 @@ def expctl(
     return proc
 
 
+def ctrl_c(
+    args: list[str], cwd: Path, environ: dict[str, str], what: str, ready: Any, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m expctl ARGS` in its own process group (a terminal's foreground job), SIGINT
+    to that group once `ready()` (waited for, described as `what`), then its output. SIGINT is
+    reset to its default in the child: from a background job it would come ignored, and an
+    ignored signal is inherited."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "expctl", *args],
+        cwd=cwd,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        base.wait_for(what, lambda: ready() or child.poll() is not None, timeout=timeout)
+        assert ready(), f"{what}: never came, {child.communicate()}"
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return checkpoint.load(checkpoint.list_checkpoints(run_dir)[0])["models"]["model"]
 
@@ -194,24 +222,9 @@ def test_ctrl_c_inside_a_checkpoint_write_ends_after_it_whole_and_resumes(tmp_pa
     (tmp_path / "tiny.yml").write_text(TINY)
     marker = tmp_path / "stalled.json"
     stall = env(STALL_AT_STEP="8", STALL_WHERE="mid", STALL_MARKER=str(marker), STALL_SECONDS="2")
-    child = subprocess.Popen(
-        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w"],
-        cwd=tmp_path,
-        env=stall,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job
-    )
-    try:
-        base.wait_for("the stall", lambda: marker.exists() or child.poll() is not None)
-        assert marker.exists(), f"never stalled in the write: {child.communicate()}"
-        os.killpg(child.pid, signal.SIGINT)
-        out, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
+    args = ["run", "-C", "tiny.yml", *WRITE_RUN, "run.dir=w"]
+    child = ctrl_c(args, tmp_path, stall, "the stall in the write", marker.exists)
+    out, err = child.stdout, child.stderr
     assert child.returncode == 130, err[-3000:]
     assert "Traceback" not in out + err, err[-3000:]
     assert "to resume from the last checkpoint" in out + err, (out + err)[-2000:]
@@ -577,28 +590,18 @@ def test_ctrl_c_while_a_sweep_trial_closes_its_data_workers_stops_the_sweep(
     resume it; not "Exception ignored ... KeyboardInterrupt" in any output, and no next trial."""
     (tmp_path / "tiny.yml").write_text(STREAMED)
     marker = tmp_path / "closing"
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", "-m", "optim.lr=0.1,0.2"]
+    driver = ctrl_c(
+        ["run", "-C", "tiny.yml", "-m", "optim.lr=0.1,0.2"]
         + ["data.val_batch_size=2", "train.limit_val_batches=1", "sweep.max_concurrent=1"]
         + ["train.max_epochs=1", "sweep.metric=train/loss", "sweep.mode=min"],
-        cwd=tmp_path,
+        tmp_path,
         # sample 130 (the 3rd of the validation set, in its second batch): read ahead, never used
-        env=env(INTERRUPT_AT_SAMPLE="0:130", INTERRUPT_MARKER=str(marker)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: the terminal's foreground job
-        # also when these tests run from a background job (whose SIGINT is ignored, and an
-        # ignored signal is inherited)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env(INTERRUPT_AT_SAMPLE="0:130", INTERRUPT_MARKER=str(marker)),
+        "trial 0 closing its data workers",
+        marker.exists,
+        timeout=240,
     )
-    try:
-        base.wait_for("trial 0 closing its data workers", marker.exists, timeout=240)
-        os.killpg(driver.pid, signal.SIGINT)
-        out, err = driver.communicate(timeout=120)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
+    out, err = driver.stdout, driver.stderr
     assert driver.returncode == 130, err[-3000:]
     (trial,) = tmp_path.glob("runs/sweep-*/trial_000")
     logs = err + (trial / "output.log").read_text()
