@@ -6,12 +6,18 @@ ResNet-50 224 bf16 channels_last, batch 256, SGD, on a GPU-resident batch: the s
 then while another thread decodes batches of the same 256 JPEGs (~500x375) without pause, by
 torchvision's nvJPEG, by nvImageCodec restricted to its hardware backend (the JPEG engines) and
 to its CUDA backend, and by `DeviceDecoded.on_device` (decode + crop + normalise). Printed per
-decoder: the step time, its slowdown, and the decode thread's img/s meanwhile. A decoder on the
-JPEG engines should slow the step little; one on the SMs takes their time from it.
+decoder: its img/s alone, the step time, its slowdown, and the decode thread's img/s meanwhile.
+A decoder on the JPEG engines should slow the step little; one on the SMs takes their time from it.
+
+    python bench/decode_overlap.py --procs 4   # the same in 4 processes at once, one per GPU,
+                                               # 16 cores each, each phase started together
 """
 
 from __future__ import annotations
 
+import argparse
+import multiprocessing
+import os
 import tempfile
 import threading
 import time
@@ -26,8 +32,39 @@ from expctl.builtin.datasets.images import image_folder
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--procs", type=int, default=1)
+    p.add_argument("--cores", type=int, default=16, help="cores per process (--procs > 1)")
+    p.add_argument("--only", default="", help="decoders to run, comma-separated (default: all)")
+    a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="overlap-"))
     make(root, 256, 0, 4)
+    if a.procs == 1:
+        measure(root, a.only, None, "")
+        return
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(a.procs)
+    procs = [
+        ctx.Process(target=child, args=(i, a.cores, root, a.only, barrier)) for i in range(a.procs)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+
+
+def child(i: int, per: int, root: Path, only: str, barrier: object) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(i)  # before this process's first CUDA call
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cores[i * per : (i + 1) * per] or cores)
+    measure(root, only, barrier, f"gpu {i}: ")
+
+
+def measure(root: Path, only: str, barrier: object, tag: str) -> None:
+    def together() -> None:
+        if barrier is not None:
+            barrier.wait()  # type: ignore[attr-defined]
+
     files = sorted((root / "train").rglob("*.jpg"))
     data = [torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8) for f in files]
     dev = torch.device("cuda:0")
@@ -78,15 +115,30 @@ def main() -> None:
         ds = DeviceDecoded(t.samples, 224, 3, True, "imagenet", t.normalize, kind)  # type: ignore[attr-defined]
         batch = ds.collate([ds[i] for i in range(len(ds))])
         decoders[name] = lambda ds=ds, batch=batch: ds.on_device(batch, dev)
+    if only:
+        decoders = {k: v for k, v in decoders.items() if k in only.split(",")}
     steps(15)
+    together()
     alone = steps(20)
-    print(f"step alone: {alone:.1f} ms")
+    print(f"{tag}step alone: {alone:.1f} ms", flush=True)
     for name, fn in decoders.items():
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - report and go on
-            print(f"{name}: fails: {e}")
+            print(f"{tag}{name}: fails: {e}")
+            fn = None
+        together()  # every process, even one whose decoder failed
+        if fn is None:
+            together()
             continue
+        torch.cuda.synchronize()
+        n, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 1.5:
+            fn()
+            torch.cuda.synchronize()
+            n += 256
+        solo = n / (time.perf_counter() - t)
+        together()
         stop, count = threading.Event(), [0, 0.0]
 
         def loop(fn=fn, stop=stop, count=count) -> None:  # type: ignore[no-untyped-def]
@@ -106,8 +158,8 @@ def main() -> None:
         stop.set()
         th.join()
         rate = count[0] / count[1]
-        print(f"{name:16s} step {with_decode:.1f} ms ({with_decode / alone:.2f}x), "
-              f"decoding {rate:,.0f} img/s meanwhile")  # fmt: skip
+        print(f"{tag}{name:16s} alone {solo:,.0f} img/s; step {with_decode:.1f} ms "
+              f"({with_decode / alone:.2f}x), decoding {rate:,.0f} img/s meanwhile", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,6 +21,14 @@
 #                               (DECODES="synthetic gpu", VARIANTS="now before" (before: the package
 #                               in $EXPCTL_BENCH_BEFORE), SPY=1, EXTRA=..., NPROCS="1 2 4": ranks,
 #                               16 cores each; feed-spy.tgz, each run's train rows in it)
+#   bash bench/gpu.sh sweep-spy issue 24: py-spy of a whole sweep (SETTINGS="quarter one"), driver, zygote and
+#                               trials; import times and whether torch's folder has byte code
+#   bash bench/gpu.sh threads   a 1-GPU run with torch's default intra-op threads (one per core) vs
+#                               OMP_NUM_THREADS=16/4/1 (THREADS_SETS="all 16 4 1 all")
+#   bash bench/gpu.sh overlap   issue 25: a decoder's img/s alone and beside a ResNet-50 step, in one process
+#                               and in one per GPU at once (bench/decode_overlap.py; ONLY=decoders)
+#   bash bench/gpu.sh decode-race  torchvision's CUDA decode_jpeg vs expctl's decode: rounds where memory
+#                               freed with reads still queued was overwritten (bench/decode_race.py)
 #   bash bench/gpu.sh fsdp      issue 27: ~1B GPT expctl fsdp vs a raw FSDP2 loop (1/2/4 GPUs, eager and
 #                               compiled), ~10B under ddp and fsdp, a 4 -> 2 GPU resume (bench/fsdp_bench.py)
 #   bash bench/gpu.sh parity    the ResNet-50 rows of the harness (DDP: expctl vs raw), 1 and 4 GPUs
@@ -54,6 +62,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --find-links .whl hydra-core omegaconf antlr4-python3-runtime submitit shtab \
   optuna alembic colorlog sqlalchemy greenlet mako || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/bench PYTHONUNBUFFERED=1 EXPCTL_BENCH_DATA=$PWD/.data/fashion-mnist
+# The image ships torch without byte code and sets PYTHONDONTWRITEBYTECODE=1: each process compiles
+# torch's Python source (~8 s of the 11 s `import torch._dynamo` there; py-spy, stop 40). pip writes
+# that byte code when it installs a package; PYC=1 (the default since stop 40) writes it once here
+# too, so that start-up figures are a pip install's. PYC=0: as the image is.
+if [ "${PYC:-1}" = 1 ] && [ ! -e /tmp/pyc-done ]; then
+  t=$(date +%s)
+  python3 -m compileall -q -j 0 "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    /tmp/site expctl bench $(ls -d .before .v-* 2>/dev/null) > /dev/null 2>&1
+  touch /tmp/pyc-done; echo "byte code written (PYC=1) in $(( $(date +%s) - t )) s"
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L
@@ -181,5 +199,41 @@ rows=[json.loads(x) for x in open(sys.argv[1])]
 print('img/s after step 104:', round(trained_rate(rows, 104)), ' rows:', ' '.join(str(round(r['perf/samples_per_s'])) for r in rows if 'train/loss' in r and r['step'] > 104))" $r/metrics.jsonl
   done; done; done
   tar czf $OUT/feed-spy.tgz -C /tmp/spyout . ;;
+sweep-spy)  # issue 24: where a packed sweep's start goes (py-spy of the driver, zygote and trials)
+  python3 -c "import sys; print('dont_write_bytecode', sys.dont_write_bytecode)"
+  d=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+  ls -d "$d/_dynamo/__pycache__" 2>&1 | tail -1; touch "$d/.w" 2>/dev/null && rm "$d/.w" && echo "torch's folder writable"
+  for i in 1 2; do /usr/bin/time -f "import torch._dynamo: %e s" python3 -c "import torch._dynamo"; done
+  command -v nvidia-cuda-mps-control || echo "no nvidia-cuda-mps-control"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/spy \
+    --find-links .whl py-spy || exit 1
+  for s in ${SETTINGS:-quarter}; do
+    /tmp/spy/bin/py-spy record --subprocesses --nonblocking --idle --rate 50 --format raw -o "$OUT/sweep-spy-$s.txt" -- \
+      python3 bench/sweep_bench.py gpu --workload ${WORKLOADS:-fashion_cnn} --trials ${TRIALS:-16} --settings $s \
+      --out "$OUT/sweep-spy-$s.json" 2>&1 | tail -12
+  done ;;
+threads)  # a plain 1-GPU run on a many-core host: torch's intra-op threads (all cores) vs fewer
+  for w in "experiment=default data.root=$PWD/.data/fashion-mnist" \
+           "model=resnet18 data=synthetic data.shape=[3,32,32] data.num_classes=10 data.num_samples=16384 data.val_samples=1024 data.batch_size=256 train.max_epochs=3"; do
+    for v in ${THREADS_SETS:-all 16 4 1 all}; do
+      r=/tmp/th-$RANDOM; e=""; [ "$v" != all ] && e="OMP_NUM_THREADS=$v"
+      t0=$(date +%s.%N); env $e CUDA_VISIBLE_DEVICES=0 python3 -m expctl run $w run.dir=$r > $r.log 2>&1 || tail -3 $r.log
+      python3 -c "
+import json, sys, statistics, time
+wall = time.time() - float(sys.argv[4])
+rows = [json.loads(x) for x in open(sys.argv[1] + '/metrics.jsonl')]
+rate = [r['perf/samples_per_s'] for r in rows if 'perf/samples_per_s' in r][1:]
+print(f'{sys.argv[3][:40]:40} threads={sys.argv[2]:>4}  wall {wall:6.1f} s  median samples/s {statistics.median(rate):9.0f}')
+" $r $v "$w" $t0
+    done
+  done ;;
+overlap)  # issue 25: decoding beside a training step, 1 process and one per GPU at once (16 cores each)
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site \
+    --find-links .whl nvidia-nvimgcodec-cu13 2>/dev/null || echo "no nvidia-nvimgcodec-cu13 wheel in .whl"
+  o="${ONLY:-nvjpeg,nvimgcodec hw,on_device gpu}"
+  echo "-- 1 process, cores 0-15"; taskset -c 0-15 python3 bench/decode_overlap.py --only "$o" 2>&1 | grep -v Warning
+  echo "-- $ngpu processes at once"; python3 bench/decode_overlap.py --procs $ngpu --only "$o" 2>&1 | grep -v Warning | sort ;;
+decode-race)  # issue 25: does a batched GPU decode write memory that queued kernels still read?
+  python3 bench/decode_race.py ;;
 *) echo "unknown part: $part" >&2; exit 2 ;;
 esac

@@ -230,6 +230,12 @@ def decode(
 
     mode = ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY
     warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)  # torchcodec
+    if device.type == "cuda":
+        # torchvision takes the images' memory on this thread's stream, then nvJPEG writes them
+        # from a stream of its own that does not wait for this one: memory freed here that
+        # queued kernels still read (the last batch's crops) would be overwritten under them
+        # (pytorch/vision#9606; bench/decode_race.py). This stream's queued work ends first.
+        torch.cuda.current_stream(device).synchronize()
     try:
         return list(decode_jpeg(data, mode=mode, device=device))
     except RuntimeError:  # one bad file fails the batch: find it
