@@ -18,7 +18,8 @@
 #                               carry nvidia_nvimgcodec_cu13-*.whl in .whl for the nvimgcodec rows;
 #                               IMG_GPUS="1 2 4", STEPS, ONLY="pillow nvjpeg", EXTRA="train.compile=true"
 #   bash bench/gpu.sh feed-spy  issue 25: py-spy of the training process per thread, GPU busy %
-#                               (DECODES="synthetic gpu", VARIANTS="now before" (before: the package
+#                               (DECODES="synthetic gpu", SPY_GIL=1: only threads holding the GIL,
+#                               VARIANTS="now before" (before: the package
 #                               in $EXPCTL_BENCH_BEFORE), SPY=1, EXTRA=..., NPROCS="1 2 4": ranks,
 #                               16 cores each; feed-spy.tgz, each run's train rows in it)
 #   bash bench/gpu.sh sweep-spy issue 24: py-spy of a whole sweep (SETTINGS="quarter one"), driver, zygote and
@@ -184,7 +185,8 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
     for ((i = 0; i < 240; i++)); do grep -q '"step": 104,' $r/metrics.jsonl 2>/dev/null && break; sleep 0.5; done
     if [ -n "${SPY:-}" ]; then
       # nonblocking (the processes are not paused), idle threads too: where each one waits
-      /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --nonblocking --idle --rate 100 -d 8 --format raw -o $o/spy.txt 2>&1 | tail -1
+      /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --nonblocking --rate 100 -d 8 --format raw \
+        $([ -n "${SPY_GIL:-}" ] && echo --gil || echo --idle) -o $o/spy.txt 2>&1 | tail -1
     fi
     wait $pid; echo "== $np GPU(s) $d $n exit $?"; kill $u; cp $r/metrics.jsonl $o/
     python3 -c "
