@@ -669,6 +669,37 @@ def test_a_disk_that_fills_during_a_sweep_stops_it_in_one_line_and_resume_finish
         assert "nothing to resume" in again.stdout
 
 
+def test_a_killed_zygote_ends_the_sweep_in_one_line_and_resume_finishes_it(tiny: Path) -> None:
+    """SIGKILL of the process that forks the trials (found by a new user): its running trial dies
+    with it; the driver says so in one line with the resume command (it was a traceback), exit 1,
+    and `sweep resume` finishes the sweep from the trial's checkpoint."""
+    driver = _driver(
+        tiny,
+        "optim.lr=0.1,0.2",
+        "sweep.max_concurrent=1",
+        "imports=[faulty]",
+        "train.step=slow",
+        "checkpoint.every=5",
+    )
+    sweep = tiny.parent / "runs"
+    _wait_for(
+        "a checkpoint of trial 0", lambda: list(sweep.glob("sweep-*/trial_000/checkpoints/*.pt"))
+    )
+    (path,) = sweep.glob("sweep-*")
+    pid = _trial_pid(path / "trial_000")
+    zygote = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(zygote, signal.SIGKILL)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 1 and "Traceback" not in out, out
+    assert "zygote process (the trials' forker) ended" in out, out
+    assert "expctl sweep resume" in out, out
+    _wait_for("the trial to die with its zygote", lambda: not _alive(pid), timeout=30)
+    assert [r.status for r in ledger.rows(path)][0] == "lost"
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    assert [r.status for r in ledger.rows(path)] == ["completed"] * 2
+    assert "resumed from" in (path / "trial_000" / "train.log").read_text()
+
+
 def test_a_trial_asked_by_a_driver_that_died_is_lost_and_resumed(tiny: Path) -> None:
     """A trial the journal holds as pending (asked, its folder not made yet) whose driver is gone
     is `lost`, not pending for ever: `sweep resume` runs it."""

@@ -114,6 +114,7 @@ def _multirun(
     repeat = s.repeat if repeat is None else repeat
     size = len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS
     _check_size(size, repeat)
+    _check_dims(dims, repeat)
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
         if size < 2:
@@ -173,6 +174,28 @@ def _check_size(configurations: int, repeat: int) -> None:
             f"than {MAX_VALUES:,} trials",
             "sweep fewer values, or lower sweep.n_trials / --repeat",
         )
+
+
+# the sweep's own settings, one value for all its trials: swept, they ran the first point's value
+# for every trial (or a table ranked by another metric or direction)
+_SWEEP_WIDE = ("sweep", "run", "launcher")
+
+
+def _check_dims(dims: Sequence[Dimension], repeat: int) -> None:
+    """Before anything exists: a swept key must be a trial's setting, and `--repeat` seeds may
+    not collide with a swept train.seed."""
+    for d in dims:
+        if d.key.split(".")[0] in _SWEEP_WIDE:
+            raise UserError(
+                f"{d.key} is swept, but it is the sweep's own setting: one value for every trial",
+                f"give it one value ({d.key}=...), or start one sweep per value",
+            )
+        if d.key == "train.seed" and repeat > 1:
+            raise UserError(
+                f"train.seed is swept and --repeat {repeat} adds seeds to each point: trials "
+                "would train with the same seed",
+                "sweep train.seed alone (train.seed=range(0,N)), or use --repeat without it",
+            )
 
 
 def _digest(config_file: str | None) -> str | None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl.dist import apply_env
+from expctl.errors import RunError
 from expctl.startup import WORKER_MAIN, paused_gc
 
 Entry = Callable[[Sequence[str]], int]  # a trial process's main: argv -> exit code
@@ -124,7 +125,7 @@ class Pool:
         """Wait for the started event of `p` (the zygote answers at once)."""
         while p.pid is None:
             if not self._read(timeout=30.0):
-                raise RuntimeError("the sweep's zygote process did not answer (see its output)")
+                raise RunError("the sweep's zygote process (the trials' forker) did not answer")
 
     def _read(self, timeout: float) -> bool:
         """Read the zygote's events for up to `timeout` s; False if it ended or said nothing."""
@@ -132,7 +133,10 @@ class Pool:
             return False
         chunk = self._events.read(65536)
         if not chunk:
-            raise RuntimeError("the sweep's zygote process ended")
+            raise RunError(
+                "the sweep's zygote process (the trials' forker) ended, and its running trials "
+                "with it: `expctl sweep resume SWEEP_DIR` resumes them from their checkpoints"
+            )
         self._buf += chunk
         *lines, self._buf = self._buf.split(b"\n")
         for line in lines:

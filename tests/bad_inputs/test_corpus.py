@@ -349,6 +349,13 @@ CORPUS: list[tuple[list[str], str]] = [
         "loss.label_smoothing=5.0: not between 0 and 1",
     ),
     (["run", "-m", "--repeat", "0", "optim.lr=0.1"], "--repeat 0: each configuration runs once"),
+    # the sweep's own settings swept: they ran the first point's value for every trial (or
+    # ranked the trials by another metric or direction than each was run for)
+    (["run", "-m", "sweep.n_trials=1,2", "optim.lr=0.1,0.2"], "sweep.n_trials is swept, but"),
+    (["run", "-m", "sweep.mode=min,max", "optim.lr=0.1,0.2"], "sweep.mode is swept, but"),
+    (["run", "-m", "run.name=a,b", "optim.lr=0.1"], "run.name is swept, but"),
+    (["run", "-m", "launcher=local,inline", "optim.lr=0.1"], "launcher is swept, but"),
+    (["run", "-m", "--repeat", "2", "train.seed=1,2"], "train.seed is swept and --repeat 2"),
     (  # a list of 1e20 trials filled the memory
         ["run", "-m", "--repeat", "99999999999999999999", "optim.lr=0.1"],
         "1 configuration(s) x 99,999,999,999,999,999,999 seed(s), more than 100,000 trials",
