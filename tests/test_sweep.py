@@ -458,6 +458,21 @@ def _trial_pid(trial_dir: Path) -> int:
     return int(attrs_of(ref)["pid"])
 
 
+def _one_at_a_time(tiny: Path, grid: str, trial: int) -> tuple[subprocess.Popen[str], Path]:
+    """A driver of slow trials one at a time, once trial `trial` has written a checkpoint."""
+    driver = _driver(
+        tiny, grid, "sweep.max_concurrent=1", "imports=[faulty]", "train.step=slow",
+        "checkpoint.every=5",
+    )  # fmt: skip
+    sweep = tiny.parent / "runs"
+    _wait_for(
+        f"a checkpoint of trial {trial}",
+        lambda: list(sweep.glob(f"sweep-*/trial_{trial:03d}/checkpoints/*.pt")),
+    )
+    (path,) = sweep.glob("sweep-*")
+    return driver, path
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -580,19 +595,7 @@ def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) ->
     """SIGKILL of the sweep's driver during trial 1 of a 4-point grid (one at a time): no trial
     trains on; the table lists all 4 (1 lost, 2 never started); resumed, trial 1 continues from
     its checkpoint, each trial's number is its directory's and no number is skipped."""
-    driver = _driver(
-        tiny,
-        "optim.lr=0.1,0.2,0.3,0.01",
-        "sweep.max_concurrent=1",
-        "imports=[faulty]",
-        "train.step=slow",
-        "checkpoint.every=5",
-    )
-    sweep = tiny.parent / "runs"
-    _wait_for(
-        "a checkpoint of trial 1", lambda: list(sweep.glob("sweep-*/trial_001/checkpoints/*.pt"))
-    )
-    (path,) = sweep.glob("sweep-*")
+    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2,0.3,0.01", trial=1)
     pid = _trial_pid(path / "trial_001")
     os.kill(driver.pid, signal.SIGKILL)
     driver.communicate(timeout=60)
@@ -673,19 +676,7 @@ def test_a_killed_zygote_ends_the_sweep_in_one_line_and_resume_finishes_it(tiny:
     """SIGKILL of the process that forks the trials (found by a new user): its running trial dies
     with it; the driver says so in one line with the resume command (it was a traceback), exit 1,
     and `sweep resume` finishes the sweep from the trial's checkpoint."""
-    driver = _driver(
-        tiny,
-        "optim.lr=0.1,0.2",
-        "sweep.max_concurrent=1",
-        "imports=[faulty]",
-        "train.step=slow",
-        "checkpoint.every=5",
-    )
-    sweep = tiny.parent / "runs"
-    _wait_for(
-        "a checkpoint of trial 0", lambda: list(sweep.glob("sweep-*/trial_000/checkpoints/*.pt"))
-    )
-    (path,) = sweep.glob("sweep-*")
+    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2", trial=0)
     pid = _trial_pid(path / "trial_000")
     zygote = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     os.kill(zygote, signal.SIGKILL)
