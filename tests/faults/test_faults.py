@@ -125,15 +125,19 @@ def test_sigkill_of_a_worker_at_any_step(
     """2 workers, max_restarts=3: the run completes with bitwise the uninterrupted weights."""
     work, ref = ddp_reference
     seed = f"{rank}_{step}"
+    log = work / f"kill{seed}.log"
     proc = expctl(
         work,
         *LOCAL,
         "train.step=kill_at_step",
         "checkpoint.every=3",
         f"run.dir=kill{seed}",
-        env=env(KILL_AT_STEP=str(step), KILL_RANK=str(rank)),
+        env=env(KILL_AT_STEP=str(step), KILL_RANK=str(rank), KILL_LOG=str(log)),
     )
-    assert "exitcode: -9" in proc.stderr, f"rank {rank} was not killed at step {step}"
+    # the kill happened, once; torchrun restarted the workers (it logs the first failure it saw:
+    # the killed rank's -9, or its peer's abort when both died within one poll)
+    assert log.read_text() == f"rank {rank} step {step}\n", f"rank {rank} not killed at {step}"
+    assert "failed (exitcode: -" in proc.stderr, proc.stderr[-2000:]
     if step > 3:  # a checkpoint existed (every 3 steps): the restart resumed it
         assert "resumed from" in proc.stdout, f"rank {rank} killed at step {step} did not resume"
     got = weights(work / f"kill{seed}")

@@ -39,7 +39,10 @@ class KillDriverAfterTransplant(Supervised):
 @register("steps", "kill_at_step")
 class KillAtStep(Supervised):
     """Supervised, but SIGKILLs this process at its micro-batch $KILL_AT_STEP (counted over the
-    process: in a local sweep, across trials) on rank $KILL_RANK, only in the first attempt."""
+    process: in a local sweep, across trials) on rank $KILL_RANK, only in the first attempt.
+    With $KILL_LOG set, it first appends "rank R step S" there: the test's proof that the kill
+    happened (torchrun names only one failure, and a peer that dies of the kill in the same
+    poll may be the one it names)."""
 
     calls = 0
 
@@ -49,6 +52,9 @@ class KillAtStep(Supervised):
         first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         target = int(os.environ.get("KILL_AT_STEP", "-1"))
         if first and rank == os.environ.get("KILL_RANK", "0") and KillAtStep.calls == target:
+            if os.environ.get("KILL_LOG"):
+                with open(os.environ["KILL_LOG"], "a") as log:
+                    log.write(f"rank {rank} step {target}\n")
             os.kill(os.getpid(), signal.SIGKILL)
         return super().train_step(ctx, batch)
 
