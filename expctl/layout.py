@@ -5,7 +5,7 @@
       imports.json  where imports:    journal.log   the Optuna study (the ledger)
                     modules were      best.yml      the best trial's config (`sweep best`)
                     found             imports.json  the best trial's imports.json, beside it
-      .lock         held while a launch trains it (flock; who holds it)
+      .lock         held while a launch trains it (flock; who holds it); in SWEEP_DIR, by its driver
       trial.json    sweep trial id    plot_*.png    `sweep plot`
       metrics.jsonl one event a line  slurm/        submitit files of job arrays
       metrics.csv   logger=[csv]: the same events as a table

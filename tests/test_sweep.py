@@ -311,6 +311,67 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     )
 
 
+def test_repeats_of_a_sampled_point_share_its_values_and_a_point_twice_is_no_seed(
+    tiny: Path,
+) -> None:
+    """--repeat with a sampler: each drawn point trains with every seed (the sampler drew
+    apart each seed's values, and the table grouped what coincided). A grid point written twice,
+    or drawn twice, is the same run again: said before it runs, and never counted as seeds."""
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "--repeat", "2", "sweep.sampler=random",
+        "sweep.n_trials=3", "optim.lr=choice(0.01,0.02,0.05,0.1,0.2,0.3)", "train.max_epochs=1",
+        cwd=tiny.parent,
+    )  # fmt: skip
+    rows = ledger.rows(sweep_dir_of(proc.stdout))
+    assert [r.seed_idx for r in rows] == [0, 1] * 3
+    for first, second in zip(rows[::2], rows[1::2], strict=True):
+        assert first.config == second.config, (first.overrides, second.overrides)
+        lr = {config.load(r.run_dir).optim.args["lr"] for r in (first, second)}
+        assert len(lr) == 1 and {config.load(r.run_dir).train.seed for r in (first, second)} == {
+            config.load(first.run_dir).train.seed,
+            config.load(first.run_dir).train.seed + 1,
+        }
+    assert [len(g) for g in ledger.groups(rows)] == [2, 2, 2]
+
+    twice = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.lr=0.1,0.1,0.3", "train.max_epochs=1",
+        cwd=tiny.parent,
+    )  # fmt: skip
+    assert "note: the grid lists optim.lr=0.1 (2 times): each time is a trial of its own" in (
+        twice.stderr
+    )
+    assert "best trial " in twice.stdout and "over 2 seed" not in twice.stdout, twice.stdout
+    table = run_cli("sweep", "table", str(sweep_dir_of(twice.stdout)), cwd=tiny.parent).stdout
+    assert "± std" not in table and table.count("optim.lr=0.1\n") == 2, table
+    drawn = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.lr=choice(0.1,0.3)", "sweep.sampler=random",
+        "sweep.n_trials=3", "train.max_epochs=1", cwd=tiny.parent,
+    )  # fmt: skip
+    assert "note: sweep.n_trials=3 is more than the 2 point(s) of the space" in drawn.stderr
+    assert "best trial " in drawn.stdout, drawn.stdout
+
+
+def test_resume_beside_a_live_driver_is_refused_and_changes_nothing(tiny: Path) -> None:
+    """`sweep resume` while the sweep's driver runs: refused in one line naming the driver
+    (it started the running trials again, and a completed one ended `lost`), the journal as
+    it was; once the driver is stopped, resume finishes the sweep."""
+    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2", trial=0)
+    journal = (path / "journal.log").read_bytes()
+    refused = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
+    assert refused.returncode == 2, refused
+    assert f"error: sweep {path} is being run by another driver (pid {driver.pid} on host" in (
+        refused.stderr
+    )
+    assert len(refused.stderr.splitlines()) == 2 and "HINT" in refused.stderr, refused.stderr
+    assert (path / "journal.log").read_bytes()[: len(journal)] == journal
+    assert [r.status for r in ledger.rows(path)][0] == "running"
+    os.kill(driver.pid, signal.SIGINT)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 130, out
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    assert [r.status for r in ledger.rows(path)] == ["completed"] * 2
+
+
 @pytest.fixture(scope="module")
 def short_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-sampler sweep named `tune` whose 2 trials end inside their first epoch

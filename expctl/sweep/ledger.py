@@ -133,7 +133,7 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     latest: dict[int, Any] = {}
     trials, whole = _journal_trials(path, s)
     for t in trials:  # in attempt order: a retry comes after what it retries
-        latest[_number(t)] = t
+        latest[number_of(t)] = t
     dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
     out = [_row(n, t, s, states, dirs[n]) for n, t in latest.items()]
@@ -204,7 +204,7 @@ def read_study(path: Path, s: SweepConfig, to_write: bool = False) -> Any:
     return study
 
 
-def _number(trial: Any) -> int:
+def number_of(trial: Any) -> int:
     """The trial's number: its directory's (an attempt's Optuna number differs after a retry)."""
     number = SweepDir.number_of(trial.user_attrs.get("run_dir", ""))
     return trial.number if number is None else number
@@ -293,15 +293,18 @@ def _alive(attrs: dict[str, Any], states: dict[str, dict[str, str]]) -> bool:
 
 
 def groups(rs: list[Row]) -> list[list[Row]]:
-    """Trials by configuration (repeats of one differ only in their seed), in trial order."""
-    by_config: dict[str, list[Row]] = {}
+    """Trials by point of the sweep: the seeds `--repeat` gave one (trials N..N+repeat-1, seed
+    indices 0..repeat-1), in the order of `rs`. A point written twice (`optim.lr=0.1,0.1`), or
+    drawn twice by a sampler, is two groups: its trials are the same run again, not seeds."""
+    by_point: dict[int, list[Row]] = {}
     for r in rs:
-        by_config.setdefault(r.config, []).append(r)
-    return list(by_config.values())
+        by_point.setdefault(r.number - r.seed_idx, []).append(r)
+    return list(by_point.values())
 
 
 def repeated(rs: list[Row]) -> bool:
-    return any(len(g) > 1 for g in groups(rs))
+    """Whether the sweep trains its points with several seeds (`--repeat`)."""
+    return any(r.seed_idx for r in rs)
 
 
 def config_label(r: Row) -> str:

@@ -16,13 +16,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import socket
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from expctl.jobs.study import TrialRef, attrs_of, kept_storages, mark, open_stud
 from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
 from expctl.rank.provenance import Launch
+from expctl.rank.runlock import RunLock, is_locked
 from expctl.sweep import ledger, results, trials
 from expctl.sweep.best import Best, best
 from expctl.sweep.plan import Plan, compose_point, gridded, plan, point_overrides
@@ -115,6 +117,8 @@ def _multirun(
     size = len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS
     _check_size(size, repeat)
     _check_dims(dims, repeat)
+    if s.scheduler != "pbt":  # (a population may start from one point twice: it mutates)
+        notes += _said_twice(points, dims, size, s.sampler)
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
         if size < 2:
@@ -160,7 +164,8 @@ def _multirun(
         f"expctl: sweep directory {sweep_dir} ({spec['n_trials']} configuration(s) x {repeat} seed(s))",
         flush=True,
     )
-    return run_trials(sweep_dir, base, origin=origin, planned=planned, pool=pool)
+    with driving(sweep_dir):
+        return run_trials(sweep_dir, base, origin=origin, planned=planned, pool=pool)
 
 
 def _check_size(configurations: int, repeat: int) -> None:
@@ -196,6 +201,34 @@ def _check_dims(dims: Sequence[Dimension], repeat: int) -> None:
                 "would train with the same seed",
                 "sweep train.seed alone (train.seed=range(0,N)), or use --repeat without it",
             )
+
+
+def _said_twice(
+    points: list[dict[str, Any]], dims: Sequence[Dimension], size: int, sampler: str
+) -> list[str]:
+    """Notes on trials that will train a point again (the same run, not another seed): a grid
+    point written twice, a sampler asked for more trials than a finite space holds."""
+    if points:
+        seen: dict[str, int] = {}
+        for p in points:
+            text = " ".join(f"{k}={v}" for k, v in p.items())
+            seen[text] = seen.get(text, 0) + 1
+        twice = [f"{text} ({n} times)" for text, n in seen.items() if n > 1]
+        if twice:
+            return [
+                f"the grid lists {', '.join(twice[:3])}{' and more' if len(twice) > 3 else ''}: "
+                "each time is a trial of its own, with the same seed (as Hydra's sweeper runs "
+                "it); --repeat N trains each point with N seeds"
+            ]
+        return []
+    finite = math.prod(len(d.values) for d in dims if d.values is not None)
+    if all(d.values is not None for d in dims) and size > finite:
+        return [
+            f"sweep.n_trials={size} is more than the {finite} point(s) of the space: "
+            f"sweep.sampler={sampler} draws some twice (the same run again, not another seed); "
+            "sweep.sampler=grid runs each once, --repeat N trains each with N seeds"
+        ]
+    return []
 
 
 def _digest(config_file: str | None) -> str | None:
@@ -243,8 +276,9 @@ def _trial_configs(
     study = study or open_study(sweep_dir, base.sweep)
     out = []
     for slot in todo:
-        if slot.params:
-            study.enqueue_trial(slot.params, skip_if_exists=False)
+        params = slot.params or _first_seeds(study, slot)
+        if params:
+            study.enqueue_trial(params, skip_if_exists=False)
         trial = study.ask({d.key: d.distribution() for d in dims})
         chosen = dict(trial.params)
         overrides = point_overrides(spec["plain"], chosen)
@@ -282,6 +316,19 @@ def _trial_configs(
         TrialRef(str(sweep_dir), trial.number).write(trial_dir)  # the attempt's identity
         out.append(frozen)
     return out
+
+
+def _first_seeds(study: Any, slot: Slot) -> dict[str, Any]:
+    """A sampled point's values for its repeat `slot` (seed index 1 or more): the ones its
+    first seed's trial drew (asked before it: repeats follow their first seed), {} for a
+    first seed (the sampler draws it)."""
+    if not slot.seed_idx:
+        return {}
+    first = slot.number - slot.seed_idx
+    for t in reversed(study.get_trials(deepcopy=False)):  # its latest attempt
+        if ledger.number_of(t) == first and "config" in t.user_attrs:
+            return dict(json.loads(t.user_attrs["config"]))
+    raise AssertionError(f"trial {slot.number}: its first seed's trial {first} was never asked")
 
 
 def run_trials(
@@ -421,17 +468,42 @@ def _finish_cut_copies(path: Path) -> None:
             )
 
 
+@contextlib.contextmanager
+def driving(sweep_dir: Path) -> Iterator[None]:
+    """The sweep held by this driver, its one driver, while inside (`sweep resume` beside a
+    live driver started its trials again, and took a completed one for lost): SWEEP_DIR/.lock,
+    as a run directory's, released by the kernel when the driver dies."""
+    try:
+        held = RunLock(sweep_dir)
+    except UserError:
+        raise UserError(
+            f"sweep {sweep_dir} is being run by another driver "
+            f"({is_locked(sweep_dir) or 'it just ended'})",
+            f"follow it with `expctl sweep table {sweep_dir}`; to stop it, Ctrl-C (or SIGTERM) "
+            "that driver: its trials stop at a checkpoint, and `expctl sweep resume` continues",
+        ) from None
+    try:
+        yield
+    finally:
+        held.release()
+
+
 def resume(sweep_dir: str | Path) -> Outcome:
     """Re-run the trials that failed or were lost (in their own directories, resuming their
     checkpoints), and the ones the sweep never got to."""
-    import optuna  # noqa: PLC0415 - Optuna off `run -m`'s checks: a bad sweep fails without it
-
     path = Path(sweep_dir).absolute()
     if not SweepDir(path).spec.is_file():
         raise UserError(
             f"{path}: not a sweep directory (no {SweepDir.SPEC})",
             "pass the folder `expctl run -m` printed",
         )
+    with driving(path):
+        return _resume(path)
+
+
+def _resume(path: Path) -> Outcome:
+    import optuna  # noqa: PLC0415 - Optuna off `run -m`'s checks: a bad sweep fails without it
+
     spec = SweepDir(path).read_spec()
     _check_unchanged(spec)
     _repair_journal(SweepDir(path).journal)
