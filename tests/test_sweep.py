@@ -519,11 +519,13 @@ def _trial_pid(trial_dir: Path) -> int:
     return int(attrs_of(ref)["pid"])
 
 
-def _one_at_a_time(tiny: Path, grid: str, trial: int) -> tuple[subprocess.Popen[str], Path]:
+def _one_at_a_time(
+    tiny: Path, grid: str, trial: int, slow: str = "0.05"
+) -> tuple[subprocess.Popen[str], Path]:
     """A driver of slow trials one at a time, once trial `trial` has written a checkpoint."""
     driver = _driver(
         tiny, grid, "sweep.max_concurrent=1", "imports=[faulty]", "train.step=slow",
-        "checkpoint.every=5",
+        "checkpoint.every=5", slow=slow,
     )  # fmt: skip
     sweep = tiny.parent / "runs"
     _wait_for(
@@ -650,6 +652,31 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
     assert [r.status for r in ledger.rows(path)] == ["completed"] * 3
     for n in (0, 1):
         assert "resumed from" in (path / f"trial_{n:03d}" / "train.log").read_text()
+
+
+def test_a_closed_console_loses_its_lines_not_the_sweep(tiny: Path) -> None:
+    """`expctl run -m ... | head`: once the pipe's reader is gone, the sweep trains on to the
+    end, printing nowhere (it stopped every trial, calling the broken pipe a full disk)."""
+    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2", trial=0)
+    assert driver.stdout is not None
+    driver.stdout.close()
+    assert driver.wait(timeout=180) == 0
+    assert [r.status for r in ledger.rows(path)] == ["completed"] * 2
+
+
+def test_a_hang_up_stops_the_trials_at_a_checkpoint_and_resume_finishes_them(tiny: Path) -> None:
+    """The terminal closed: the sweep's process group gets SIGHUP, its console is gone. As with
+    Ctrl-C, the running trial stops at a checkpoint and `sweep resume` continues it (the driver
+    and its zygote died of it: the trial with them, `lost`)."""
+    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2", trial=0, slow="0.25")
+    assert driver.stdout is not None
+    driver.stdout.close()
+    os.killpg(driver.pid, signal.SIGHUP)
+    assert driver.wait(timeout=120) == 130
+    assert [r.status for r in ledger.rows(path)] == ["interrupted", "pending"]
+    run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    assert [r.status for r in ledger.rows(path)] == ["completed"] * 2
+    assert "resumed from" in (path / "trial_000" / "train.log").read_text()
 
 
 def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) -> None:

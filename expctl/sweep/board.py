@@ -1,6 +1,7 @@
 """A local sweep's console: a line when a trial starts or ends and, on a terminal, one line per
 running trial redrawn in place (its step and latest validation metrics, from its metrics.jsonl),
-instead of the trials' interleaved logs.
+instead of the trials' interleaved logs. A console that goes away (the terminal closed, the
+reader of a pipe such as `| head` ended) loses what is printed after, never the sweep.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ class Board:
         self._drawn = 0
         self._last = time.monotonic()
 
-    def _clear(self) -> None:
-        if self._drawn:
-            self.out.write(f"\x1b[{self._drawn}F\x1b[J")
-            self._drawn = 0
+    def _clear(self) -> str:
+        drawn, self._drawn = self._drawn, 0
+        return f"\x1b[{drawn}F\x1b[J" if drawn else ""
+
+    def _write(self, text: str) -> None:
+        if not write(self.out, text):
+            self.tty = False
 
     def say(self, text: str) -> None:
-        self._clear()
-        self.out.write(f"expctl: {text}\n")
-        self.out.flush()
+        self._write(f"{self._clear()}expctl: {text}\n")
 
     def started(self, r: Running) -> None:
         self.say(f"trial {r.number} started{placement(r.slot)}: {r.label}")
@@ -53,20 +55,30 @@ class Board:
         if not self.tty:
             if rows and now - self._last >= self.quiet_s:
                 self._last = now
-                for r in rows:
-                    self.out.write(f"expctl:   {_progress(r)}\n")
-                self.out.flush()
+                self._write("".join(f"expctl:   {_progress(r)}\n" for r in rows))
             return
-        self._clear()
-        for r in rows:
-            self.out.write(f"  {_progress(r)}\n")
+        block = self._clear() + "".join(f"  {_progress(r)}\n" for r in rows)
         self._drawn = len(rows)
-        self.out.flush()
+        self._write(block)
 
     def close(self) -> None:
         if self.tty:
-            self._clear()
-            self.out.flush()
+            self._write(self._clear())
+
+
+def write(stream: TextIO, text: str) -> bool:
+    """Write and flush `text`; False when the console is gone (EPIPE, EIO): from then on, what
+    this process prints there goes to /dev/null (and Python's exit raises nothing about it)."""
+    try:
+        stream.write(text)
+        stream.flush()
+        return True
+    except OSError:
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, stream.fileno())
+            os.close(null)
+        return False
 
 
 def placement(slot: resources.Slot) -> str:

@@ -197,7 +197,10 @@ class Pool:
 def serve(req_fd: int, ev_fd: int, entry_name: str) -> None:
     """The zygote's loop: fork a trial per request line; report pids and exit codes as lines.
     It ends, killing its trials, when the driver closes the request pipe (or dies)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    # Ctrl-C, the terminal's hang-up and a SIGTERM to every process of the sweep (systemd's
+    # stop, `kill -- -PGID`) are the driver's to handle: it stops the trials at a checkpoint
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
     with paused_gc():
         # torch, and torch._dynamo, which a trial's first optimizer imports (seconds: more than
@@ -272,6 +275,8 @@ def _fork_trial(request: dict[str, Any], entry: Entry, fds: tuple[int, ...]) -> 
             os.close(fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         os.dup2(out, 1)
         os.dup2(out, 2)

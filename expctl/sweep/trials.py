@@ -5,7 +5,7 @@ as soon as one ends (its share goes to the next), records what a trial could not
 (a crash), and shows one line per running trial (board.py) instead of their interleaved logs:
 each trial's console output is in TRIAL_DIR/output.log, its log in TRIAL_DIR/train.log.
 
-A Ctrl-C (or SIGTERM) stops every running trial at a checkpoint (`interrupted` in the table;
+A Ctrl-C (SIGTERM, or SIGHUP: the terminal closed) stops every running trial at a checkpoint (`interrupted` in the table;
 `expctl sweep resume` continues them); a second one kills them (they resume from their last
 checkpoint). One failing trial never stops the others, unless `sweep.stop_on_failure`.
 """
@@ -54,7 +54,7 @@ from expctl.layout import RunDir, SweepDir
 from expctl.rank.provenance import Launch
 from expctl.startup import process_is_the_run
 from expctl.sweep import resources
-from expctl.sweep.board import Board, placement
+from expctl.sweep.board import Board, placement, write
 from expctl.sweep.pool import Pool, Proc
 
 log = logging.getLogger("expctl")
@@ -321,7 +321,7 @@ class _Stop:
 
     @contextlib.contextmanager
     def catching(self) -> Any:
-        """SIGINT and SIGTERM ask the sweep to stop while inside (main thread only)."""
+        """SIGINT, SIGTERM and SIGHUP ask the sweep to stop while inside (main thread only)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -329,15 +329,19 @@ class _Stop:
         def handler(signum: int, frame: Any) -> None:
             first = self.count == 0
             self.ask("interrupt")
-            print(
-                "\nexpctl: stopping the running trials at a checkpoint (Ctrl-C again kills them)"
+            write(
+                sys.stderr,
+                "\nexpctl: stopping the running trials at a checkpoint (Ctrl-C again kills them)\n"
                 if first
-                else "\nexpctl: killing the running trials (they resume from their last checkpoint)",
-                file=sys.stderr,
-                flush=True,
+                else "\nexpctl: killing the running trials (they resume from their last "
+                "checkpoint)\n",
             )
 
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP: the terminal closed (unless `nohup` ignores it)
+        asked = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            asked.append(signal.SIGHUP)
+        previous = {s: signal.signal(s, handler) for s in asked}
         try:
             yield
         finally:
