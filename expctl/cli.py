@@ -95,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="a sweep's trials: table | best | resume | plot SWEEP_DIR")
     sw.add_argument("action", choices=("table", "best", "resume", "plot"))
     sw.add_argument("sweep_dir")
+    sw.add_argument(
+        "--skip-failed",
+        action="store_true",
+        help="resume: leave failed trials as they are (the others still run)",
+    )
     _table_options(sw, "table: ", "trials", "best first")
     rs = sub.add_parser(
         "runs", help="every run under ROOTs (sweep trials too): status, differing settings, metrics"
@@ -204,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     # overrides may come before and after options (`run x=1 -C f.yml y=2`); argparse splits them
     stray = [a for a in extra if a.startswith("-")]
+    if args.command == "sweep" and extra and not stray:  # `sweep resume DIR key=value`
+        print(f"expctl: error: {_no_overrides(args.action, extra)}", file=sys.stderr)
+        return EXIT_USER
     if stray or (extra and args.command not in ("run", "show", "eval")):
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
@@ -351,13 +359,26 @@ def _shown(metrics: dict[str, object]) -> str:
     )
 
 
+def _no_overrides(action: str, extra: list[str]) -> UserError:
+    hint = "for other values, start a new sweep: `expctl run -C CONFIG -m KEY=VALUES`"
+    if action == "resume":
+        hint = "--skip-failed leaves failed trials as they are; " + hint
+    return UserError(
+        f"`expctl sweep {action}` takes no overrides (got {' '.join(extra)}): a sweep's trials "
+        "keep the configuration they started with",
+        hint,
+    )
+
+
 def _sweep(args: argparse.Namespace) -> int:
-    given = [o for o in ("--json", "--csv", "--sort", "--filter") if getattr(args, o[2:])]
-    if given and args.action != "table":
-        raise UserError(
-            f"{given[0]} applies to `expctl sweep table` only, not `sweep {args.action}`",
-            f"expctl sweep table {given[0]} ... {args.sweep_dir}",
-        )
+    options = {o: "table" for o in ("--json", "--csv", "--sort", "--filter")}
+    options["--skip-failed"] = "resume"
+    for option, action in options.items():
+        if getattr(args, option[2:].replace("-", "_")) and args.action != action:
+            raise UserError(
+                f"{option} applies to `expctl sweep {action}` only, not `sweep {args.action}`",
+                f"expctl sweep {action} {option} ... {args.sweep_dir}",
+            )
     if args.action == "table":  # reads files only: no torch (pyproject's contracts)
         from expctl.sweep import results
 
@@ -380,7 +401,7 @@ def _sweep(args: argparse.Namespace) -> int:
         from expctl.startup import ending
         from expctl.sweep import multirun as sweep
 
-        outcome = sweep.resume(args.sweep_dir)
+        outcome = sweep.resume(args.sweep_dir, skip_failed=args.skip_failed)
         ending()
         return EXIT_FAILED if outcome.failed else 0
     return 0

@@ -230,8 +230,20 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
         cwd=tiny.parent,
         check=False,
     )
-    assert [r.status for r in ledger.rows(sweep_dir_of(proc.stdout))] == ["failed", "pending"]
+    stopped = sweep_dir_of(proc.stdout)
+    assert [r.status for r in ledger.rows(stopped)] == ["failed", "pending"]
     assert proc.returncode == 1 and "1 of 2 trial(s) failed" in proc.stderr
+    assert f"`expctl sweep resume --skip-failed {stopped}` runs the others" in proc.stdout
+    # resumed, the failure stops it again; --skip-failed leaves it and runs the rest
+    again = run_cli("sweep", "resume", str(stopped), cwd=tiny.parent, check=False)
+    assert [r.status for r in ledger.rows(stopped)] == ["failed", "pending"], again.stdout
+    skipped = run_cli(
+        "sweep", "resume", "--skip-failed", str(stopped), cwd=tiny.parent, check=False
+    )
+    assert skipped.returncode == 1 and "resuming 1 trial(s)" in skipped.stdout, skipped.stdout
+    assert [r.status for r in ledger.rows(stopped)] == ["failed", "completed"]
+    done = run_cli("sweep", "resume", "--skip-failed", str(stopped), cwd=tiny.parent, check=False)
+    assert "nothing to resume" in done.stdout and done.returncode == 1, done
 
 
 def test_a_trial_killed_by_a_signal_says_so(tiny: Path) -> None:

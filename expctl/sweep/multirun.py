@@ -484,13 +484,17 @@ def driving(sweep_dir: Path) -> Iterator[None]:
         ) from None
     try:
         yield
+    except UserError:  # refused: nothing of this driver stays behind
+        if held.made_lock:
+            held.path.unlink(missing_ok=True)
+        raise
     finally:
         held.release()
 
 
-def resume(sweep_dir: str | Path) -> Outcome:
-    """Re-run the trials that failed or were lost (in their own directories, resuming their
-    checkpoints), and the ones the sweep never got to."""
+def resume(sweep_dir: str | Path, skip_failed: bool = False) -> Outcome:
+    """Re-run the trials that failed (unless `skip_failed`), were interrupted or were lost (in
+    their own directories, resuming their checkpoints), and the ones the sweep never got to."""
     path = Path(sweep_dir).absolute()
     if not SweepDir(path).spec.is_file():
         raise UserError(
@@ -498,10 +502,10 @@ def resume(sweep_dir: str | Path) -> Outcome:
             "pass the folder `expctl run -m` printed",
         )
     with driving(path):
-        return _resume(path)
+        return _resume(path, skip_failed)
 
 
-def _resume(path: Path) -> Outcome:
+def _resume(path: Path, skip_failed: bool) -> Outcome:
     import optuna  # noqa: PLC0415 - Optuna off `run -m`'s checks: a bad sweep fails without it
 
     spec = SweepDir(path).read_spec()
@@ -518,6 +522,8 @@ def _resume(path: Path) -> Outcome:
     study = ledger.read_study(path, base.sweep, to_write=True)
     todo: list[Slot] = []
     for r in ledger.rows(path):
+        if r.status == "failed" and skip_failed:
+            continue
         if r.status in ledger.UNFINISHED:
             assert r.optuna_trial is not None, "a trial that ended was started"
             study.tell(r.optuna_trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -525,7 +531,8 @@ def _resume(path: Path) -> Outcome:
         elif r.optuna_trial is None:  # never started
             todo.append(Slot(r.number, json.loads(r.config), r.seed_idx))
     if not todo:
-        print(f"expctl: nothing to resume in {path}: every trial completed or was stopped")
+        what = "completed, was stopped or failed" if skip_failed else "completed or was stopped"
+        print(f"expctl: nothing to resume in {path}: every trial {what}")
         return _outcome(path)
     print(f"expctl: resuming {len(todo)} trial(s) of {path}", flush=True)
     return run_trials(path, base, todo, Launch.here(spec["config_file"]).pin())

@@ -189,7 +189,8 @@ class Driver:
             self.stop.ask("failure")
             self.board.say(
                 "a trial failed and sweep.stop_on_failure is set: stopping the sweep (running "
-                "trials at a checkpoint)"
+                "trials at a checkpoint; `expctl sweep resume --skip-failed "
+                f"{self.sweep_dir}` runs the others)"
             )
 
     def abort(self, timeout: float = 120.0) -> None:

@@ -246,6 +246,8 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "table", "--csv", "swept", "--sort", "wall"], "Did you mean 'wall_s'?"),
     (["sweep", "best", "swept", "--json"], "applies to `expctl sweep table` only"),
     (["sweep", "best", "swept"], "no completed trial yet"),
+    (["sweep", "resume", "swept", "optim.lr=0.1"], "HINT: --skip-failed leaves failed trials"),
+    (["sweep", "table", "swept", "--skip-failed"], "applies to `expctl sweep resume` only"),
     (["sweep", "table", "--json", "."], "not a sweep directory"),
     (["sweep", "plot", "."], "not a sweep directory"),
     # a sweep's values without -m: Hydra's message was cut off mid-sentence
