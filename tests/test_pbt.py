@@ -282,6 +282,7 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
             f"continuing from trial {e['from_trial']}'s checkpoint of step {e['step']}"
             in (sweep / f"trial_{n:03d}" / "output.log").read_text()
         )
+    _each_copy_is_of_the_step_compared_when_compared(sweep, trials)  # 16 steps an epoch too
     best = run_cli("sweep", "best", str(sweep), cwd=tmp_path).stdout
     number = int(re.search(r"best trial (\d+):", best).group(1))  # type: ignore[union-attr]
     top = next(t for t in trials if t["trial"] == number)
@@ -338,6 +339,24 @@ def test_a_trial_ahead_of_the_others_is_compared_where_they_caught_up(tiny: Path
     slow_good, fast_poor = (next(t for t in table["trials"] if t["trial"] == n) for n in (1, 0))
     assert [e["from_trial"] for e in fast_poor["lineage"]][:1] == [1], table["trials"]
     assert slow_good["lineage"] == [], "the better trial never copies"
+    _each_copy_is_of_the_step_compared_when_compared(sweep, table["trials"])
+
+
+def _each_copy_is_of_the_step_compared_when_compared(sweep: Path, trials: list[dict]) -> None:
+    """Each copy took the donor's checkpoint of the epoch compared (not the one before: the
+    score was told before its checkpoint was written), and was decided at the epoch the copying
+    trial had just validated (not an epoch later: a trial ahead waits for the ones behind)."""
+    for t in trials:
+        rows = (sweep / f"trial_{t['trial']:03d}" / "metrics.jsonl").read_text().splitlines()
+        log = (sweep / f"trial_{t['trial']:03d}" / "train.log").read_text()
+        compared = [
+            int(e) for e in re.findall(r"in the bottom \S+ of \d+ trials at epoch (\d+)", log)
+        ]
+        assert len(compared) == len(t["lineage"]), (compared, t["lineage"])
+        for epoch, e in zip(compared, t["lineage"], strict=True):
+            assert e["step"] == 16 * epoch, (e, epoch)  # 16 steps an epoch
+            validated = [json.loads(r) for r in rows[: e["row"]] if '"val/' in r]
+            assert validated[-1]["epoch"] == epoch, (validated[-1], e)
 
 
 def test_a_copy_cut_short_by_a_killed_driver_is_finished_by_resume(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 A population of trials trains side by side. Every `sweep.pbt.interval` validations a trial
 compares its latest score with the other running trials' (`decide`): in the bottom quantile, it
-stops there and continues as a copy of a top-quantile trial: that trial's newest checkpoint
-(weights, optimizer, scheduler, RNG, data position) becomes its own (`transplant`) and its
+stops there and continues as a copy of a top-quantile trial: that trial's checkpoint of the
+weights compared (weights, optimizer, scheduler, RNG, data position) becomes its own (`transplant`) and its
 hyperparameters are perturbed or drawn anew (`explore`). The rank knows none of this: a trial is
 a run that reports (study.TrialHooks); a copy is a restart from a checkpoint with new values,
 whose optimizer and loss values take effect through `train.hparam_schedule` (trials.py makes
@@ -26,7 +26,7 @@ from typing import Any
 from expctl.config.explain import parse_override
 from expctl.config.schema import HPARAM_SECTIONS, Config, PBTConfig
 from expctl.errors import UserError
-from expctl.layout import RunDir, checkpoint_set
+from expctl.layout import RunDir, checkpoint_set, checkpoint_step
 
 FROZEN = "pbt"  # RUN_DIR/pbt/: the donor's checkpoint, linked when the trial decided to copy it
 
@@ -165,16 +165,18 @@ def rng_for(seed: int, trial: int, step: int) -> random.Random:
     return random.Random(f"pbt-{seed}-{trial}-{step}")
 
 
-def freeze(donor: Path, mine: Path) -> Path | None:
-    """Link the donor's newest checkpoint (and its checksum and scores) into MINE/pbt/, where the
-    donor's pruning cannot take it; None when the donor has no checkpoint yet."""
+def freeze(donor: Path, mine: Path, step: int = 0) -> Path | None:
+    """Link the donor's checkpoint of `step` (the weights compared: it is written before their
+    score is told), else its newest if newer (the donor moved on and pruned it), with its
+    checksum and scores, into MINE/pbt/, where the donor's pruning cannot take it; None when it
+    has none of `step` or later (never older weights than those compared)."""
     folder = mine / FROZEN
     folder.mkdir(exist_ok=True)
     for _ in range(5):  # the donor may prune the one listed before it is linked: list again
-        files = RunDir(donor).checkpoint_files()
+        files = [f for f in RunDir(donor).checkpoint_files() if checkpoint_step(f) >= step]
         if not files:
             return None
-        src = files[0]
+        src = next((f for f in files if checkpoint_step(f) == step), files[0])
         dst = folder / f"from_{donor.name}_{src.name}"
         try:
             for a, b in zip(checkpoint_set(src), checkpoint_set(dst), strict=True):

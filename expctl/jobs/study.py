@@ -152,16 +152,27 @@ def mark(ref: TrialRef, status: str, **attrs: Any) -> None:
         storage.set_trial_user_attr(trial_id, k, v)
 
 
-def population(sweep_dir: Path, s: SweepConfig) -> dict[int, dict[str, float]]:
-    """PBT's population: each running trial's score at each budget point it reached (by its
-    directory's number)."""
+@dataclass
+class Member:
+    """A running PBT trial as the others see it: its score and step at each budget point it
+    reached (str keys: the journal's JSON)."""
+
+    scores: dict[str, float]
+    steps: dict[str, int]
+
+
+def population(sweep_dir: Path, s: SweepConfig) -> dict[int, Member]:
+    """PBT's population: the running trials, by their directory's number."""
     latest: dict[int, Any] = {}
     for t in open_study(sweep_dir, s).get_trials(deepcopy=False):
         number = SweepDir.number_of(t.user_attrs.get("run_dir", ""))
         if number is not None:
             latest[number] = t
     return {
-        n: {b: float(v) for b, v in (t.user_attrs.get("pbt_scores") or {}).items()}
+        n: Member(
+            {b: float(v) for b, v in (t.user_attrs.get("pbt_scores") or {}).items()},
+            {b: int(v) for b, v in (t.user_attrs.get("pbt_steps") or {}).items()},
+        )
         for n, t in latest.items()
         if t.user_attrs.get("status") == "running"
     }
@@ -196,6 +207,11 @@ def is_open(ref: TrialRef, s: SweepConfig) -> bool:
     trials = open_study(Path(ref.sweep_dir), s).get_trials(deepcopy=False)
     return ref.number < len(trials) and not trials[ref.number].state.is_finished()
 
+
+# PBT: how long a trial ahead waits for the running ones behind it to reach its budget point
+# (below the collective timeout that its other ranks wait in meanwhile), and how often it looks
+PBT_WAIT_S = 300
+PBT_POLL_S = 0.5
 
 SHARE_ENV = "EXPCTL_TRIAL_SHARE"  # trials that may share this trial's GPU (set by the driver)
 
@@ -289,6 +305,7 @@ class TrialHooks(Hooks):
         self._trial_id = -1
         self._run_dir = Path()
         self._scores: dict[str, float] = {}  # PBT: this trial's score at each budget point
+        self._steps: dict[str, int] = {}  # PBT: its step there (its checkpoint's)
         self._judged = -1  # PBT: the budget point this trial was last compared at
         self._copies = False  # PBT: the run stops to continue from another trial's checkpoint
 
@@ -299,7 +316,11 @@ class TrialHooks(Hooks):
             if self.s.scheduler == "pbt":  # a copy goes on: its scores so far stay its own
                 attrs = attrs_of(self.ref)
                 self._scores = dict(attrs.get("pbt_scores") or {})
+                self._steps = dict(attrs.get("pbt_steps") or {})
                 self._judged = int(attrs.get("pbt_judged", -1))
+
+    def checkpoint_first(self) -> bool:
+        return self.s.scheduler == "pbt"  # a donor's weights, there before their score
 
     def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
         """Report the metric to the study (every trial: `sweep plot` draws it), then ask the
@@ -325,7 +346,7 @@ class TrialHooks(Hooks):
         last = self._at_end(epoch, step)
         if self.s.scheduler == "pbt":
             budget = epoch if self.s.budget == "epoch" else step
-            return self._pbt(float(value), epoch, budget, last)
+            return self._pbt(float(value), epoch, step, budget, last)
         stop = self.s.pruner != "none" and not last and bool(trial.should_prune())
         if stop:
             log.info("sweep: this trial stopped early at epoch %d (%s)", epoch, self.s.pruner)
@@ -337,46 +358,48 @@ class TrialHooks(Hooks):
             self.last_step is not None and step >= self.last_step
         )
 
-    def _pbt(self, value: float, epoch: int, budget: int, last: bool) -> bool:
-        """Population Based Training: record the score at this budget point; every
+    def _pbt(self, value: float, epoch: int, step: int, budget: int, last: bool) -> bool:
+        """Population Based Training: record the score (and step) at this budget point; every
         `pbt.interval` epochs (not at the last), stop to continue from a better trial's
-        checkpoint when this one is in the bottom quantile of the running trials scored at the
-        newest budget point it shares with another (trials compare at equal training; a trial
-        ahead of the others is compared where they have caught up, not never)."""
-        self._scores[str(budget)] = value
+        checkpoint when this one is in the bottom quantile of the running trials scored here.
+        Trials compare at equal training: one ahead waits here (up to `PBT_WAIT_S`) until the
+        running ones behind it have reached this point; past that, it is compared at the newest
+        point it shares with another (late, not never)."""
+        b = str(budget)
+        self._scores[b], self._steps[b] = value, step
+        # told once its checkpoint is written (checkpoint_first): a copy takes those weights
+        mark(self.ref, "running", pbt_scores=self._scores, pbt_steps=self._steps)
         me = SweepDir.number_of(self._run_dir)
         if epoch % self.s.pbt.interval or last or me is None:
-            mark(self.ref, "running", pbt_scores=self._scores)
             return False
-        others = population(Path(self.ref.sweep_dir), self.s)
-        others.pop(me, None)
+        others = self._caught_up(me, b)
         shared = [
-            b
-            for b in self._scores
-            if int(b) > self._judged and any(b in scores for scores in others.values())
+            p
+            for p in self._scores
+            if int(p) > self._judged and any(p in m.scores for m in others.values())
         ]
         if not shared:
-            mark(self.ref, "running", pbt_scores=self._scores)
             return False
         at = max(shared, key=int)
         self._judged = int(at)
-        mark(self.ref, "running", pbt_scores=self._scores, pbt_judged=self._judged)
-        scores = {n: s[at] for n, s in others.items() if at in s}
+        mark(self.ref, "running", pbt_judged=self._judged)
+        scores = {n: m.scores[at] for n, m in others.items() if at in m.scores}
         scores[me] = value = self._scores[at]
         budget = int(at)
         rng = pbt.rng_for(self.s.seed, me, budget)
         donor = pbt.decide(me, scores, self.s.pbt.quantile, self.s.mode, rng)
         if donor is None:
             return False
-        frozen = pbt.freeze(SweepDir(self.ref.sweep_dir).trial(donor).path, self._run_dir)
-        if frozen is None:  # the donor has no checkpoint yet
+        donor_dir = SweepDir(self.ref.sweep_dir).trial(donor).path
+        frozen = pbt.freeze(donor_dir, self._run_dir, others[donor].steps.get(at, 0))
+        if frozen is None:  # no checkpoint of the weights compared, nor a newer one
             return False
         decision = {
             "from_trial": donor,
             "checkpoint": str(frozen),
             "time": time.time(),
             # what explore perturbs (Ray Tune's PBT): the donor's values, as they made its weights
-            "params": _current_params(SweepDir(self.ref.sweep_dir).trial(donor).path),
+            "params": _current_params(donor_dir),
         }
         mark(self.ref, "copying", pbt_next=decision)
         log.info(
@@ -391,6 +414,29 @@ class TrialHooks(Hooks):
         )
         self._copies = True
         return True
+
+    def _caught_up(self, me: int, b: str) -> dict[int, Member]:
+        """The other running trials, once each has reached budget point `b` (or `PBT_WAIT_S`
+        passed: trials behind compare where they are)."""
+        deadline = time.monotonic() + PBT_WAIT_S
+        while True:
+            others = population(Path(self.ref.sweep_dir), self.s)
+            others.pop(me, None)
+            behind = sorted(  # (one that copied a newer checkpoint may have skipped `b`)
+                n for n, m in others.items() if max(map(int, m.scores), default=-1) < int(b)
+            )
+            if not behind:
+                return others
+            if time.monotonic() >= deadline:
+                log.info(
+                    "pbt: trial(s) %s did not reach %s %s within %d s: compared where they are",
+                    ", ".join(map(str, behind)),
+                    self.s.budget,
+                    b,
+                    PBT_WAIT_S,
+                )
+                return others
+            time.sleep(PBT_POLL_S)
 
     def on_end(self, metrics: dict[str, Any]) -> None:
         if self.is_main and not self._copies:  # a PBT copy goes on: its trial has not ended

@@ -24,6 +24,12 @@ class Hooks:
     def on_start(self, run_dir: Path) -> None:
         """Training is about to start (or was already complete) in `run_dir`."""
 
+    def checkpoint_first(self) -> bool:
+        """Whether the weights of each epoch-end validation are checkpointed before
+        `on_validation` hears their score (a PBT trial: another may copy them as soon as it
+        sees the score). Every rank's hooks answer the same."""
+        return False
+
     def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
         """After a validation at an epoch's end; True asks the run to stop there ("stopped")."""
         return False
@@ -52,6 +58,9 @@ class Chain(Hooks):
     def on_start(self, run_dir: Path) -> None:
         for h in self.hooks:
             h.on_start(run_dir)
+
+    def checkpoint_first(self) -> bool:
+        return any(h.checkpoint_first() for h in self.hooks)
 
     def on_validation(self, metrics: dict[str, float], epoch: int, step: int) -> bool:
         return any([h.on_validation(metrics, epoch, step) for h in self.hooks])  # ask each

@@ -241,6 +241,8 @@ def _end_epoch(
     status = "completed"
     if state.epoch % train_cfg.val_every == 0 or last or _step_validation(train_cfg, state):
         _validate(train_cfg, ckpt_cfg, parts, state, loop)
+        if not last and loop.saved_at != state.step and loop.hooks.checkpoint_first():
+            _save(ckpt_cfg, parts, state, loop)  # the weights scored, before a hook tells of it
         if loop.control.broadcast(loop.hooks.on_validation(state.val, state.epoch, state.step)):
             status = "stopped"  # the sweep's pruner (rank 0) stopped this trial
     if ckpt_cfg.every == 0 and not last and status == "completed" and loop.saved_at != state.step:
