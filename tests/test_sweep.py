@@ -355,6 +355,9 @@ def test_repeats_of_a_sampled_point_share_its_values_and_a_point_twice_is_no_see
     assert "best trial " in twice.stdout and "over 2 seed" not in twice.stdout, twice.stdout
     table = run_cli("sweep", "table", str(sweep_dir_of(twice.stdout)), cwd=tiny.parent).stdout
     assert "± std" not in table and table.count("optim.lr=0.1\n") == 2, table
+    # what repeats its metric bit for bit on the CPU: the cores it trained on (torch's threads)
+    best_yml = (sweep_dir_of(twice.stdout) / "best.yml").read_text()
+    assert re.search(r"\n# trained on [12] core\(s\): .* \(taskset -c 0(-1)? expctl run", best_yml)
     drawn = run_cli(
         "run", "-C", str(tiny), "-m", "optim.lr=choice(0.1,0.3)", "sweep.sampler=random",
         "sweep.n_trials=3", "train.max_epochs=1", cwd=tiny.parent,

@@ -77,6 +77,22 @@ def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> 
     cfg["train"]["hparam_schedule"] = [pbt.entry(step, values) for step, values in later]
 
 
+def _threads_note(run_dir: str) -> str:
+    """A comment on the cores the trial trained on: torch's CPU threads follow them, and a sum
+    split over another number of threads rounds differently (the metric moves in its last
+    digits); '' when the trial's attempts do not say."""
+    launches = RunDir(run_dir).read_provenance().get("launches") or [{}]
+    attempt = (launches[-1].get("attempts") or [{}])[-1]
+    cores = attempt.get("cpus_usable")
+    if not isinstance(cores, int) or attempt.get("gpus"):
+        return ""
+    which = "0" if cores == 1 else f"0-{cores - 1}"
+    return (
+        f"# trained on {cores} core(s): on the CPU, as many repeat its metric bit for bit "
+        f"(taskset -c {which} expctl run -C best.yml); other counts round sums differently\n"
+    )
+
+
 def best(sweep_dir: str | Path) -> Best:
     """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
     seed, not one repeat's), usable with -C."""
@@ -109,6 +125,7 @@ def best(sweep_dir: str | Path) -> Best:
             f"# best configuration of {path} ({s.metric}={top.value:.6g} ± {top.std:.2g} over "
             f"trials {numbers}): {top.label}\n"
         )
+    header += _threads_note(first.run_dir)
     imports = RunDir(first.run_dir).imports  # -C best.yml finds the trial's modules anywhere
     target = SweepDir(path).imports
     try:  # each file whole or not at all; best.yml, last, completes the pair
