@@ -112,7 +112,9 @@ def test_shares_the_machine_cannot_give_are_user_errors(
     assert says in f"{e.value.message} {e.value.hint}"
 
 
-def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_path) -> None:
+def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a terminal: events above, a block of one line per running trial (its GPU, step,
     metric), redrawn in place; elsewhere only the events (the block every minute)."""
     import io
@@ -150,6 +152,11 @@ def test_the_board_draws_a_line_per_running_trial_in_place_on_a_terminal(tmp_pat
     assert text.startswith("expctl: trial 3 started on GPU 1 (cores 4-7): optim.lr=0.1\n")
     line = "  trial 3  GPU 1  step 40  val/acc=0.8125  0:00  optim.lr=0.1\n"
     assert text.count(line) == 2 and "\x1b[1F\x1b[J" in text
+    # a line wider than the terminal would wrap onto two rows: the redraw would move up one
+    monkeypatch.setenv("COLUMNS", "40")
+    narrow = Terminal()
+    Board(narrow, tmp_path).show([r])
+    assert narrow.getvalue() == line[:39] + "\n"
     plain = io.StringIO()
     quiet = Board(plain, tmp_path)
     quiet.show([r])

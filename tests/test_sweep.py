@@ -654,7 +654,8 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
     how = re.search(r"to resume from the last checkpoint: expctl sweep resume (\S+)", out)
     assert how, out
     path = Path(how.group(1))
-    assert [r.status for r in ledger.rows(path)] == ["interrupted", "interrupted", "pending"]
+    cut = ledger.rows(path)
+    assert [r.status for r in cut] == ["interrupted", "interrupted", "pending"]
     for n in (0, 1):
         newest = max(
             int(p.stem.split("_")[1])
@@ -664,9 +665,12 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
     table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
     assert "3 trial(s) not run to the end" in table and "interrupted" in table
     run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
-    assert [r.status for r in ledger.rows(path)] == ["completed"] * 3
+    done = ledger.rows(path)
+    assert [r.status for r in done] == ["completed"] * 3
     for n in (0, 1):
         assert "resumed from" in (path / f"trial_{n:03d}" / "train.log").read_text()
+        # its wall time: both attempts' (the table showed the last one's alone)
+        assert (done[n].wall_s or 0) > (cut[n].wall_s or 0) > 1.0, (done[n], cut[n])
 
 
 def test_a_closed_console_loses_its_lines_not_the_sweep(tiny: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -57,7 +58,10 @@ class Board:
                 self._last = now
                 self._write("".join(f"expctl:   {_progress(r)}\n" for r in rows))
             return
-        block = self._clear() + "".join(f"  {_progress(r)}\n" for r in rows)
+        # each line cut to the terminal's width: a wrapped one would take two rows, and the
+        # next redraw would move up too few
+        width = max(20, shutil.get_terminal_size().columns - 1)
+        block = self._clear() + "".join(f"  {_progress(r)}"[:width] + "\n" for r in rows)
         self._drawn = len(rows)
         self._write(block)
 

@@ -131,12 +131,16 @@ def rows(sweep_dir: str | Path) -> list[Row]:
         with contextlib.suppress(TypeError):  # kept by another version of expctl
             return [Row(**r) for r in cached]
     latest: dict[int, Any] = {}
+    earlier: dict[int, float] = {}  # the wall time of a trial's attempts before its latest
     trials, whole = _journal_trials(path, s)
     for t in trials:  # in attempt order: a retry comes after what it retries
-        latest[number_of(t)] = t
+        n = number_of(t)
+        if n in latest:
+            earlier[n] = earlier.get(n, 0.0) + (_wall(latest[n].user_attrs) or 0.0)
+        latest[n] = t
     dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
-    out = [_row(n, t, s, states, dirs[n]) for n, t in latest.items()]
+    out = [_row(n, t, s, states, dirs[n], earlier.get(n, 0.0)) for n, t in latest.items()]
     try:
         spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
     except UserError as e:  # the trials the journal holds still show
@@ -218,9 +222,15 @@ def _job_states(attrs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
 
 
 def _row(
-    number: int, t: Any, s: SweepConfig, states: dict[str, dict[str, str]], run_dir: str
+    number: int,
+    t: Any,
+    s: SweepConfig,
+    states: dict[str, dict[str, str]],
+    run_dir: str,
+    earlier: float = 0.0,
 ) -> Row:
-    """Trial `number` from its latest attempt `t`, its directory `run_dir` as the sweep lies now."""
+    """Trial `number` from its latest attempt `t`, its directory `run_dir` as the sweep lies now
+    (`earlier`: the wall time of its attempts before, which its own adds to)."""
     a = {**t.user_attrs, "run_dir": run_dir}
     status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
     status = "running" if status == "copying" else status  # PBT: between two of its runs
@@ -237,7 +247,7 @@ def _row(
         value=t.value if t.value is not None else (history[-1] if history else None),
         best=(max(history) if s.mode == "max" else min(history)) if history else None,
         epoch=a.get("epoch"),
-        wall_s=a["ended"] - a["started"] if "ended" in a and "started" in a else None,
+        wall_s=None if (wall := _wall(a)) is None else earlier + wall,
         error=a.get("error", ""),
         run_dir=run_dir,
         params=typed(dict(t.params)),
@@ -247,6 +257,13 @@ def _row(
         optuna_trial=t.number,
         lineage=list(a.get("lineage") or []),
     )
+
+
+def _wall(attrs: dict[str, Any]) -> float | None:
+    """An attempt's wall time, once it ended."""
+    if "ended" in attrs and "started" in attrs:
+        return float(attrs["ended"]) - float(attrs["started"])
+    return None
 
 
 def _unstarted(path: Path, n: int, params: dict[str, Any], seed_idx: int, sampled: bool) -> Row:

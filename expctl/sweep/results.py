@@ -181,10 +181,11 @@ TAIL = f"{'epoch':>6} {'steps':>6} {'wall s':>7}  overrides"
 
 
 def _trial_lines(res: SweepResults) -> list[str]:
-    lines = [f"{'trial':>5}  {'status':<9} {res.metric:>12} {'best':>8} {TAIL}"]
+    w = max([9, *(len(r.status) for r in res.rows)])  # `interrupted` shifted its row
+    lines = [f"{'trial':>5}  {'status':<{w}} {res.metric:>12} {'best':>8} {TAIL}"]
     for r in res.rows:
         text = (
-            f"{r.number:>5}  {r.status:<9} {fmt_float(r.value):>12} {fmt_float(r.best):>8} "
+            f"{r.number:>5}  {r.status:<{w}} {fmt_float(r.value):>12} {fmt_float(r.best):>8} "
             f"{fmt_int(r.epoch):>6} {fmt_int(r.step):>6} {fmt_float(r.wall_s):>7}  "
             f"{short(r.overrides, r.params)}"
         )
@@ -193,14 +194,15 @@ def _trial_lines(res: SweepResults) -> list[str]:
 
 
 def _group_lines(res: SweepResults, by_mean: bool) -> list[str]:
-    lines = [f"{'runs':>5}  {'status':<9} {'mean':>12} {'± std':>8} {TAIL}"]
     groups = ledger.groups(res.rows)
     if by_mean:
         groups.sort(key=lambda g: ledger.sort_key(ledger.mean(g), res.mode))
-    for g in groups:
-        status = "/".join(sorted({r.status for r in g}))
+    statuses = ["/".join(sorted({r.status for r in g})) for g in groups]
+    w = max([9, *map(len, statuses)])
+    lines = [f"{'runs':>5}  {'status':<{w}} {'mean':>12} {'± std':>8} {TAIL}"]
+    for g, status in zip(groups, statuses, strict=True):
         lines.append(
-            f"{len(g):>5}  {status:<9} {fmt_float(ledger.mean(g)):>12} "
+            f"{len(g):>5}  {status:<{w}} {fmt_float(ledger.mean(g)):>12} "
             f"{fmt_float(ledger.std(g)):>8} {fmt_int(ledger.most(r.epoch for r in g)):>6} "
             f"{fmt_int(ledger.most(r.step for r in g)):>6} "
             f"{fmt_float(sum(r.wall_s or 0 for r in g)):>7}  "
