@@ -77,6 +77,17 @@ def test_a_cpu_machine_runs_a_trial_per_core_and_max_concurrent_caps_it() -> Non
     assert plan(machine(8, 0), None, None, None, trials=1).concurrent == 1
 
 
+def test_a_max_concurrent_the_shares_cannot_reach_says_which_share_limits_it() -> None:
+    cpu = plan(machine(2, 0), None, 2, 4, trials=8)
+    assert cpu.concurrent == 1 and cpu.describe().endswith(
+        "(sweep.max_concurrent=4, but sweep.cpus_per_trial=2 on 2 core(s) fit 1)"
+    )
+    gpu = plan(machine(16, 2), 1, None, 4, trials=8)
+    assert gpu.concurrent == 2 and "but sweep.gpus_per_trial=1 on 2 GPU(s) fit 2" in gpu.describe()
+    assert plan(machine(16, 2), 1, None, 2, trials=8).capped == ""
+    assert plan(machine(16, 2), 1, None, 4, trials=1).capped == "", "one trial: one at a time"
+
+
 def test_more_trials_than_cores_when_asked_share_the_cores_evenly() -> None:
     p = plan(machine(2, 0), None, None, 4, trials=4)
     slots = fill(Allocator(p))

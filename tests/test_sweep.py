@@ -717,6 +717,9 @@ def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) ->
     tiny.write_text(original.replace("momentum: 0.9", "momentum: 0.5"))
     edited = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
     assert edited.returncode == 2 and "changed since the sweep started" in edited.stderr
+    tiny.unlink()
+    gone = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
+    assert gone.returncode == 2 and f"-C {tiny} is gone" in gone.stderr, gone.stderr
     tiny.write_text(original)
     moved = tiny.parent / "elsewhere" / path.name  # a sweep moves as a run does (issue 28 #5)
     moved.parent.mkdir()

@@ -113,6 +113,8 @@ def _multirun(
 ) -> Outcome:
     base, plain, dims, points = space.base, space.plain, space.dims, space.points
     s = base.sweep
+    if repeat is not None and s.repeat not in (1, repeat):
+        notes.append(f"--repeat {repeat} is used, not sweep.repeat={s.repeat}")
     repeat = s.repeat if repeat is None else repeat
     size = len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS
     _check_size(size, repeat)
@@ -243,7 +245,14 @@ def _digest(config_file: str | None) -> str | None:
 
 def _check_unchanged(spec: dict[str, Any]) -> None:
     """A sweep's trials all come from the -C file as it was when the sweep started."""
-    if _digest(spec["config_file"]) != spec.get("config_sha256", _digest(spec["config_file"])):
+    now = _digest(spec["config_file"])
+    if spec["config_file"] and now is None and spec.get("config_sha256"):
+        raise UserError(
+            f"-C {spec['config_file']} is gone: the sweep's trials are composed from it",
+            "put it back at that path as it was (the trials' own config.yaml hold its values), "
+            "or start a new sweep (`expctl run -m ...`)",
+        )
+    if now != spec.get("config_sha256", now):
         raise UserError(
             f"-C {spec['config_file']} changed since the sweep started: its trials would mix "
             "two configurations",

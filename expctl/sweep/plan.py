@@ -70,8 +70,28 @@ def plan(
         for end in (d.low, d.high) if d.values is None else ():
             value = round(end) if d.integer and end is not None else end
             others.append(point_overrides(plain, {**heads[0], d.key: value}))
+            if not d.integer:
+                _floats_fit(config_file, others[-1], notes, d)
     _compose_all(config_file, others, notes, vary)
     return Plan(base, plain, dims, points)
+
+
+def _floats_fit(
+    config_file: str | None, overrides: list[str], notes: list[str], d: Dimension
+) -> None:
+    """An interval draws floats (Hydra's): on an integer key, say so, and how to draw integers
+    (the composer said only "expected int, got '1.0'")."""
+    try:
+        compose_point(config_file, overrides, notes, [d.key])
+    except UserError as e:
+        if "expected int" not in e.message:
+            raise
+        low, high = f"{d.low:g}", f"{d.high:g}"
+        raise UserError(
+            f"{d.key}=interval({low},{high}) draws floats, and {d.key} takes integers",
+            f"draw integers with {d.key}='tag(int, interval({low},{high}))', or list them "
+            f"({d.key}=range({low},{d.high + 1:g}))",
+        ) from None
 
 
 def _compose_all(

@@ -80,13 +80,16 @@ class Plan:
     share: Share
     concurrent: int
     machine: Machine
+    capped: str = ""  # why fewer run at once than sweep.max_concurrent asked ("": it did not)
 
     def describe(self) -> str:
         where = f"{len(self.machine.gpus)} GPU(s), " if self.machine.gpus else ""
         shared = self.concurrent * self.share.cpus > len(self.machine.cores)
         return (
             f"{self.concurrent} trial(s) at a time on {where}{len(self.machine.cores)} core(s): "
-            f"{self.share.describe()} each" + (" (sharing cores)" if shared else "")
+            f"{self.share.describe()} each"
+            + (" (sharing cores)" if shared else "")
+            + (f" ({self.capped})" if self.capped else "")
         )
 
 
@@ -153,7 +156,15 @@ def plan(
     limit = min(by_gpu, by_cpu, max_concurrent or math.inf, max(1, trials))
     concurrent = max(1, int(limit))
     cpus = cpus_per_trial or max(1, cores // concurrent)
-    return Plan(Share(gpus, cpus), concurrent, machine)
+    capped = ""
+    if max_concurrent is not None and concurrent < min(max_concurrent, trials):
+        by = (
+            f"sweep.gpus_per_trial={gpus:g} on {len(machine.gpus)} GPU(s)"
+            if by_gpu <= by_cpu
+            else f"sweep.cpus_per_trial={cpus_per_trial} on {cores} core(s)"
+        )
+        capped = f"sweep.max_concurrent={max_concurrent}, but {by} fit {concurrent}"
+    return Plan(Share(gpus, cpus), concurrent, machine, capped)
 
 
 @dataclass(frozen=True)

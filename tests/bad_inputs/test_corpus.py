@@ -297,6 +297,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (["diff", "nowhere", "gone_run"], "nowhere: not a run directory"),
     # from a user trial: interval bounds, checked before the sweep directory exists
     (["run", "-m", "sweep=random", "optim.lr=interval(0.1, 0.01)"], "needs low < high"),
+    (
+        ["run", "-m", "sweep=random", "train.max_epochs=interval(1,3)"],
+        "HINT: draw integers with train.max_epochs='tag(int, interval(1,3))'",
+    ),
     (["run", "-m", "sweep=tpe", "optim.lr=tag(log, interval(-1, 0.1))"], "a log interval needs"),
     # issue 13: loggers
     (["run", "logger=[mlflow]", "logger.mlflow.tracking_uri=foo://bar"], "has no scheme MLflow"),
