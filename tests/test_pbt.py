@@ -283,6 +283,7 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
             in (sweep / f"trial_{n:03d}" / "output.log").read_text()
         )
     _each_copy_is_of_the_step_compared_when_compared(sweep, trials)  # 16 steps an epoch too
+    _the_plot_draws_each_segment_from_where_its_weights_began(sweep, tmp_path, copies)
     best = run_cli("sweep", "best", str(sweep), cwd=tmp_path).stdout
     number = int(re.search(r"best trial (\d+):", best).group(1))  # type: ignore[union-attr]
     top = next(t for t in trials if t["trial"] == number)
@@ -340,6 +341,29 @@ def test_a_trial_ahead_of_the_others_is_compared_where_they_caught_up(tiny: Path
     assert [e["from_trial"] for e in fast_poor["lineage"]][:1] == [1], table["trials"]
     assert slow_good["lineage"] == [], "the better trial never copies"
     _each_copy_is_of_the_step_compared_when_compared(sweep, table["trials"])
+
+
+def _the_plot_draws_each_segment_from_where_its_weights_began(
+    sweep: Path, cwd: Path, copies: list[tuple[int, dict]]
+) -> None:
+    """plot_pbt.png: each trial's values as a line from step 0, then from each copy's step (a
+    segment of one validation was a dot, or nothing); Optuna's views of the first values are
+    skipped, saying why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from expctl.sweep import ledger, plots
+
+    said = run_cli("sweep", "plot", str(sweep), cwd=cwd).stdout
+    assert (sweep / "plot_pbt.png").is_file(), said
+    assert "skipped plot_slice: PBT changes each trial's values as it trains" in said, said
+    fig = plots.pbt_figure(plt, ledger.settings(sweep), ledger.rows(sweep))
+    lines = [line.get_xdata() for line in fig.axes[1].lines]
+    assert all(x[0] < x[-1] for x in lines), lines
+    assert sorted(int(x[0]) for x in lines) == sorted([0] * 4 + [e["step"] for _, e in copies])
+    plt.close(fig)
 
 
 def _each_copy_is_of_the_step_compared_when_compared(sweep: Path, trials: list[dict]) -> None:

@@ -67,6 +67,8 @@ def plot(sweep_dir: str | Path) -> Plots:
     drawn = [t for t in study.get_trials() if t.intermediate_values]
     few = f"needs >= 2 completed trials (has {len(done)})"
     why = few if len(done) < 2 else None
+    if s.scheduler == "pbt":  # a trial's values change as it trains: the first ones tell little
+        why = "PBT changes each trial's values as it trains: plot_pbt.png draws them over its steps"
     many = why or (None if len(varying) >= 2 else _ONE if varying else _FIXED)
     figures: dict[str, tuple[str | None, Callable[[], Any]]] = {
         "intermediate_values": (
@@ -215,6 +217,7 @@ def pbt_figure(plt: Any, s: SweepConfig, rows: list[Row]) -> Any:
     axes = list(axes) if len(keys) else [axes]
     colours = plt.get_cmap("tab10")
     for i, r in enumerate(rows):
+        starts = [0, *(int(e["step"]) for e in r.lineage)]  # where each segment's weights began
         for segment, (values, points) in enumerate(_segments(r, s.metric)):
             if not points:
                 continue
@@ -223,8 +226,8 @@ def pbt_figure(plt: Any, s: SweepConfig, rows: list[Row]) -> Any:
             colour = colours(i % 10)
             axes[0].plot(steps, metric, marker=".", color=colour, label=label)
             for ax, key in zip(axes[1:], keys, strict=True):
-                if isinstance(values.get(key), (int, float)):
-                    ax.plot([steps[0], steps[-1]], [values[key]] * 2, color=colour, marker="|")
+                if isinstance(values.get(key), (int, float)):  # from its start: never a dot
+                    ax.plot([starts[segment], steps[-1]], [values[key]] * 2, color=colour)
     axes[0].set_ylabel(s.metric)
     axes[0].set_title(f"{s.metric} and each trial's hyperparameters (PBT; a segment per copy)")
     if len(rows) <= LEGEND_MAX:
