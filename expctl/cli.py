@@ -399,9 +399,9 @@ def _sweep(args: argparse.Namespace) -> int:
         print(plots.plot(args.sweep_dir).describe())
     else:
         from expctl.startup import ending
-        from expctl.sweep import multirun as sweep
+        from expctl.sweep.resume import resume
 
-        outcome = sweep.resume(args.sweep_dir, skip_failed=args.skip_failed)
+        outcome = resume(args.sweep_dir, skip_failed=args.skip_failed)
         ending()
         return EXIT_FAILED if outcome.failed else 0
     return 0

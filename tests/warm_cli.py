@@ -84,6 +84,7 @@ if __name__ == "__main__":
     import expctl.config.compose  # noqa: F401
     import expctl.jobs.launch  # noqa: F401
     import expctl.sweep.multirun  # noqa: F401
+    import expctl.sweep.resume  # noqa: F401
     from expctl import registry
 
     registry.load_builtins()

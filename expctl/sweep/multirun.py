@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import socket
@@ -28,21 +26,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expctl.config import compose
 from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.errors import UserError
 from expctl.jobs import pbt, slurm, snapshot
-from expctl.jobs.study import TrialRef, attrs_of, kept_storages, mark, open_study
+from expctl.jobs.study import TrialRef, kept_storages, open_study
 from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
 from expctl.rank.provenance import Launch
 from expctl.rank.runlock import RunLock, is_locked
 from expctl.sweep import ledger, results, trials
 from expctl.sweep.best import Best, best
-from expctl.sweep.plan import Plan, compose_point, gridded, plan, point_overrides
+from expctl.sweep.plan import (
+    Plan,
+    check_dims,
+    check_size,
+    check_unchanged,
+    compose_point,
+    digest,
+    gridded,
+    plan,
+    point_overrides,
+    said_twice,
+)
 from expctl.sweep.pool import Pool
-from expctl.sweep.space import MAX_VALUES, Dimension
+from expctl.sweep.space import Dimension
 
 log = logging.getLogger("expctl")
 
@@ -117,10 +125,10 @@ def _multirun(
         notes.append(f"--repeat {repeat} is used, not sweep.repeat={s.repeat}")
     repeat = s.repeat if repeat is None else repeat
     size = len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS
-    _check_size(size, repeat)
-    _check_dims(dims, repeat)
+    check_size(size, repeat)
+    check_dims(dims, repeat)
     if s.scheduler != "pbt":  # (a population may start from one point twice: it mutates)
-        notes += _said_twice(points, dims, size, s.sampler)
+        notes += said_twice(points, dims, size, s.sampler)
     if s.scheduler == "pbt":
         pbt.check(base, [d.key for d in dims], repeat)
         if size < 2:
@@ -142,7 +150,7 @@ def _multirun(
     sweep_dir = new_sweep_dir(root, base.run.name if named else None)
     spec = {
         "config_file": str(Path(config_file).absolute()) if config_file else None,
-        "config_sha256": _digest(config_file),
+        "config_sha256": digest(config_file),
         "plain": plain,
         "dims": [vars(d) for d in dims],
         "points": points,
@@ -170,96 +178,6 @@ def _multirun(
         return run_trials(sweep_dir, base, origin=origin, planned=planned, pool=pool)
 
 
-def _check_size(configurations: int, repeat: int) -> None:
-    """Before anything exists: a sweep's trials are listed up front (a typo such as
-    sweep.n_trials=1e20 filled the memory of the machine)."""
-    if repeat < 1:
-        raise UserError(f"--repeat {repeat}: each configuration runs once at least", "--repeat 1")
-    if configurations * repeat > MAX_VALUES:
-        raise UserError(
-            f"the sweep would run {configurations:,} configuration(s) x {repeat:,} seed(s), more "
-            f"than {MAX_VALUES:,} trials",
-            "sweep fewer values, or lower sweep.n_trials / --repeat",
-        )
-
-
-# the sweep's own settings, one value for all its trials: swept, they ran the first point's value
-# for every trial (or a table ranked by another metric or direction)
-_SWEEP_WIDE = ("sweep", "run", "launcher")
-
-
-def _check_dims(dims: Sequence[Dimension], repeat: int) -> None:
-    """Before anything exists: a swept key must be a trial's setting, and `--repeat` seeds may
-    not collide with a swept train.seed."""
-    for d in dims:
-        if d.key.split(".")[0] in _SWEEP_WIDE:
-            raise UserError(
-                f"{d.key} is swept, but it is the sweep's own setting: one value for every trial",
-                f"give it one value ({d.key}=...), or start one sweep per value",
-            )
-        if d.key == "train.seed" and repeat > 1:
-            raise UserError(
-                f"train.seed is swept and --repeat {repeat} adds seeds to each point: trials "
-                "would train with the same seed",
-                "sweep train.seed alone (train.seed=range(0,N)), or use --repeat without it",
-            )
-
-
-def _said_twice(
-    points: list[dict[str, Any]], dims: Sequence[Dimension], size: int, sampler: str
-) -> list[str]:
-    """Notes on trials that will train a point again (the same run, not another seed): a grid
-    point written twice, a sampler asked for more trials than a finite space holds."""
-    if points:
-        seen: dict[str, int] = {}
-        for p in points:
-            text = " ".join(f"{k}={v}" for k, v in p.items())
-            seen[text] = seen.get(text, 0) + 1
-        twice = [f"{text} ({n} times)" for text, n in seen.items() if n > 1]
-        if twice:
-            return [
-                f"the grid lists {', '.join(twice[:3])}{' and more' if len(twice) > 3 else ''}: "
-                "each time is a trial of its own, with the same seed (as Hydra's sweeper runs "
-                "it); --repeat N trains each point with N seeds"
-            ]
-        return []
-    finite = math.prod(len(d.values) for d in dims if d.values is not None)
-    if all(d.values is not None for d in dims) and size > finite:
-        return [
-            f"sweep.n_trials={size} is more than the {finite} point(s) of the space: "
-            f"sweep.sampler={sampler} draws some twice (the same run again, not another seed); "
-            "sweep.sampler=grid runs each once, --repeat N trains each with N seeds"
-        ]
-    return []
-
-
-def _digest(config_file: str | None) -> str | None:
-    """The SHA-256 of the -C file's text (None without one, or when it is gone)."""
-    if config_file is None:
-        return None
-    try:
-        return hashlib.sha256(Path(config_file).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _check_unchanged(spec: dict[str, Any]) -> None:
-    """A sweep's trials all come from the -C file as it was when the sweep started."""
-    now = _digest(spec["config_file"])
-    if spec["config_file"] and now is None and spec.get("config_sha256"):
-        raise UserError(
-            f"-C {spec['config_file']} is gone: the sweep's trials are composed from it",
-            "put it back at that path as it was (the trials' own config.yaml hold its values), "
-            "or start a new sweep (`expctl run -m ...`)",
-        )
-    if now != spec.get("config_sha256", now):
-        raise UserError(
-            f"-C {spec['config_file']} changed since the sweep started: its trials would mix "
-            "two configurations",
-            "restore the file as it was, or start a new sweep (`expctl run -m ...`)",
-        )
-
-
 @dataclass(frozen=True)
 class Slot:
     """A trial to start: its number (its directory, trial_NNN), grid point ({}: the sampler
@@ -280,7 +198,7 @@ def _trial_configs(
     appended to the journal since) for each slot's trial and freeze its config into its
     directory."""
     spec = SweepDir(sweep_dir).read_spec()
-    _check_unchanged(spec)
+    check_unchanged(spec)
     dims = [Dimension(**d) for d in spec["dims"]]
     study = study or open_study(sweep_dir, base.sweep)
     out = []
@@ -390,7 +308,7 @@ def run_trials(
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
         print(_best_line(best(sweep_dir)), flush=True)
-    return _outcome(sweep_dir)
+    return outcome(sweep_dir)
 
 
 def _best_line(top: Best) -> str:
@@ -433,7 +351,7 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4g} ± {std:.2g}"
 
 
-def _outcome(sweep_dir: Path) -> Outcome:
+def outcome(sweep_dir: Path) -> Outcome:
     """Count the sweep's failed (or lost) trials and say so in one line on stderr."""
     live = ledger.rows(sweep_dir)
     failed = sum(r.status in ("failed", "lost") for r in live)
@@ -444,37 +362,6 @@ def _outcome(sweep_dir: Path) -> Outcome:
             flush=True,
         )
     return Outcome(sweep_dir, len(live), failed)
-
-
-def _repair_journal(journal: Path) -> None:
-    """A crash mid-write leaves the journal's last record torn (never committed): drop it before
-    appending, or the next record would be glued to it and the journal unreadable."""
-    data = journal.read_bytes() if journal.is_file() else b""  # (none: refused when read)
-    if data and not data.endswith(b"\n"):
-        journal.write_bytes(data[: data.rfind(b"\n") + 1])
-        log.warning("%s: dropped an incomplete last record (a crash while writing it)", journal)
-
-
-def _finish_cut_copies(path: Path) -> None:
-    """PBT trials that died while becoming a copy of a better one (its decision recorded, the
-    copy not): finish the copy here, as a requeued Slurm job does, so each resumes as what its
-    checkpoint may already be (the donor's state) with its explored values and lineage, not as
-    its old self."""
-    from expctl.jobs.exploit import continue_as_copy  # noqa: PLC0415 - torch off the driver
-
-    for r in ledger.rows(path):
-        ref = TrialRef.read(r.run_dir) if r.status in ledger.UNFINISHED else None
-        if ref is None or not attrs_of(ref).get("pbt_next"):
-            continue
-        mark(ref, "copying")  # (a crashed copy was marked failed)
-        cfg = config_mod.load(r.run_dir).replace("run", dir=r.run_dir)
-        try:
-            continue_as_copy(cfg)
-        except (OSError, ValueError) as e:  # the donor's frozen state is gone or damaged
-            mark(ref, r.status, pbt_next=None)
-            log.warning(
-                "trial %d: its PBT copy cannot be finished (%s): it resumes as it was", r.number, e
-            )
 
 
 @contextlib.contextmanager
@@ -499,49 +386,3 @@ def driving(sweep_dir: Path) -> Iterator[None]:
         raise
     finally:
         held.release()
-
-
-def resume(sweep_dir: str | Path, skip_failed: bool = False) -> Outcome:
-    """Re-run the trials that failed (unless `skip_failed`), were interrupted or were lost (in
-    their own directories, resuming their checkpoints), and the ones the sweep never got to."""
-    path = Path(sweep_dir).absolute()
-    if not SweepDir(path).spec.is_file():
-        raise UserError(
-            f"{path}: not a sweep directory (no {SweepDir.SPEC})",
-            "pass the folder `expctl run -m` printed",
-        )
-    with driving(path):
-        return _resume(path, skip_failed)
-
-
-def _resume(path: Path, skip_failed: bool) -> Outcome:
-    import optuna  # noqa: PLC0415 - Optuna off `run -m`'s checks: a bad sweep fails without it
-
-    spec = SweepDir(path).read_spec()
-    _check_unchanged(spec)
-    _repair_journal(SweepDir(path).journal)
-    frozen = SweepDir(path).trials()
-    base = (
-        config_mod.load(frozen[0].path)
-        if frozen
-        else compose.compose(spec["config_file"], spec["plain"])
-    )
-    if base.sweep.scheduler == "pbt":
-        _finish_cut_copies(path)
-    study = ledger.read_study(path, base.sweep, to_write=True)
-    todo: list[Slot] = []
-    for r in ledger.rows(path):
-        if r.status == "failed" and skip_failed:
-            continue
-        if r.status in ledger.UNFINISHED:
-            assert r.optuna_trial is not None, "a trial that ended was started"
-            study.tell(r.optuna_trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            todo.append(Slot(r.number, json.loads(r.config), r.seed_idx, True, r.lineage))
-        elif r.optuna_trial is None:  # never started
-            todo.append(Slot(r.number, json.loads(r.config), r.seed_idx))
-    if not todo:
-        what = "completed, was stopped or failed" if skip_failed else "completed or was stopped"
-        print(f"expctl: nothing to resume in {path}: every trial {what}")
-        return _outcome(path)
-    print(f"expctl: resuming {len(todo)} trial(s) of {path}", flush=True)
-    return run_trials(path, base, todo, Launch.here(spec["config_file"]).pin())

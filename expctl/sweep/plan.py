@@ -6,6 +6,8 @@ process, for the plan and again for its trial (`multirun.py` drives the sweep).
 from __future__ import annotations
 
 import functools
+import hashlib
+import math
 import multiprocessing
 import threading
 from collections.abc import Sequence
@@ -18,7 +20,7 @@ from expctl import dist
 from expctl.config import compose, layers
 from expctl.config.schema import Config, SweepConfig
 from expctl.errors import UserError
-from expctl.sweep.space import Dimension, check_values, grid, parse_space
+from expctl.sweep.space import MAX_VALUES, Dimension, check_values, grid, parse_space
 
 
 def _override(key: str, value: Any) -> str:
@@ -90,7 +92,7 @@ def _floats_fit(
         raise UserError(
             f"{d.key}=interval({low},{high}) draws floats, and {d.key} takes integers",
             f"draw integers with {d.key}='tag(int, interval({low},{high}))', or list them "
-            f"({d.key}=range({low},{d.high + 1:g}))",
+            f"({d.key}=range({low},{(d.high or 0) + 1:g}))",
         ) from None
 
 
@@ -186,3 +188,98 @@ def _group_options(config_file: str | None, group: str) -> list[str] | None:
         return None
     dirs = [Path(config_file).expanduser().resolve().parent] if config_file else []
     return layers.group_options(group, dirs)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks of a sweep before anything exists, and of its -C file when its trials are composed
+# ---------------------------------------------------------------------------------------------
+
+
+def check_size(configurations: int, repeat: int) -> None:
+    """Before anything exists: a sweep's trials are listed up front (a typo such as
+    sweep.n_trials=1e20 filled the memory of the machine)."""
+    if repeat < 1:
+        raise UserError(f"--repeat {repeat}: each configuration runs once at least", "--repeat 1")
+    if configurations * repeat > MAX_VALUES:
+        raise UserError(
+            f"the sweep would run {configurations:,} configuration(s) x {repeat:,} seed(s), more "
+            f"than {MAX_VALUES:,} trials",
+            "sweep fewer values, or lower sweep.n_trials / --repeat",
+        )
+
+
+# the sweep's own settings, one value for all its trials: swept, they ran the first point's value
+# for every trial (or a table ranked by another metric or direction)
+_SWEEP_WIDE = ("sweep", "run", "launcher")
+
+
+def check_dims(dims: Sequence[Dimension], repeat: int) -> None:
+    """Before anything exists: a swept key must be a trial's setting, and `--repeat` seeds may
+    not collide with a swept train.seed."""
+    for d in dims:
+        if d.key.split(".")[0] in _SWEEP_WIDE:
+            raise UserError(
+                f"{d.key} is swept, but it is the sweep's own setting: one value for every trial",
+                f"give it one value ({d.key}=...), or start one sweep per value",
+            )
+        if d.key == "train.seed" and repeat > 1:
+            raise UserError(
+                f"train.seed is swept and --repeat {repeat} adds seeds to each point: trials "
+                "would train with the same seed",
+                "sweep train.seed alone (train.seed=range(0,N)), or use --repeat without it",
+            )
+
+
+def said_twice(
+    points: list[dict[str, Any]], dims: Sequence[Dimension], size: int, sampler: str
+) -> list[str]:
+    """Notes on trials that will train a point again (the same run, not another seed): a grid
+    point written twice, a sampler asked for more trials than a finite space holds."""
+    if points:
+        seen: dict[str, int] = {}
+        for p in points:
+            text = " ".join(f"{k}={v}" for k, v in p.items())
+            seen[text] = seen.get(text, 0) + 1
+        twice = [f"{text} ({n} times)" for text, n in seen.items() if n > 1]
+        if twice:
+            return [
+                f"the grid lists {', '.join(twice[:3])}{' and more' if len(twice) > 3 else ''}: "
+                "each time is a trial of its own, with the same seed (as Hydra's sweeper runs "
+                "it); --repeat N trains each point with N seeds"
+            ]
+        return []
+    finite = math.prod(len(d.values) for d in dims if d.values is not None)
+    if all(d.values is not None for d in dims) and size > finite:
+        return [
+            f"sweep.n_trials={size} is more than the {finite} point(s) of the space: "
+            f"sweep.sampler={sampler} draws some twice (the same run again, not another seed); "
+            "sweep.sampler=grid runs each once, --repeat N trains each with N seeds"
+        ]
+    return []
+
+
+def digest(config_file: str | None) -> str | None:
+    """The SHA-256 of the -C file's text (None without one, or when it is gone)."""
+    if config_file is None:
+        return None
+    try:
+        return hashlib.sha256(Path(config_file).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def check_unchanged(spec: dict[str, Any]) -> None:
+    """A sweep's trials all come from the -C file as it was when the sweep started."""
+    now = digest(spec["config_file"])
+    if spec["config_file"] and now is None and spec.get("config_sha256"):
+        raise UserError(
+            f"-C {spec['config_file']} is gone: the sweep's trials are composed from it",
+            "put it back at that path as it was (the trials' own config.yaml hold its values), "
+            "or start a new sweep (`expctl run -m ...`)",
+        )
+    if now != spec.get("config_sha256", now):
+        raise UserError(
+            f"-C {spec['config_file']} changed since the sweep started: its trials would mix "
+            "two configurations",
+            "restore the file as it was, or start a new sweep (`expctl run -m ...`)",
+        )
