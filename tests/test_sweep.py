@@ -673,6 +673,21 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
         assert (done[n].wall_s or 0) > (cut[n].wall_s or 0) > 1.0, (done[n], cut[n])
 
 
+def test_a_launch_refused_on_a_running_trial_leaves_the_trial_alone(tiny: Path) -> None:
+    """`expctl run` on a running trial's directory is refused (another launch trains it), and
+    changes nothing: it marked the trial failed in the ledger, and the trial died of that."""
+    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2", trial=0, slow="0.25")
+    trial = path / "trial_000"
+    refused = run_cli(
+        "run", "-C", str(trial / "config.yaml"), f"run.dir={trial}", cwd=tiny.parent, check=False
+    )  # fmt: skip
+    assert refused.returncode == 2 and "is in use by another launch" in refused.stderr, refused
+    assert [r.status for r in ledger.rows(path)][0] == "running"
+    out, _ = driver.communicate(timeout=180)
+    assert driver.returncode == 0, out
+    assert [r.status for r in ledger.rows(path)] == ["completed"] * 2, out
+
+
 def test_a_closed_console_loses_its_lines_not_the_sweep(tiny: Path) -> None:
     """`expctl run -m ... | head`: once the pipe's reader is gone, the sweep trains on to the
     end, printing nowhere (it stopped every trial, calling the broken pipe a full disk)."""

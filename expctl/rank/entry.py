@@ -63,12 +63,14 @@ def main(
     device = _prepare(cfg, env)
     state = TrainState()
     held: rundir.RunLock | None = None
+    agreed = False  # this launch holds the run directory: its failures are the run's
     try:
         with (
             _process_group(cfg, env, device) as control,
             _one_voice(control, env, state, cfg.train),
         ):
             cfg, held = _agree_run_dir(cfg, env, control, lock)
+            agreed = True
             run_dir = Path(str(cfg.run.dir))
             setup_logging(run_dir, env.is_main, env.rank)
             try:
@@ -108,7 +110,10 @@ def main(
             raise
         raise Interrupted(f"run the same command with run.dir={cfg.run.dir}") from None
     except Exception as e:
-        hooks.on_failure(e, False)
+        # refused the directory (another launch trains it: a sweep's trial): not this run's
+        # failure to record (it marked that trial failed, and the trial died of it)
+        if agreed or not isinstance(e, UserError):
+            hooks.on_failure(e, False)
         raise
     finally:
         if held is not None:
