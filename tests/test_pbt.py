@@ -168,6 +168,11 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
         cwd=tiny.parent,
     )
     rows_b = (b / "metrics.jsonl").read_text()
+    # the weights compared or none: a step A kept, one it pruned (or never wrote)
+    kept = pbt.freeze(a, b, 16)
+    assert kept is not None and kept.name == "from_a_step_000000016.pt"
+    kept.unlink()
+    assert pbt.freeze(a, b, 8) is None
     frozen = pbt.freeze(a, b)
     assert frozen is not None and frozen.name == "from_a_step_000000032.pt"
     assert exploit.transplant(b, frozen, CheckpointConfig()) == 32 and frozen.exists()

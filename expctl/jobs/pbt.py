@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from expctl.config.explain import parse_override
-from expctl.config.schema import HPARAM_SECTIONS, Config, PBTConfig
+from expctl.config.schema import DEFAULT_EPOCHS, HPARAM_SECTIONS, Config, PBTConfig
 from expctl.errors import UserError
 from expctl.layout import RunDir, checkpoint_set, checkpoint_step
 
@@ -44,6 +44,19 @@ def check(cfg: Config, keys: Sequence[str], repeat: int) -> None:
             f"sweep.scheduler=pbt with sweep.pruner={s.pruner}: PBT decides itself which trials "
             "go on (the weak ones continue from strong ones)",
             "drop sweep.pruner",
+        )
+    epochs = cfg.train.max_epochs or DEFAULT_EPOCHS
+    if cfg.train.max_steps is None and s.pbt.interval >= epochs:
+        raise UserError(
+            f"sweep.pbt.interval={s.pbt.interval} with train.max_epochs={epochs}: trials "
+            "compare every interval epochs, never at the last, so none ever would",
+            f"sweep.pbt.interval={max(1, epochs // 4)} (or more epochs)",
+        )
+    if cfg.train.hparam_schedule:
+        raise UserError(
+            "sweep.scheduler=pbt with train.hparam_schedule: PBT writes the schedule itself (a "
+            "copy's values from its step), and would drop yours",
+            "drop train.hparam_schedule (PBT's values are the schedule)",
         )
     if repeat > 1:
         raise UserError(
@@ -165,18 +178,20 @@ def rng_for(seed: int, trial: int, step: int) -> random.Random:
     return random.Random(f"pbt-{seed}-{trial}-{step}")
 
 
-def freeze(donor: Path, mine: Path, step: int = 0) -> Path | None:
+def freeze(donor: Path, mine: Path, step: int | None = None) -> Path | None:
     """Link the donor's checkpoint of `step` (the weights compared: it is written before their
-    score is told), else its newest if newer (the donor moved on and pruned it), with its
-    checksum and scores, into MINE/pbt/, where the donor's pruning cannot take it; None when it
-    has none of `step` or later (never older weights than those compared)."""
+    score is told; None: its newest), with its checksum and scores, into MINE/pbt/, where the
+    donor's pruning cannot take it; None when there is none (the donor moved on and pruned it:
+    other weights than those compared are never copied)."""
     folder = mine / FROZEN
     folder.mkdir(exist_ok=True)
     for _ in range(5):  # the donor may prune the one listed before it is linked: list again
-        files = [f for f in RunDir(donor).checkpoint_files() if checkpoint_step(f) >= step]
+        files = RunDir(donor).checkpoint_files()
+        if step is not None:
+            files = [f for f in files if checkpoint_step(f) == step]
         if not files:
             return None
-        src = next((f for f in files if checkpoint_step(f) == step), files[0])
+        src = files[0]
         dst = folder / f"from_{donor.name}_{src.name}"
         try:
             for a, b in zip(checkpoint_set(src), checkpoint_set(dst), strict=True):

@@ -391,8 +391,15 @@ class TrialHooks(Hooks):
         if donor is None:
             return False
         donor_dir = SweepDir(self.ref.sweep_dir).trial(donor).path
-        frozen = pbt.freeze(donor_dir, self._run_dir, others[donor].steps.get(at, 0))
-        if frozen is None:  # no checkpoint of the weights compared, nor a newer one
+        donor_step = others[donor].steps.get(at)  # (None: a sweep from before steps were kept)
+        frozen = pbt.freeze(donor_dir, self._run_dir, donor_step)
+        if frozen is None:
+            log.info(
+                "pbt: trial %d's checkpoint of the weights compared (step %s) is gone (pruned: "
+                "a larger checkpoint.keep keeps it): this trial goes on as it is",
+                donor,
+                donor_step,
+            )
             return False
         decision = {
             "from_trial": donor,

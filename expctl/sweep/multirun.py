@@ -29,7 +29,7 @@ from typing import Any
 from expctl.config import frozen as config_mod
 from expctl.config.schema import Config
 from expctl.errors import UserError
-from expctl.jobs import pbt, slurm, snapshot
+from expctl.jobs import slurm, snapshot
 from expctl.jobs.study import TrialRef, kept_storages, open_study
 from expctl.layout import RunDir, SweepDir, fresh_names
 from expctl.rank import rundir
@@ -39,15 +39,13 @@ from expctl.sweep import ledger, results, trials
 from expctl.sweep.best import Best, best
 from expctl.sweep.plan import (
     Plan,
-    check_dims,
-    check_size,
+    check_sweep,
     check_unchanged,
     compose_point,
     digest,
     gridded,
     plan,
     point_overrides,
-    said_twice,
 )
 from expctl.sweep.pool import Pool
 from expctl.sweep.space import Dimension
@@ -125,20 +123,15 @@ def _multirun(
         notes.append(f"--repeat {repeat} is used, not sweep.repeat={s.repeat}")
     repeat = s.repeat if repeat is None else repeat
     size = len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS
-    check_size(size, repeat)
-    check_dims(dims, repeat)
-    if s.scheduler != "pbt":  # (a population may start from one point twice: it mutates)
-        notes += said_twice(points, dims, size, s.sampler)
-    if s.scheduler == "pbt":
-        pbt.check(base, [d.key for d in dims], repeat)
-        if size < 2:
-            raise UserError(
-                f"sweep.scheduler=pbt with a population of {size}: a trial copies another's "
-                "weights and values, and none is there",
-                "give it two or more: sweep.n_trials=4, or a list of two or more values",
-            )
+    notes += check_sweep(base, dims, points, repeat, size)
     if base.launcher.name != "slurm":  # a share this machine cannot give: before anything exists
-        trials.plan_for(base, 1)
+        at_once = trials.plan_for(base, size).concurrent
+        if s.scheduler == "pbt" and at_once < size:
+            notes.append(
+                f"a population of {size} with {at_once} trial(s) at a time here: a trial is "
+                "compared only with those running beside it (more at once: "
+                f"sweep.max_concurrent={size}, sharing the machine)"
+            )
     for note in dict.fromkeys(notes):
         print(f"expctl: note: {note}", file=sys.stderr)
     origin = Launch.here(config_file, overrides).pin()  # the code of every trial: as it is now

@@ -20,6 +20,7 @@ from expctl import dist
 from expctl.config import compose, layers
 from expctl.config.schema import Config, SweepConfig
 from expctl.errors import UserError
+from expctl.jobs import pbt
 from expctl.sweep.space import MAX_VALUES, Dimension, check_values, grid, parse_space
 
 
@@ -193,6 +194,45 @@ def _group_options(config_file: str | None, group: str) -> list[str] | None:
 # ---------------------------------------------------------------------------------------------
 # checks of a sweep before anything exists, and of its -C file when its trials are composed
 # ---------------------------------------------------------------------------------------------
+
+
+def check_sweep(
+    base: Config, dims: Sequence[Dimension], points: list[dict[str, Any]], repeat: int, size: int
+) -> list[str]:
+    """Before anything exists: what the sweep `base` of `size` trials (`points`: its grid)
+    cannot run as written, refused; notes on what it runs otherwise than one may think."""
+    s = base.sweep
+    check_size(size, repeat)
+    check_dims(dims, repeat)
+    swept = {d.key for d in dims}
+    for entry in base.train.hparam_schedule:  # its values win over a trial's from their step
+        for key in sorted(
+            swept & {f"{sec}.{k}" for sec, v in entry.items() if isinstance(v, dict) for k in v}
+        ):
+            raise UserError(
+                f"train.hparam_schedule sets {key} from step {entry.get('step')}, and the sweep "
+                f"varies {key}: every trial would train with the schedule's value",
+                f"drop {key} from train.hparam_schedule, or sweep another key",
+            )
+    notes = []
+    if s.n_trials and points and s.n_trials > len(points):
+        notes.append(
+            f"sweep.n_trials={s.n_trials} is more than the grid's {len(points)} point(s): it runs each once"
+        )
+    if s.scheduler != "pbt":  # (a population may start from one point twice: it mutates)
+        return notes + said_twice(points, dims, size, s.sampler)
+    pbt.check(base, [d.key for d in dims], repeat)
+    if size < 2:
+        raise UserError(
+            f"sweep.scheduler=pbt with a population of {size}: a trial copies another's "
+            "weights and values, and none is there",
+            "give it two or more: sweep.n_trials=4, or a list of two or more values",
+        )
+    if not points and s.n_trials is None:
+        notes.append(f"a population of {size} drawn at random (sweep.n_trials sets how many)")
+    if not points and s.sampler not in ("random", "grid"):
+        notes.append(f"PBT draws its population at random: sweep.sampler={s.sampler} is not used")
+    return notes
 
 
 def check_size(configurations: int, repeat: int) -> None:

@@ -336,6 +336,38 @@ CORPUS: list[tuple[list[str], str]] = [
     ),
     (["run", "-m", "sweep.scheduler=pbt", "optim.lr=0.1,0.2"], "sched=cosine sets too"),
     (
+        [
+            "run",
+            "-m",
+            "sched=none",
+            "sweep.scheduler=pbt",
+            "optim.lr=0.1,0.2",
+            "sweep.pbt.interval=3",
+        ],
+        "never at the last, so none ever would",
+    ),
+    (
+        [
+            "run",
+            "-m",
+            "sched=none",
+            "sweep.scheduler=pbt",
+            "optim.lr=0.1,0.2",
+            "+train.hparam_schedule=[{step: 0, optim: {momentum: 0.5}}]",
+        ],
+        "PBT writes the schedule itself",
+    ),
+    (
+        [
+            "run",
+            "-m",
+            "sched=none",
+            "optim.lr=0.1,0.2",
+            "+train.hparam_schedule=[{step: 0, optim: {lr: 0.3}}]",
+        ],
+        "train.hparam_schedule sets optim.lr from step 0, and the sweep varies optim.lr",
+    ),
+    (
         ["run", "-m", "sched=none", "sweep.scheduler=pbt", "sweep.pruner=asha", "optim.lr=0.1,0.2"],
         "PBT decides itself",
     ),
