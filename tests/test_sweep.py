@@ -288,6 +288,11 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     assert len(rows) == 4
     seeds = sorted(config.load(r.run_dir).train.seed for r in rows)
     assert seeds == [7, 7, 8, 8], "each configuration once with the base seed, once with +1"
+    table_csv = run_cli("sweep", "table", "--csv", str(sweep), cwd=tiny.parent).stdout
+    listed = csv.DictReader(io.StringIO(table_csv))
+    assert sorted((row["seed"], row["repeat"]) for row in listed) == [
+        ("7", "0"), ("7", "0"), ("8", "1"), ("8", "1"),
+    ], "seed: the train.seed it trained with (it was the repeat's index)"  # fmt: skip
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
     assert "± std" in table and table.count("optim.lr=") == 2
     configs: dict[str, list[ledger.Row]] = {}

@@ -66,6 +66,9 @@ class Row:
     params: dict[str, Any]  # the swept values as Python values (`[8]` is a list)
     step: int | None = None  # optimizer steps done when the trial ended
     seed_idx: int = 0  # which repeat of its configuration (train.seed = the base seed + seed_idx)
+    seed: int | None = (
+        None  # its train.seed (None: not started, or a sweep from before it was kept)
+    )
     metrics: dict[str, float] = field(default_factory=dict)  # result.json's, e.g. test/acc
     optuna_trial: int | None = None  # its latest attempt in the Optuna study; None: not started
     # PBT: each copy of another trial, oldest first: {"step", "from_trial", "params", "time"}
@@ -253,6 +256,7 @@ def _row(
         params=typed(dict(t.params)),
         step=a.get("step"),
         seed_idx=int(a.get("seed_idx", 0)),
+        seed=a.get("seed"),
         metrics=metric_values(result),
         optuna_trial=t.number,
         lineage=list(a.get("lineage") or []),

@@ -230,6 +230,7 @@ def _trial_configs(
             cfg = cfg.replace("run", dir=str(trial_dir))
         if slot.retry:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
+        trial.set_user_attr("seed", cfg.train.seed)  # the table's `seed`
         frozen, held = rundir.create(cfg)
         if held is not None:  # the trial's launch takes it when it starts
             held.release()

@@ -23,6 +23,7 @@ FIXED = ("trial", "status", "value", "best") + (
     "step",
     "wall_s",
     "seed",
+    "repeat",
     "error",
     "run_dir",
     "overrides",
@@ -56,7 +57,8 @@ class SweepResults:
 
     def records(self) -> list[dict[str, Any]]:
         """One flat dict per trial: trial, status, each parameter, value, best, each metric
-        (`val/acc`, `test/acc`, ...), epoch, step, wall_s, seed, error, run_dir, overrides."""
+        (`val/acc`, `test/acc`, ...), epoch, step, wall_s, seed (train.seed), repeat (its index
+        among --repeat's seeds), error, run_dir, overrides."""
         out = []
         for r in self.rows:
             nested = _nested(r)
@@ -127,7 +129,8 @@ def _nested(r: Row) -> dict[str, Any]:
         "epoch": r.epoch,
         "step": r.step,
         "wall_s": r.wall_s,
-        "seed": r.seed_idx,
+        "seed": r.seed,  # its train.seed
+        "repeat": r.seed_idx,  # which of --repeat's seeds (0: the base seed's)
         "error": r.error,
         "run_dir": r.run_dir,
         "overrides": r.overrides,
