@@ -288,6 +288,9 @@ def test_a_population_copies_records_its_lineage_and_best_yml_replays_the_best_t
             in (sweep / f"trial_{n:03d}" / "output.log").read_text()
         )
     _each_copy_is_of_the_step_compared_when_compared(sweep, trials)  # 16 steps an epoch too
+    for t in trials:  # wall time from its start, not from its last copy's
+        trained = json.loads((Path(t["run_dir"]) / "result.json").read_text())["time/train_s"]
+        assert t["wall_s"] >= trained, (t["trial"], t["wall_s"], trained)
     _the_plot_draws_each_segment_from_where_its_weights_began(sweep, tmp_path, copies)
     best = run_cli("sweep", "best", str(sweep), cwd=tmp_path).stdout
     number = int(re.search(r"best trial (\d+):", best).group(1))  # type: ignore[union-attr]

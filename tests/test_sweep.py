@@ -678,6 +678,17 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
         assert (done[n].wall_s or 0) > (cut[n].wall_s or 0) > 1.0, (done[n], cut[n])
 
 
+def test_a_lost_attempt_lasted_until_the_last_row_it_wrote(tmp_path: Path) -> None:
+    """A trial whose driver was killed never recorded its end: its wall time in the table runs
+    to its last metrics row before the retry began (the table counted it as 0)."""
+    rows = [{"step": 1, "time": 101.0}, {"step": 2, "time": 105.0}, {"step": 3, "time": 160.0}]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ledger._wall({"started": 100.0}, {"started": 150.0}, metrics) == 5.0
+    assert ledger._wall({"started": 100.0, "ended": 130.0}, {"started": 150.0}, metrics) == 30.0
+    assert ledger._wall({"started": 100.0}) is None, "still running: no wall time yet"
+
+
 def test_a_launch_refused_on_a_running_trial_leaves_the_trial_alone(tiny: Path) -> None:
     """`expctl run` on a running trial's directory is refused (another launch trains it), and
     changes nothing: it marked the trial failed in the ledger, and the trial died of that."""

@@ -312,9 +312,10 @@ class TrialHooks(Hooks):
     def on_start(self, run_dir: Path) -> None:
         self._run_dir = run_dir
         if self.is_main:
-            mark(self.ref, "running", started=time.time())
+            attrs = attrs_of(self.ref)
+            # a PBT copy's next run is the same attempt: its wall time counts from the first
+            mark(self.ref, "running", started=attrs.get("started", time.time()))
             if self.s.scheduler == "pbt":  # a copy goes on: its scores so far stay its own
-                attrs = attrs_of(self.ref)
                 self._scores = dict(attrs.get("pbt_scores") or {})
                 self._steps = dict(attrs.get("pbt_steps") or {})
                 self._judged = int(attrs.get("pbt_judged", -1))

@@ -29,7 +29,7 @@ from expctl.config.schema import PBTConfig, SweepConfig
 from expctl.errors import UserError
 from expctl.jobs.slurmstate import FINAL_STATES, job_states
 from expctl.jobs.study import open_study
-from expctl.layout import RunDir, SweepDir, metric_values
+from expctl.layout import RunDir, SweepDir, json_lines, metric_values
 
 log = logging.getLogger("expctl")
 
@@ -139,7 +139,8 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     for t in trials:  # in attempt order: a retry comes after what it retries
         n = number_of(t)
         if n in latest:
-            earlier[n] = earlier.get(n, 0.0) + (_wall(latest[n].user_attrs) or 0.0)
+            spent = _wall(latest[n].user_attrs, t.user_attrs, SweepDir(path).trial(n).metrics)
+            earlier[n] = earlier.get(n, 0.0) + (spent or 0.0)
         latest[n] = t
     dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
@@ -263,11 +264,19 @@ def _row(
     )
 
 
-def _wall(attrs: dict[str, Any]) -> float | None:
-    """An attempt's wall time, once it ended."""
+def _wall(
+    attrs: dict[str, Any], retry: dict[str, Any] | None = None, metrics: Path | None = None
+) -> float | None:
+    """An attempt's wall time once it ended (None before). Given its `retry`'s attributes: an
+    attempt that never recorded its end (lost: its driver was killed) lasted until the last
+    metrics row it wrote, before the retry started (0 without one)."""
     if "ended" in attrs and "started" in attrs:
         return float(attrs["ended"]) - float(attrs["started"])
-    return None
+    if retry is None or "started" not in attrs:
+        return None if retry is None else 0.0
+    begun, next_begun = float(attrs["started"]), float(retry.get("started", math.inf))
+    times = [float(r["time"]) for r in json_lines(metrics) if "time" in r] if metrics else []
+    return max([begun, *(x for x in times if begun <= x < next_begun)]) - begun
 
 
 def _unstarted(path: Path, n: int, params: dict[str, Any], seed_idx: int, sampled: bool) -> Row:
