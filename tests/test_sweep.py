@@ -824,7 +824,7 @@ def test_a_killed_zygote_ends_the_sweep_in_one_line_and_resume_finishes_it(tiny:
     out, _ = driver.communicate(timeout=120)
     assert driver.returncode == 1 and "Traceback" not in out, out
     assert "zygote process (the trials' forker) ended" in out, out
-    assert "expctl sweep resume" in out, out
+    assert f"`expctl sweep resume {path}` resumes them" in out, out
     _wait_for("the trial to die with its zygote", lambda: not _alive(pid), timeout=30)
     assert [r.status for r in ledger.rows(path)][0] == "lost"
     run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))

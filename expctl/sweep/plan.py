@@ -89,11 +89,12 @@ def _floats_fit(
     except UserError as e:
         if "expected int" not in e.message:
             raise
-        low, high = f"{d.low:g}", f"{d.high:g}"
+        lo = math.ceil(d.low or 0)  # the integers inside the bounds (at least two)
+        hi = max(lo + 1, math.floor(d.high or 0))
         raise UserError(
-            f"{d.key}=interval({low},{high}) draws floats, and {d.key} takes integers",
-            f"draw integers with {d.key}='tag(int, interval({low},{high}))', or list them "
-            f"({d.key}=range({low},{(d.high or 0) + 1:g}))",
+            f"{d.key}=interval({d.low:g},{d.high:g}) draws floats, and {d.key} takes integers",
+            f"draw integers with {d.key}='tag(int, interval({lo},{hi}))', or list them "
+            f"({d.key}=range({lo},{hi + 1}))",
         ) from None
 
 

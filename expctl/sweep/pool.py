@@ -135,7 +135,7 @@ class Pool:
         if not chunk:
             raise RunError(
                 "the sweep's zygote process (the trials' forker) ended, and its running trials "
-                "with it: `expctl sweep resume SWEEP_DIR` resumes them from their checkpoints"
+                "with it"
             )
         self._buf += chunk
         *lines, self._buf = self._buf.split(b"\n")

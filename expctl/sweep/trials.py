@@ -114,7 +114,8 @@ def run_local(
 
     Raises:
         Interrupted: Ctrl-C or SIGTERM stopped the sweep (its trials at a checkpoint).
-        RunError: the sweep's journal could not be written (a full disk): trials stopped.
+        RunError: the sweep's journal could not be written (a full disk): trials stopped; or
+            the zygote died, its trials with it.
     """
     print(f"expctl: {plan.describe()}", flush=True)
     driver = Driver(sweep_dir, plan, make_config, settings, pool)
@@ -126,6 +127,10 @@ def run_local(
         raise RunError(
             f"cannot write the sweep's files in {sweep_dir} ({e.strerror or e}): its running "
             f"trials were stopped; free space, then `expctl sweep resume {sweep_dir}`"
+        ) from None
+    except RunError as e:  # the zygote died, and the trials with it (nothing left to stop)
+        raise RunError(
+            f"{e}: `expctl sweep resume {sweep_dir}` resumes them from their checkpoints"
         ) from None
     except UserError as e:  # the next trial could not be made (its folder: a full disk)
         driver.abort()
