@@ -31,9 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     # overrides may come before and after options (`run x=1 -C f.yml y=2`); argparse splits them
     stray = [a for a in extra if a.startswith("-")]
-    if args.command == "sweep" and extra and not stray:  # `sweep resume DIR key=value`
+    if args.command == "sweep" and extra and not stray and args.action != "resume":
         print(f"expctl: error: {_no_overrides(args.action, extra)}", file=sys.stderr)
         return EXIT_USER
+    if args.command == "sweep":  # `sweep resume DIR sweep.max_concurrent=4`: resume.py checks
+        args.overrides, extra = [] if stray else extra, stray
     if stray or (extra and args.command not in ("run", "show", "eval")):
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
@@ -182,13 +184,10 @@ def _shown(metrics: dict[str, object]) -> str:
 
 
 def _no_overrides(action: str, extra: list[str]) -> UserError:
-    hint = "for other values, start a new sweep: `expctl run -C CONFIG -m KEY=VALUES`"
-    if action == "resume":
-        hint = "--skip-failed leaves failed trials as they are; " + hint
     return UserError(
-        f"`expctl sweep {action}` takes no overrides (got {' '.join(extra)}): a sweep's trials "
-        "keep the configuration they started with",
-        hint,
+        f"`expctl sweep {action}` takes no overrides (got {' '.join(extra)})",
+        "the sweep's settings of how its trials run may change on `expctl sweep resume DIR "
+        "KEY=VALUE`; for other values, start a new sweep",
     )
 
 
@@ -223,7 +222,7 @@ def _sweep(args: argparse.Namespace) -> int:
         from expctl.startup import ending
         from expctl.sweep.resume import resume
 
-        outcome = resume(args.sweep_dir, skip_failed=args.skip_failed)
+        outcome = resume(args.sweep_dir, args.overrides, skip_failed=args.skip_failed)
         ending()
         return EXIT_FAILED if outcome.failed else 0
     return 0

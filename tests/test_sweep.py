@@ -244,6 +244,16 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
     assert [r.status for r in ledger.rows(stopped)] == ["failed", "completed"]
     done = run_cli("sweep", "resume", "--skip-failed", str(stopped), cwd=tiny.parent, check=False)
     assert "nothing to resume" in done.stdout and done.returncode == 1, done
+    # or: the same resume told not to stop at a failure (how trials run may change on resume)
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "data.batch_size=100000,16", "sweep.stop_on_failure=true",
+        "sweep.max_concurrent=1", cwd=tiny.parent, check=False,
+    )  # fmt: skip
+    told = sweep_dir_of(proc.stdout)
+    run_cli(
+        "sweep", "resume", str(told), "sweep.stop_on_failure=false", cwd=tiny.parent, check=False
+    )
+    assert [r.status for r in ledger.rows(told)] == ["failed", "completed"]
 
 
 def test_a_trial_killed_by_a_signal_says_so(tiny: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from expctl.config import compose
@@ -51,9 +52,29 @@ def _finish_cut_copies(path: Path) -> None:
             )
 
 
-def resume(sweep_dir: str | Path, skip_failed: bool = False) -> Outcome:
+# what a resume may change: how the trials use the machine, and whether a failure stops them
+# (another value of what they train would mix two sweeps in one)
+RESUMABLE = (
+    "sweep.max_concurrent",
+    "sweep.gpus_per_trial",
+    "sweep.cpus_per_trial",
+    "sweep.stop_on_failure",
+)
+
+
+def resume(
+    sweep_dir: str | Path, overrides: Sequence[str] = (), skip_failed: bool = False
+) -> Outcome:
     """Re-run the trials that failed (unless `skip_failed`), were interrupted or were lost (in
-    their own directories, resuming their checkpoints), and the ones the sweep never got to."""
+    their own directories, resuming their checkpoints), and the ones the sweep never got to,
+    with `overrides` of the RESUMABLE settings (`sweep.max_concurrent=4`: on another machine)."""
+    for o in overrides:
+        if o.partition("=")[0].lstrip("+") not in RESUMABLE:
+            raise UserError(
+                f"`expctl sweep resume` cannot change {o.partition('=')[0]}: the sweep's trials "
+                "keep the configuration they started with",
+                f"it may change {', '.join(RESUMABLE)}; for other values, start a new sweep",
+            )
     path = Path(sweep_dir).absolute()
     if not SweepDir(path).spec.is_file():
         raise UserError(
@@ -61,21 +82,25 @@ def resume(sweep_dir: str | Path, skip_failed: bool = False) -> Outcome:
             "pass the folder `expctl run -m` printed",
         )
     with driving(path):
-        return _resume(path, skip_failed)
+        return _resume(path, list(overrides), skip_failed)
 
 
-def _resume(path: Path, skip_failed: bool) -> Outcome:
+def _resume(path: Path, overrides: list[str], skip_failed: bool) -> Outcome:
     import optuna  # noqa: PLC0415 - Optuna off `run -m`'s checks: a bad sweep fails without it
 
     spec = SweepDir(path).read_spec()
     check_unchanged(spec)
-    _repair_journal(SweepDir(path).journal)
     frozen = SweepDir(path).trials()
     base = (
         config_mod.load(frozen[0].path)
         if frozen
         else compose.compose(spec["config_file"], spec["plain"])
     )
+    if overrides:  # checked as `run` checks them (types, bounds), before anything changes
+        given = compose.compose(spec["config_file"], [*spec["plain"], *overrides]).sweep
+        keys = [o.partition("=")[0].lstrip("+").removeprefix("sweep.") for o in overrides]
+        base = base.replace("sweep", **{k: getattr(given, k) for k in keys})
+    _repair_journal(SweepDir(path).journal)
     if base.sweep.scheduler == "pbt":
         _finish_cut_copies(path)
     study = ledger.read_study(path, base.sweep, to_write=True)

@@ -246,7 +246,12 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "table", "--csv", "swept", "--sort", "wall"], "Did you mean 'wall_s'?"),
     (["sweep", "best", "swept", "--json"], "applies to `expctl sweep table` only"),
     (["sweep", "best", "swept"], "no completed trial yet"),
-    (["sweep", "resume", "swept", "optim.lr=0.1"], "HINT: --skip-failed leaves failed trials"),
+    (["sweep", "resume", "swept", "optim.lr=0.1"], "`expctl sweep resume` cannot change optim.lr"),
+    (["sweep", "resume", "swept", "sweep.max_concurrent=0"], "0 is below the minimum 1"),
+    (
+        ["sweep", "best", "swept", "sweep.max_concurrent=2"],
+        "`expctl sweep best` takes no overrides",
+    ),
     (["sweep", "table", "swept", "--skip-failed"], "applies to `expctl sweep resume` only"),
     (["sweep", "table", "--json", "."], "not a sweep directory"),
     (["sweep", "plot", "."], "not a sweep directory"),
