@@ -677,6 +677,8 @@ def test_ctrl_c_stops_every_running_trial_at_a_checkpoint_and_resume_finishes_th
             for p in (path / f"trial_{n:03d}").glob("checkpoints/step_*.pt")
         )
         assert newest % 16 != 0, "saved where it stopped, not at an epoch end"
+        said = (path / f"trial_{n:03d}" / "output.log").read_text()
+        assert f"`expctl sweep resume {path}` continues it" in said, said  # not `run.dir=...`
     table = run_cli("sweep", "table", str(path), cwd=tiny.parent).stdout
     assert "3 trial(s) not run to the end" in table and "interrupted" in table
     run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))

@@ -9,6 +9,7 @@ import functools
 import hashlib
 import math
 import multiprocessing
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -75,8 +76,18 @@ def plan(
             others.append(point_overrides(plain, {**heads[0], d.key: value}))
             if not d.integer:
                 _floats_fit(config_file, others[-1], notes, d)
+    if len(others) >= _SAY_AT:  # seconds to minutes: say what the wait is
+        print(
+            f"expctl: checking the grid's {len(others) + 1:,} points before the sweep starts "
+            "(each composed once)",
+            file=sys.stderr,
+            flush=True,
+        )
     _compose_all(config_file, others, notes, vary)
     return Plan(base, plain, dims, points)
+
+
+_SAY_AT = 500  # points composed (~0.07 s each a core) before the wait is said
 
 
 def _floats_fit(

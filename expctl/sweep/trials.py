@@ -335,9 +335,11 @@ class _Stop:
         def handler(signum: int, frame: Any) -> None:
             first = self.count == 0
             self.ask("interrupt")
+            again = "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
             write(
                 sys.stderr,
-                "\nexpctl: stopping the running trials at a checkpoint (Ctrl-C again kills them)\n"
+                f"\nexpctl: {signal.Signals(signum).name}: stopping the running trials at a "
+                f"checkpoint ({again} kills them)\n"
                 if first
                 else "\nexpctl: killing the running trials (they resume from their last "
                 "checkpoint)\n",
@@ -387,8 +389,10 @@ def trial_main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    except Preempted as e:
-        print(f"expctl: {e}", file=sys.stderr)
+    except Preempted as e:  # its run's "run the same command" is the sweep's resume here
+        stopped = str(e).split("; checkpoint saved")[0]
+        sweep = Path(request["run_dir"]).parent
+        print(f"expctl: {stopped}: `expctl sweep resume {sweep}` continues it", file=sys.stderr)
         return EXIT_PREEMPTED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
