@@ -241,8 +241,12 @@ def _row(
     if status in ("running", "pending") and not _alive(a, states):
         status = "lost"
     run = RunDir(run_dir)
-    history = run.metric_series(s.metric)[1] if run else []
+    steps, history = run.metric_series(s.metric) if run else ([], [])
     result = run.read_result() if run else {}
+    # a trial that has not ended: where its last validation was (it recorded none yet)
+    epoch, step = a.get("epoch"), a.get("step")
+    if step is None and steps:
+        step, epoch = int(steps[-1]), int(run.metric_series(s.metric, "epoch")[0][-1])
     return Row(
         number=number,
         status=status,
@@ -250,12 +254,12 @@ def _row(
         config=a.get("config", "{}"),
         value=t.value if t.value is not None else (history[-1] if history else None),
         best=(max(history) if s.mode == "max" else min(history)) if history else None,
-        epoch=a.get("epoch"),
+        epoch=epoch,
         wall_s=None if (wall := _wall(a)) is None else earlier + wall,
         error=a.get("error", ""),
         run_dir=run_dir,
         params=typed(dict(t.params)),
-        step=a.get("step"),
+        step=step,
         seed_idx=int(a.get("seed_idx", 0)),
         seed=a.get("seed"),
         metrics=metric_values(result),
