@@ -69,6 +69,12 @@ def test_explore_perturbs_by_the_factors_within_the_interval_or_steps_a_list() -
         seen_ls.add(round(new["loss.label_smoothing"], 6))
     assert seen_lr == {0.008, 0.012} and seen_m == {0.0, 0.9}
     assert seen_ls == {0.152, 0.2}, "0.19 x 1.2 is kept inside the interval's 0.2"
+    # a number at an end of its interval moves the way it can; a listed value stays half the time
+    ends = {"optim.lr": 0.1, "optim.momentum": 0.9, "loss.label_smoothing": 0.0}
+    moved = [pbt.explore(ends, DIMS, p, random.Random(s)) for s in range(40)]
+    assert {round(m["optim.lr"], 6) for m in moved} == {0.08}
+    assert {m["optim.momentum"] for m in moved} == {0.5, 0.9}
+    assert {m["loss.label_smoothing"] for m in moved} == {0.0}, "0 x any factor: nowhere to go"
 
 
 def test_explore_resamples_with_its_probability_and_is_reproducible() -> None:

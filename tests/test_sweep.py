@@ -62,7 +62,7 @@ def test_grid_sweep_runs_each_point_and_writes_the_ledger(tiny: Path) -> None:
     values = [float(x) for x in re.findall(r"completed\s+([0-9.]+)", table)]
     assert len(values) == 4 and values == sorted(values, reverse=True), "sorted best first"
     best = run_cli("sweep", "best", str(sweep), cwd=tiny.parent).stdout
-    top = float(re.search(r"best trial \d+: ([0-9.]+)", best).group(1))  # type: ignore[union-attr]
+    top = float(re.search(r"best trial \d+: val/acc=([0-9.]+)  \(optim", best).group(1))  # type: ignore[union-attr]
     assert top == pytest.approx(max(values), abs=1e-3) and (sweep / "best.yml").is_file()
     shown = run_cli("show", "-C", str(sweep / "best.yml"), cwd=tiny.parent).stdout
     assert "dir: null" in shown, "best.yml is a reusable config"
@@ -237,6 +237,17 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
     # resumed, the failure stops it again; --skip-failed leaves it and runs the rest
     again = run_cli("sweep", "resume", str(stopped), cwd=tiny.parent, check=False)
     assert [r.status for r in ledger.rows(stopped)] == ["failed", "pending"], again.stdout
+    # a run put by hand where trial 1 goes (expctl run refuses a run.dir in a sweep): named
+    mine = tiny.parent / "mine"
+    run_cli("run", "-C", str(tiny), "optim.lr=0.5", f"run.dir={mine}", cwd=tiny.parent)
+    shutil.copytree(mine, stopped / "trial_001")
+    foreign = run_cli(
+        "sweep", "resume", "--skip-failed", str(stopped), cwd=tiny.parent, check=False
+    )
+    assert foreign.returncode == 2, foreign.stderr
+    assert "trial 1's folder holds a run the sweep did not start" in foreign.stderr
+    assert "(the sweep stopped)" in foreign.stderr and "Traceback" not in foreign.stderr
+    shutil.rmtree(stopped / "trial_001")
     skipped = run_cli(
         "sweep", "resume", "--skip-failed", str(stopped), cwd=tiny.parent, check=False
     )
@@ -964,9 +975,12 @@ def test_median_rule_and_the_plot(tiny: Path) -> None:
 
 def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -> None:
     """Re-running a completed trial's directory trains nothing, continuing it trains on, and
-    neither writes to the sweep's journal (it recorded the trial's end); relative sweep paths
-    give no false warnings."""
-    proc = run_cli("run", "-C", str(tiny), "-m", "optim.lr=0.01,0.1", cwd=tiny.parent)
+    neither writes to the sweep's journal (it recorded the trial's end); how the sweep ran its
+    trials (sweep.max_concurrent) is not the trial's config; relative sweep paths give no false
+    warnings."""
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.lr=0.01,0.1", "sweep.max_concurrent=1", cwd=tiny.parent
+    )
     sweep = sweep_dir_of(proc.stdout)
     journal = (sweep / "journal.log").read_bytes()
     trial = sweep / "trial_000"

@@ -234,6 +234,16 @@ class SweepConfig:
     pbt: PBTConfig = setting(PBTConfig())
 
 
+# how a sweep's driver runs its trials, not what a trial computes: `expctl sweep resume` may
+# change them, and a trial rerun by hand may differ in them
+SWEEP_DRIVER_KEYS = (
+    "sweep.max_concurrent",
+    "sweep.gpus_per_trial",
+    "sweep.cpus_per_trial",
+    "sweep.stop_on_failure",
+)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A registered model (or a dict of models) and its constructor arguments."""

@@ -137,7 +137,11 @@ def explore(
     params: Mapping[str, Any], dims: Sequence[Mapping[str, Any]], p: PBTConfig, rng: random.Random
 ) -> dict[str, Any]:
     """New values from `params`: each drawn anew with `p.resample_probability`, else a listed
-    value moved to a neighbour, a number multiplied by one of `p.factors` (kept in its interval)."""
+    value moved to a neighbour, a number multiplied by one of `p.factors` (kept in its interval).
+    A number at an end of its interval moves the way it can (kept there, a copy would train
+    exactly as its donor: the same weights, values and data order); a listed value at an end of
+    its list stays there half the time, as in Ray Tune (with two values, moving inward would
+    always take the donor's other one)."""
     out = dict(params)
     for d in dims:
         key, value = d["key"], params[d["key"]]
@@ -148,9 +152,17 @@ def explore(
             i = choices.index(value) if value in choices else 0
             out[key] = choices[min(len(choices) - 1, max(0, i + rng.choice((-1, 1))))]
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            x = min(float(d["high"]), max(float(d["low"]), value * rng.choice(list(p.factors))))
-            out[key] = round(x) if d.get("integer") else x
+            factors = list(p.factors)
+            first = rng.choice(factors)
+            moved = [x for f in [first, *factors] if (x := _scaled(value, f, d)) != value]
+            out[key] = moved[0] if moved else value
     return out
+
+
+def _scaled(value: float, factor: float, d: Mapping[str, Any]) -> float:
+    """`value` x `factor`, kept in the interval of dimension `d` (rounded on an integer one)."""
+    x = min(float(d["high"]), max(float(d["low"]), value * factor))
+    return round(x) if d.get("integer") else x
 
 
 def _sample(d: Mapping[str, Any], choices: list[Any] | None, rng: random.Random) -> Any:

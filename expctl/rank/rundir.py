@@ -26,9 +26,9 @@ from typing import Any
 from expctl import importpath
 from expctl.atomic import write_atomically
 from expctl.config import frozen as config_mod
-from expctl.config.schema import Config
+from expctl.config.schema import SWEEP_DRIVER_KEYS, Config
 from expctl.errors import UserError
-from expctl.layout import RunDir, checkpoint_scores, checkpoint_step, fresh_names
+from expctl.layout import RunDir, SweepDir, checkpoint_scores, checkpoint_step, fresh_names
 from expctl.rank.runlock import RunLock
 from expctl.rank.runlock import is_locked as is_locked  # read by `expctl status`
 
@@ -70,7 +70,11 @@ def _safe(text: str) -> str:
 
 
 def create(
-    cfg: Config, run_id: str | None = None, restart: bool = False, lock: bool = True
+    cfg: Config,
+    run_id: str | None = None,
+    restart: bool = False,
+    lock: bool = True,
+    sweep_trial: bool = False,
 ) -> tuple[Config, RunLock | None]:
     """Create (or reopen, to resume) the run directory, take its lock, write config.yaml.
 
@@ -78,6 +82,7 @@ def create(
         restart: this process restarts a launch already under way (elastic restart, Slurm
             requeue), which continues the run whatever checkpoint.resume says.
         lock: take RUN_DIR/.lock (False: a worker whose launching process holds it).
+        sweep_trial: the sweep driver makes a trial's directory (inside its sweep's).
 
     Returns:
         The config with ``run.dir`` set to the absolute path of the directory, and the lock
@@ -89,6 +94,8 @@ def create(
     """
     path = deterministic_dir(cfg, run_id)
     root = path.parent if path is not None else Path(cfg.run.root).expanduser().absolute()
+    if not sweep_trial:
+        _refuse_in_sweep(path, root)
     made = [p for p in (root, *root.parents) if not p.exists()]  # the folders this call makes
     held: RunLock | None = None
     created = False
@@ -114,6 +121,27 @@ def create(
             _remove_if_empty(folder)
         raise
     return frozen, held
+
+
+def _refuse_in_sweep(path: Path | None, root: Path) -> None:
+    """A sweep's directory holds its trials, each made by its driver: a run of one's own there
+    would take the place of a trial the sweep has yet to start (which then fails), or show in
+    its table. A trial the sweep started (its trial.json) may be rerun or continued by hand.
+
+    Raises:
+        UserError: `path` (or a fresh folder under `root`) would lie in a sweep's directory.
+    """
+    sweep = next((p for p in (root, *root.parents) if SweepDir(p).spec.is_file()), None)
+    if sweep is None:
+        return
+    if path is not None and path.parent == sweep and RunDir(path).trial.is_file():
+        return
+    where = f"run.dir={path}" if path is not None else f"run.root={root}"
+    raise UserError(
+        f"{where} would put a run in the directory of sweep {sweep}, which holds its trials only",
+        "pick a run.dir outside the sweep; to train a trial's config by hand: "
+        f"expctl run -C {sweep}/trial_000/config.yaml run.dir=ANOTHER_DIR",
+    )
 
 
 def abandon(held: RunLock) -> None:
@@ -193,6 +221,8 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> bytes 
     if not fresh and target.exists():
         old = config_mod.load(path)
         diff = _differences(old.to_dict(), cfg.to_dict())
+        # how a sweep ran the trial a folder holds is not its config (a rerun by hand differs)
+        diff = [k for k in diff if not k.startswith(SWEEP_DRIVER_KEYS)]
         blocking = [k for k in diff if not k.startswith(RESUMABLE_CHANGES)]
         if blocking:
             newest = RunDir(path).checkpoint_files()

@@ -45,7 +45,7 @@ class Best:
         top = self.trials[0]
         if self.std is None:
             return (
-                f"best trial {top.number}: {self.value:.6g}  {top.overrides}\n"
+                f"best trial {top.number}: {self.metric}={self.value:.6g}  ({top.overrides})\n"
                 f"  directory {top.run_dir}\n  config    {self.path}"
             )
         trials = ", ".join(f"{r.number} ({ledger.fmt_float(r.value)})" for r in self.trials)

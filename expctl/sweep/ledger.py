@@ -75,13 +75,19 @@ class Row:
     lineage: list[dict[str, Any]] = field(default_factory=list)
 
 
+def require(path: Path) -> None:
+    """Raises UserError unless `path` is a sweep directory (its journal and sweep.json)."""
+    for name in (SweepDir.JOURNAL, SweepDir.SPEC):
+        if not (Path(path) / name).is_file():
+            raise UserError(
+                f"{path}: not a sweep directory (no {name})",
+                "pass the folder `expctl run -m` printed",
+            )
+
+
 def settings(sweep_dir: Path) -> Any:
     sweep = SweepDir(sweep_dir)
-    if not sweep.journal.is_file():
-        raise UserError(
-            f"{sweep_dir}: not a sweep directory (no {SweepDir.JOURNAL})",
-            "pass the folder `expctl run -m` printed",
-        )
+    require(sweep_dir)
     trials = sweep.trials()
     if not trials:
         return SweepConfig()
@@ -142,7 +148,9 @@ def rows(sweep_dir: str | Path) -> list[Row]:
             spent = _wall(latest[n].user_attrs, t.user_attrs, SweepDir(path).trial(n).metrics)
             earlier[n] = earlier.get(n, 0.0) + (spent or 0.0)
         latest[n] = t
-    dirs = {n: str(SweepDir(path).trial(n).path) for n in latest}  # where the sweep lies now
+    dirs = {
+        n: str(SweepDir(path).trial(n).path.absolute()) for n in latest
+    }  # where the sweep lies now
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
     out = [_row(n, t, s, states, dirs[n], earlier.get(n, 0.0)) for n, t in latest.items()]
     try:
@@ -172,7 +180,9 @@ def _journal_trials(path: Path, s: SweepConfig) -> tuple[list[Any], bool]:
     missing = [r.path.name for r in SweepDir(path).trials() if r.path.name not in recorded]
     if missing:
         log.warning(
-            "%s holds no record of %s: the journal lost them", journal, ", ".join(missing[:5])
+            "%s holds no record of %s: a folder the sweep did not make, or one its journal lost",
+            journal,
+            ", ".join(missing[:5]),
         )
     return list(trials), whole and not missing
 
@@ -193,11 +203,7 @@ def read_study(path: Path, s: SweepConfig, to_write: bool = False) -> Any:
         UserError: the journal is missing or damaged beyond reading.
     """
     journal = SweepDir(path).journal
-    if not journal.is_file():  # Optuna would make an empty one
-        raise UserError(
-            f"{path}: not a sweep directory (no {SweepDir.JOURNAL})",
-            "pass the folder `expctl run -m` printed",
-        )
+    require(path)  # Optuna would make an empty journal
     try:
         if to_write:
             for line in journal.read_bytes().splitlines():
@@ -294,7 +300,7 @@ def _unstarted(path: Path, n: int, params: dict[str, Any], seed_idx: int, sample
         epoch=None,
         wall_s=None,
         error="",
-        run_dir=str(SweepDir(path).trial(n).path),
+        run_dir=str(SweepDir(path).trial(n).path.absolute()),
         params=typed(params),
         seed_idx=seed_idx,
     )

@@ -231,7 +231,16 @@ def _trial_configs(
         if slot.retry:  # a retry continues the failed trial's own checkpoints
             cfg = cfg.replace("checkpoint", resume="auto")
         trial.set_user_attr("seed", cfg.train.seed)  # the table's `seed`
-        frozen, held = rundir.create(cfg)
+        theirs = RunDir(trial_dir).config.is_file() and not RunDir(trial_dir).trial.is_file()
+        try:
+            frozen, held = rundir.create(cfg, sweep_trial=True)
+        except UserError as e:
+            if not theirs:
+                raise
+            raise UserError(  # put there by hand (or by an older expctl): not the sweep's
+                f"trial {slot.number}'s folder holds a run the sweep did not start: {e.message}",
+                f"move {trial_dir} out of the sweep's directory",
+            ) from None
         if held is not None:  # the trial's launch takes it when it starts
             held.release()
         TrialRef(str(sweep_dir), trial.number).write(trial_dir)  # the attempt's identity

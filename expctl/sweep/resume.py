@@ -10,6 +10,7 @@ from pathlib import Path
 
 from expctl.config import compose
 from expctl.config import frozen as config_mod
+from expctl.config.schema import SWEEP_DRIVER_KEYS
 from expctl.errors import UserError
 from expctl.jobs.study import TrialRef, attrs_of, mark
 from expctl.layout import SweepDir
@@ -54,12 +55,7 @@ def _finish_cut_copies(path: Path) -> None:
 
 # what a resume may change: how the trials use the machine, and whether a failure stops them
 # (another value of what they train would mix two sweeps in one)
-RESUMABLE = (
-    "sweep.max_concurrent",
-    "sweep.gpus_per_trial",
-    "sweep.cpus_per_trial",
-    "sweep.stop_on_failure",
-)
+RESUMABLE = SWEEP_DRIVER_KEYS
 
 
 def resume(
@@ -76,11 +72,7 @@ def resume(
                 f"it may change {', '.join(RESUMABLE)}; for other values, start a new sweep",
             )
     path = Path(sweep_dir).absolute()
-    if not SweepDir(path).spec.is_file():
-        raise UserError(
-            f"{path}: not a sweep directory (no {SweepDir.SPEC})",
-            "pass the folder `expctl run -m` printed",
-        )
+    ledger.require(path)
     with driving(path):
         return _resume(path, list(overrides), skip_failed)
 

@@ -133,9 +133,12 @@ def run_local(
             f"{e}: `expctl sweep resume {sweep_dir}` resumes them from their checkpoints"
         ) from None
     except UserError as e:  # the next trial could not be made (its folder: a full disk)
+        stopped = (
+            "the sweep's running trials were stopped" if driver.running else "the sweep stopped"
+        )
         driver.abort()
         raise UserError(
-            f"{e.message} (the sweep's running trials were stopped)",
+            f"{e.message} ({stopped})",
             f"{e.hint + '; then ' if e.hint else ''}`expctl sweep resume {sweep_dir}` continues",
         ) from None
     finally:

@@ -47,6 +47,9 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         (["show", "-C", "null.yml"], "-C null.yml: the file is empty"),
         (["show", "-C", "r/config.yaml"], "the file is empty"),
         (["eval", "r"], "r/config.yaml: the file is empty"),
+        ([*RUN, "run.dir=sw/trial_001"], "would put a run in the directory of sweep"),
+        ([*RUN, "run.root=sw"], "would put a run in the directory of sweep"),
+        ([*RUN, "run.dir=sw/trial_000/mine"], "would put a run in the directory of sweep"),
     ],
     ids=[
         "dot",
@@ -59,6 +62,9 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         "null",
         "empty-frozen",
         "eval-empty-frozen",
+        "sweep-trial-not-started",
+        "sweep-as-root",
+        "inside-a-trial",
     ],
 )
 def test_a_refusal_leaves_nothing_at_any_depth(
@@ -79,6 +85,9 @@ def test_a_refusal_leaves_nothing_at_any_depth(
     (tmp_path / "null.yml").write_text("---\n~\n")
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.yaml").write_text("")
+    (tmp_path / "sw" / "trial_000").mkdir(parents=True)  # a sweep whose trial 1 has not started
+    (tmp_path / "sw" / "sweep.json").write_text("{}\n")
+    (tmp_path / "sw" / "trial_000" / "trial.json").write_text('{"sweep_dir": "sw", "number": 0}\n')
     before = tree(tmp_path)
     refused(args, expected, capsys)
     assert tree(tmp_path) == before, "nothing half-written, at any depth"
