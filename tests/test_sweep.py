@@ -993,6 +993,9 @@ def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -
         and json.loads((trial / "result.json").read_text())["epoch"] == 3
     )
     assert (sweep / "journal.log").read_bytes() == journal
+    # from inside the sweep's folder, best.yml trains into runs/ there: no trial's place
+    inside = run_cli("run", "-C", "best.yml", "train.max_epochs=1", cwd=sweep)
+    assert f"{sweep}/runs/" in inside.stdout, inside.stdout
     relative = run_cli("sweep", "table", str(sweep.relative_to(tiny.parent)), cwd=tiny.parent)
     assert "warning" not in relative.stderr, relative.stderr
 

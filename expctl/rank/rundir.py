@@ -125,16 +125,21 @@ def create(
 
 def _refuse_in_sweep(path: Path | None, root: Path) -> None:
     """A sweep's directory holds its trials, each made by its driver: a run of one's own there
-    would take the place of a trial the sweep has yet to start (which then fails), or show in
-    its table. A trial the sweep started (its trial.json) may be rerun or continued by hand.
+    (or inside a trial's folder) would take the place of a trial the sweep has yet to start,
+    which then fails, or show in its table. A trial the sweep started (its trial.json) may be
+    rerun or continued by hand; a folder deeper down (`cd SWEEP; expctl run`: SWEEP/runs/...)
+    is no trial's.
 
     Raises:
-        UserError: `path` (or a fresh folder under `root`) would lie in a sweep's directory.
+        UserError: `path` (or a fresh folder under `root`) would lie there.
     """
     sweep = next((p for p in (root, *root.parents) if SweepDir(p).spec.is_file()), None)
     if sweep is None:
         return
-    if path is not None and path.parent == sweep and RunDir(path).trial.is_file():
+    parts = (path if path is not None else root / "_").relative_to(sweep).parts
+    if len(parts) == 1 and path is not None and RunDir(path).trial.is_file():
+        return  # a trial the sweep started
+    if len(parts) > 1 and SweepDir.number_of(parts[0]) is None:
         return
     where = f"run.dir={path}" if path is not None else f"run.root={root}"
     raise UserError(

@@ -148,9 +148,8 @@ def rows(sweep_dir: str | Path) -> list[Row]:
             spent = _wall(latest[n].user_attrs, t.user_attrs, SweepDir(path).trial(n).metrics)
             earlier[n] = earlier.get(n, 0.0) + (spent or 0.0)
         latest[n] = t
-    dirs = {
-        n: str(SweepDir(path).trial(n).path.absolute()) for n in latest
-    }  # where the sweep lies now
+    # where the sweep lies now
+    dirs = {n: str(SweepDir(path).trial(n).path.absolute()) for n in latest}
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
     out = [_row(n, t, s, states, dirs[n], earlier.get(n, 0.0)) for n, t in latest.items()]
     try:

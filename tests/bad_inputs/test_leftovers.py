@@ -50,6 +50,7 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         ([*RUN, "run.dir=sw/trial_001"], "would put a run in the directory of sweep"),
         ([*RUN, "run.root=sw"], "would put a run in the directory of sweep"),
         ([*RUN, "run.dir=sw/trial_000/mine"], "would put a run in the directory of sweep"),
+        ([*RUN, "run.dir=sw/mine"], "would put a run in the directory of sweep"),
     ],
     ids=[
         "dot",
@@ -65,6 +66,7 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         "sweep-trial-not-started",
         "sweep-as-root",
         "inside-a-trial",
+        "beside-the-trials",
     ],
 )
 def test_a_refusal_leaves_nothing_at_any_depth(
