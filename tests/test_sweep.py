@@ -974,9 +974,10 @@ def test_median_rule_and_the_plot(tiny: Path) -> None:
 
 
 def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -> None:
-    """Re-running a completed trial's directory trains nothing, continuing it trains on, and
-    neither writes to the sweep's journal (it recorded the trial's end); how the sweep ran its
-    trials (sweep.max_concurrent) is not the trial's config; relative sweep paths give no false
+    """Re-running a completed trial's directory trains nothing; training it further there is
+    refused (the sweep's table and best.yml read that folder), and its hint continues it as a
+    run of its own; neither writes to the sweep's journal; how the sweep ran its trials
+    (sweep.max_concurrent) is not the trial's config; relative sweep paths give no false
     warnings."""
     proc = run_cli(
         "run", "-C", str(tiny), "-m", "optim.lr=0.01,0.1", "sweep.max_concurrent=1", cwd=tiny.parent
@@ -987,11 +988,16 @@ def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -
     args = ["run", "-C", str(tiny), "optim.lr=0.01", f"run.dir={trial}"]
     again = run_cli(*args, cwd=tiny.parent)
     assert "already completed" in again.stdout and "Traceback" not in again.stderr
-    more = run_cli(*args, "train.max_epochs=3", cwd=tiny.parent)
-    assert (
-        "resumed from" in more.stdout
-        and json.loads((trial / "result.json").read_text())["epoch"] == 3
-    )
+    before = (trial / "result.json").read_bytes()
+    more = run_cli(*args, "train.max_epochs=3", cwd=tiny.parent, check=False)
+    assert more.returncode == 2 and "which recorded its end" in more.stderr, more.stderr
+    assert (trial / "result.json").read_bytes() == before
+    hint = more.stderr.split("HINT: train it as a run of its own: expctl ")[1].split(" (and")[0]
+    own = tiny.parent / "own"
+    hinted = [w.replace("NEW_DIR", str(own)) for w in hint.split()]
+    cont = run_cli(*hinted, "train.max_epochs=3", cwd=tiny.parent)
+    assert "resumed from" in cont.stdout, cont.stdout
+    assert json.loads((own / "result.json").read_text())["epoch"] == 3
     assert (sweep / "journal.log").read_bytes() == journal
     # from inside the sweep's folder, best.yml trains into runs/ there: no trial's place
     inside = run_cli("run", "-C", "best.yml", "train.max_epochs=1", cwd=sweep)

@@ -42,7 +42,7 @@ from expctl.errors import (
     UserError,
 )
 from expctl.jobs import exploit, slurm, snapshot, study
-from expctl.layout import RunDir
+from expctl.layout import RunDir, SweepDir
 from expctl.rank import entry as rank
 from expctl.rank import rundir
 from expctl.rank.entry import Evaluation
@@ -65,6 +65,30 @@ class Result:
         return self.metrics[key]
 
 
+def _refuse_recorded_trial(cfg: Config) -> None:
+    """A sweep's trial whose end the sweep recorded stays as recorded: its table, best.yml and
+    results read that folder. Rerunning it unchanged trains nothing (a completed trial); training
+    it further, or again, goes to a run directory of its own.
+
+    Raises:
+        UserError: `cfg` would train in such a folder.
+    """
+    ref = study.TrialRef.read(cfg.run.dir)
+    if ref is None or study.is_open(ref, cfg.sweep):
+        return
+    run = RunDir(str(cfg.run.dir))
+    if run.read_result().get("status") == "completed" and not rundir.changes(cfg):
+        return  # trains nothing: it says so
+    newest = run.checkpoint_files()
+    raise UserError(
+        f"run.dir={run.path} holds trial {SweepDir.number_of(run.path)} of sweep {ref.sweep_dir}, "
+        "which recorded its end: training it here would change what the sweep reports",
+        f"train it as a run of its own: expctl run -C {run.config} run.dir=NEW_DIR"
+        + (f" checkpoint.resume={newest[0]}" if newest else "")
+        + " (and your changes)",
+    )
+
+
 def visible_gpus(cfg: Config) -> int:
     """GPUs this process would train on (0 for train.device=cpu or no CUDA)."""
     if cfg.train.device == "cpu":
@@ -83,6 +107,8 @@ def launch(
     (inline or local; the result is RUN_DIR/eval/NAME.json). `origin`: the command this launch
     comes from, for RUN_DIR/provenance.json (default: this process's)."""
     origin = origin or Launch.here(None)
+    if evaluation is None:
+        _refuse_recorded_trial(cfg)
     gpus = visible_gpus(cfg)
     env = detect(os.environ, gpus_per_node=gpus if "SLURM_STEP_ID" in os.environ else None)
     if env.distributed and cfg.launcher.name != "inline":

@@ -225,9 +225,7 @@ def _write_config(path: Path, cfg: Config, fresh: bool, restart: bool) -> bytes 
     replaced = None
     if not fresh and target.exists():
         old = config_mod.load(path)
-        diff = _differences(old.to_dict(), cfg.to_dict())
-        # how a sweep ran the trial a folder holds is not its config (a rerun by hand differs)
-        diff = [k for k in diff if not k.startswith(SWEEP_DRIVER_KEYS)]
+        diff = changes(cfg) or []  # how a sweep ran a trial is not its config
         blocking = [k for k in diff if not k.startswith(RESUMABLE_CHANGES)]
         if blocking:
             newest = RunDir(path).checkpoint_files()
@@ -348,6 +346,17 @@ def _get(tree: dict[str, Any], dotted: str) -> str:
         value = value.get(part, "unset") if isinstance(value, dict) else "unset"
     text = str(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def changes(cfg: Config) -> list[str] | None:
+    """The keys in which `cfg` differs from the config frozen in its run.dir, without those of
+    how a sweep ran it (None: no run.dir, or no config there)."""
+    path = deterministic_dir(cfg, None)
+    if path is None or not RunDir(path).config.is_file():
+        return None
+    frozen = cfg.replace("run", dir=str(path))
+    diff = _differences(config_mod.load(path).to_dict(), frozen.to_dict())
+    return [k for k in diff if not k.startswith(SWEEP_DRIVER_KEYS)]
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
