@@ -247,6 +247,8 @@ def test_failing_trial_is_recorded_and_the_sweep_goes_on(tiny: Path) -> None:
     assert foreign.returncode == 2, foreign.stderr
     assert "trial 1's folder holds a run the sweep did not start" in foreign.stderr
     assert "(the sweep stopped)" in foreign.stderr and "Traceback" not in foreign.stderr
+    row = ledger.rows(stopped)[1]
+    assert row.foreign and row.value is None and row.best is None, row
     shutil.rmtree(stopped / "trial_001")
     skipped = run_cli(
         "sweep", "resume", "--skip-failed", str(stopped), cwd=tiny.parent, check=False
@@ -344,8 +346,10 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     assert best_yml.optim.lr == float(json.loads(b)["optim.lr"]) and best_yml.train.seed == 7
     assert found.value == pytest.approx(0.8) and found.std == pytest.approx(0.0)
     assert {r.number for r in found.trials} == {r.number for r in configs[b]}
+    numbers = ", ".join(str(r.number) for r in found.trials)
     assert found.describe().startswith(
-        f"best configuration: val/acc=0.8 ± 0 over 2 seed(s)  optim.lr={json.loads(b)['optim.lr']}"
+        f"best configuration: val/acc=0.8 ± 0 over 2 seed(s) (trials {numbers})  "
+        f"(optim.lr={json.loads(b)['optim.lr']})"
     )
 
 
@@ -1004,6 +1008,18 @@ def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -
     assert f"{sweep}/runs/" in inside.stdout, inside.stdout
     relative = run_cli("sweep", "table", str(sweep.relative_to(tiny.parent)), cwd=tiny.parent)
     assert "warning" not in relative.stderr, relative.stderr
+    # a trial's folder replaced by another's (trial.json of trial 0): named, never read as its
+    top = run_cli("sweep", "best", str(sweep), cwd=tiny.parent).stdout
+    shutil.rmtree(sweep / "trial_001")
+    shutil.copytree(trial, sweep / "trial_001")
+    table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent)
+    assert "trial_001: a run the sweep did not start" in table.stderr, table.stderr
+    assert "its folder holds a run the sweep did not start" in table.stdout
+    again = run_cli("sweep", "best", str(sweep), cwd=tiny.parent, check=False)
+    if top.startswith("best trial 1:"):
+        assert again.returncode == 2 and "best.yml not written" in again.stderr, again.stderr
+    else:
+        assert again.returncode == 0 and again.stdout.startswith("best trial 0:")
 
 
 def test_a_three_parameter_tpe_sweep_plots_every_view(

@@ -5,6 +5,7 @@ that made its weights).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,18 +42,49 @@ class Best:
         return f"{done} seed(s)" if done == self.runs else f"{done} of {self.runs} seed(s)"
 
     def describe(self) -> str:
-        """What `expctl sweep best` prints."""
+        """What `expctl sweep best` and the end of a sweep print: with repeats, the mean ± std
+        over the seeds of the best configuration (its test metrics too), as the table ranks it."""
+        results = [RunDir(r.run_dir).read_result() for r in self.trials]
+        keys = [k for k in results[0] if k.startswith("test/") and all(k in x for x in results)]
         top = self.trials[0]
+        label = top.overrides if self.std is None else self.label
+        said = label if label.startswith("(") else f"({label}{_copies(top)})"
         if self.std is None:
-            return (
-                f"best trial {top.number}: {self.metric}={self.value:.6g}  ({top.overrides})\n"
-                f"  directory {top.run_dir}\n  config    {self.path}"
-            )
-        trials = ", ".join(f"{r.number} ({ledger.fmt_float(r.value)})" for r in self.trials)
+            parts = [f"best trial {top.number}: {self.metric}={self.value:.4g}"]
+            parts += [f"{k}={results[0][k]:.4g}" for k in keys]
+        else:
+            numbers = ", ".join(str(r.number) for r in self.trials)
+            parts = [
+                f"best configuration: {self.metric}={self.value:.4g} ± {self.std:.2g} over "
+                f"{self.seeds} (trials {numbers})"
+            ]
+            parts += [f"{k}={_spread([float(x[k]) for x in results])}" for k in keys]
+        where = f"\n  its directory: {top.run_dir}" if self.std is None else ""
         return (
-            f"best configuration: {self.metric}={self.value:.6g} ± {self.std:.2g} over "
-            f"{self.seeds}  {self.label}\n  trials    {trials}\n  config    {self.path}"
+            "  ".join([*parts, said])
+            + where
+            + f"\n  its config: {self.path}  (expctl run -C {self.path})"
         )
+
+
+def _copies(r: ledger.Row) -> str:
+    """A PBT trial's copies in brief: its values changed on the way (best.yml replays them)."""
+    if not r.lineage:
+        return ""
+    last = r.lineage[-1]
+    values = " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last["params"].items()
+    )
+    n = len(r.lineage)
+    return (
+        f"; then {n} PBT cop{'y' if n == 1 else 'ies'}, the last of trial {last['from_trial']} "
+        f"at step {last['step']} with {values}"
+    )
+
+
+def _spread(values: list[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.4g} ± {std:.2g}"
 
 
 def _best(
@@ -96,7 +128,7 @@ def _threads_note(run_dir: str) -> str:
 def best(sweep_dir: str | Path) -> Best:
     """The best configuration; writes SWEEP_DIR/best.yml, its config (with the base config's
     seed, not one repeat's), usable with -C."""
-    path = Path(sweep_dir)
+    path = Path(sweep_dir).absolute()
     s = ledger.settings(path)
     every = ledger.rows(path)
     found = _best(every, s.mode)
@@ -104,6 +136,13 @@ def best(sweep_dir: str | Path) -> Best:
         raise UserError(f"{path}: no completed trial yet", f"see `expctl sweep table {path}`")
     top = Best(*found, s.metric, SweepDir(path).best)
     first = top.trials[0]
+    if first.foreign:
+        raise UserError(
+            f"trial {first.number} is the best by the sweep's record, but {first.run_dir} holds "
+            "a run the sweep did not start: its config is not the trial's, best.yml not written",
+            f"put trial {first.number}'s own folder back, or train its values "
+            f"({first.overrides}) in a new sweep",
+        )
     cfg = config_mod.load(first.run_dir).to_dict()
     cfg["run"]["dir"] = None
     cfg["train"]["seed"] -= first.seed_idx

@@ -73,6 +73,9 @@ class Row:
     optuna_trial: int | None = None  # its latest attempt in the Optuna study; None: not started
     # PBT: each copy of another trial, oldest first: {"step", "from_trial", "params", "time"}
     lineage: list[dict[str, Any]] = field(default_factory=list)
+    # its folder holds a run that is not this attempt's (put there by hand): the row shows what
+    # the journal recorded, nothing read from the folder
+    foreign: bool = False
 
 
 def require(path: Path) -> None:
@@ -133,12 +136,12 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     # of it is kept (`sweep table` answers without Optuna's import and replay of the journal)
     dirs_now = SweepDir(path).trials()
     files = [SweepDir(path).journal, SweepDir(path).spec]
-    files += [f for r in dirs_now for f in (RunDir(r.path).metrics, RunDir(r.path).result)]
+    files += [f for r in dirs_now for f in (r.metrics, r.result, r.trial)]
     kept = kept_path("sweep-rows", path, files)
     cached = read_kept(kept)
     if isinstance(cached, list):
         with contextlib.suppress(TypeError):  # kept by another version of expctl
-            return [Row(**r) for r in cached]
+            return _said_foreign([Row(**r) for r in cached])
     latest: dict[int, Any] = {}
     earlier: dict[int, float] = {}  # the wall time of a trial's attempts before its latest
     trials, whole = _journal_trials(path, s)
@@ -161,6 +164,7 @@ def rows(sweep_dir: str | Path) -> list[Row]:
         if n not in latest:
             out.append(_unstarted(path, n, params, seed_idx, sampled=not spec.get("points")))
     out.sort(key=lambda r: r.number)
+    _said_foreign(out)
     if whole and not any(r.status in ("pending", "running") for r in out):
         keep(kept, [dataclasses.asdict(r) for r in out])
     return out
@@ -246,8 +250,9 @@ def _row(
     if status in ("running", "pending") and not _alive(a, states):
         status = "lost"
     run = RunDir(run_dir)
-    steps, history = run.metric_series(s.metric) if run else ([], [])
-    result = run.read_result() if run else {}
+    foreign = _foreign(run, t.number)
+    steps, history = run.metric_series(s.metric) if not foreign else ([], [])
+    result = run.read_result() if not foreign else {}
     # a trial that has not ended: where its last validation was (it recorded none yet)
     epoch, step = a.get("epoch"), a.get("step")
     if step is None and steps:
@@ -261,7 +266,8 @@ def _row(
         best=(max(history) if s.mode == "max" else min(history)) if history else None,
         epoch=epoch,
         wall_s=None if (wall := _wall(a)) is None else earlier + wall,
-        error=a.get("error", ""),
+        error=a.get("error")
+        or ("its folder holds a run the sweep did not start" if foreign else ""),
         run_dir=run_dir,
         params=typed(dict(t.params)),
         step=step,
@@ -270,7 +276,29 @@ def _row(
         metrics=metric_values(result),
         optuna_trial=t.number,
         lineage=list(a.get("lineage") or []),
+        foreign=foreign,
     )
+
+
+def _said_foreign(out: list[Row]) -> list[Row]:
+    if foreign := [Path(r.run_dir).name for r in out if r.foreign]:
+        log.warning(
+            "%s: a run the sweep did not start (put there by hand); the table shows what the "
+            "journal recorded",
+            ", ".join(foreign[:5]),
+        )
+    return out
+
+
+def _foreign(run: RunDir, attempt: int) -> bool:
+    """Whether `run` holds a run, but not of this attempt (its trial.json names another, or
+    none: copied or trained there by hand)."""
+    if not run.config.is_file():
+        return False
+    try:
+        return int(json.loads(run.trial.read_text())["number"]) != attempt
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
 
 
 def _wall(

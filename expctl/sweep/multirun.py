@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import socket
-import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -36,7 +35,7 @@ from expctl.rank import rundir
 from expctl.rank.provenance import Launch
 from expctl.rank.runlock import RunLock, is_locked
 from expctl.sweep import ledger, results, trials
-from expctl.sweep.best import Best, best
+from expctl.sweep.best import best
 from expctl.sweep.plan import (
     Plan,
     check_sweep,
@@ -310,48 +309,8 @@ def run_trials(
         trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
     print(results.table(sweep_dir))
     if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
-        print(_best_line(best(sweep_dir)), flush=True)
+        print(best(sweep_dir).describe(), flush=True)
     return outcome(sweep_dir)
-
-
-def _best_line(top: Best) -> str:
-    """The end-of-sweep summary of `best`: with repeats, the mean ± std over the seeds of
-    the best configuration (its test metrics too), as the table ranks it."""
-    results = [RunDir(r.run_dir).read_result() for r in top.trials]
-    keys = [k for k in results[0] if k.startswith("test/") and all(k in x for x in results)]
-    if top.std is None:
-        r = top.trials[0]
-        parts = [f"best trial {r.number}: {top.metric}={top.value:.4g}"]
-        parts += [f"{k}={results[0][k]:.4g}" for k in keys] + [f"({r.overrides}{_copies(r)})"]
-    else:
-        numbers = ", ".join(str(r.number) for r in top.trials)
-        parts = [
-            f"best configuration: {top.metric}={top.value:.4g} ± {top.std:.2g} over {top.seeds}"
-            f" (trials {numbers})"
-        ]
-        parts += [f"{k}={_spread([float(x[k]) for x in results])}" for k in keys]
-        parts += [f"({top.label})"]
-    return "  ".join(parts) + f"\n  its config: {top.path}  (expctl run -C {top.path})"
-
-
-def _copies(r: ledger.Row) -> str:
-    """A PBT trial's copies in brief: its values changed on the way (best.yml replays them)."""
-    if not r.lineage:
-        return ""
-    last = r.lineage[-1]
-    values = " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last["params"].items()
-    )
-    n = len(r.lineage)
-    return (
-        f"; then {n} PBT cop{'y' if n == 1 else 'ies'}, the last of trial {last['from_trial']} "
-        f"at step {last['step']} with {values}"
-    )
-
-
-def _spread(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.4g} ± {std:.2g}"
 
 
 def outcome(sweep_dir: Path) -> Outcome:
