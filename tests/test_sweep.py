@@ -394,6 +394,11 @@ def test_repeats_of_a_sampled_point_share_its_values_and_a_point_twice_is_no_see
     )  # fmt: skip
     assert "note: sweep.n_trials=3 is more than the 2 point(s) of the space" in drawn.stderr
     assert "best trial " in drawn.stdout, drawn.stdout
+    fewer = run_cli(
+        "run", "-C", str(tiny), "-m", "optim.lr=0.1,0.2,0.3", "sweep.n_trials=1",
+        "train.max_epochs=1", cwd=tiny.parent,
+    )  # fmt: skip
+    assert "note: sweep.n_trials=1 runs the first 1 of the grid's 3 points" in fewer.stderr
 
 
 def test_resume_beside_a_live_driver_is_refused_and_changes_nothing(tiny: Path) -> None:

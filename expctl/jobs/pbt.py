@@ -110,6 +110,12 @@ def check(cfg: Config, keys: Sequence[str], repeat: int) -> None:
             f"sweep.pbt.factors={list(s.pbt.factors)}: perturbation factors must be positive",
             "e.g. sweep.pbt.factors=[0.8,1.2]",
         )
+    if all(f == 1 for f in s.pbt.factors):
+        raise UserError(
+            f"sweep.pbt.factors={list(s.pbt.factors)} never changes a number: a copy would train "
+            "on as its donor does, step for step",
+            "e.g. sweep.pbt.factors=[0.8,1.2]",
+        )
 
 
 def decide(

@@ -62,8 +62,13 @@ def plan(
     plain, dims = parse_space(overrides, s.params, s.seed, options)
     check_values(dims)
     points = grid(dims) if gridded(s, dims) else []
-    if s.n_trials:
+    if s.n_trials and len(points) > s.n_trials:
+        notes.append(
+            f"sweep.n_trials={s.n_trials} runs the first {s.n_trials} of the grid's "
+            f"{len(points)} points (without sweep.n_trials, all of them)"
+        )
         points = points[: s.n_trials]
+    _check_run_dir(overrides)
     heads = points or [{d.key: d.values[0] for d in dims if d.values}]
     over = point_overrides(plain, heads[0])
     if over != first:  # sweep.params or a shuffle moved the first point
@@ -206,6 +211,21 @@ def _group_options(config_file: str | None, group: str) -> list[str] | None:
 # ---------------------------------------------------------------------------------------------
 # checks of a sweep before anything exists, and of its -C file when its trials are composed
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_run_dir(overrides: Sequence[str]) -> None:
+    """run.dir names one run's folder; a sweep makes its own (under run.root, named by
+    run.name), each trial in it (a -C file's run.dir, a frozen run's, is left aside).
+
+    Raises:
+        UserError: the command line sets run.dir.
+    """
+    given = [o for o in overrides if o.lstrip("+~").partition("=")[0] == "run.dir"]
+    if given:
+        raise UserError(
+            f"{given[-1]} with -m: a sweep makes its own directory, one folder per trial in it",
+            "say where it goes with run.root=DIR (and run.name=NAME), or drop -m to train one run",
+        )
 
 
 def check_sweep(

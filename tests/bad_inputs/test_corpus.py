@@ -407,6 +407,21 @@ CORPUS: list[tuple[list[str], str]] = [
         ["run", "-m", "sweep.sampler=random", "sweep.n_trials=99999999999", "optim.lr=choice(1,2)"],
         "more than 100,000 trials",
     ),
+    (  # a copy would repeat its donor step for step
+        [
+            "run",
+            "-m",
+            "sched=none",
+            "sweep.scheduler=pbt",
+            "sweep.pbt.factors=[1.0]",
+            "optim.lr=0.1,0.2",
+        ],
+        "sweep.pbt.factors=[1.0] never changes a number",
+    ),
+    (  # the sweep went to run.root, run.dir unused
+        ["run", "-m", "optim.lr=0.1,0.2", "run.dir=mine"],
+        "run.dir=mine with -m: a sweep makes its own directory",
+    ),
     (  # a probability over 1 was taken as "always"
         ["run", "-m", "sched=none", "sweep.scheduler=pbt", "sweep.pbt.resample_probability=2"],
         "sweep.pbt.resample_probability: 2.0 is above the maximum 1",
