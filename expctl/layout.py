@@ -309,6 +309,10 @@ def _damaged_spec(path: Path, why: str) -> UserError:
     )
 
 
+# what `sweep resume` makes a trial's config from (a table reads sweeps without some of them)
+_MAKES_TRIALS = ("config_file", "plain", "dims", "points")
+
+
 def _checked_spec(path: Path, spec: Any) -> dict[str, Any]:
     """A sweep.json as `expctl run -m` writes it: points a list of mappings, counts integers,
     the -C file a path or null, the plain overrides a list of strings."""
@@ -320,6 +324,10 @@ def _checked_spec(path: Path, spec: Any) -> dict[str, Any]:
         "n_trials": lambda v: isinstance(v, int) and v >= 0,
         "config_file": lambda v: isinstance(v, str),
         "plain": lambda v: isinstance(v, list) and all(isinstance(o, str) for o in v),
+        "dims": lambda v: (
+            isinstance(v, list) and all(isinstance(d, dict) and "key" in d for d in v)
+        ),
+        "config_sha256": lambda v: isinstance(v, str),
     }
     for key, ok in checks.items():
         if spec.get(key) is not None and not ok(spec[key]):
@@ -391,8 +399,10 @@ class SweepDir:
         """The trials' run directories that hold a frozen config, by number."""
         return [RunDir(p.parent) for p in sorted(self.path.glob(f"trial_*/{RunDir.CONFIG}"))]
 
-    def read_spec(self) -> dict[str, Any]:
-        """sweep.json, checked for the keys and types every reader takes from it.
+    def read_spec(self, resuming: bool = False) -> dict[str, Any]:
+        """sweep.json, checked for the keys and types every reader takes from it (`resuming`:
+        also those that make a trial's config: the -C file, its digest, the overrides, the
+        searched dimensions).
 
         Raises:
             UserError: it cannot be read, or is not what `expctl run -m` wrote.
@@ -401,4 +411,12 @@ class SweepDir:
             spec = json.loads(self.spec.read_text())
         except (OSError, ValueError, RecursionError) as e:
             raise _damaged_spec(self.spec, " ".join(str(e).split())[:120]) from None
-        return _checked_spec(self.spec, spec)
+        spec = _checked_spec(self.spec, spec)
+        if not resuming:
+            return spec
+        missing = [k for k in _MAKES_TRIALS if k not in spec]
+        if spec.get("config_file") is not None and not spec.get("config_sha256"):
+            missing.append("config_sha256")  # the check that its -C file is unchanged
+        if missing:
+            raise _damaged_spec(self.spec, f"no {missing[0]!r}")
+        return spec

@@ -15,7 +15,7 @@ from expctl.errors import UserError
 from expctl.jobs.study import TrialRef, attrs_of, mark
 from expctl.layout import SweepDir
 from expctl.rank.provenance import Launch
-from expctl.sweep import ledger
+from expctl.sweep import ledger, trials
 from expctl.sweep.multirun import Outcome, Slot, driving, outcome, run_trials
 from expctl.sweep.plan import check_unchanged
 
@@ -80,7 +80,7 @@ def resume(
 def _resume(path: Path, overrides: list[str], skip_failed: bool) -> Outcome:
     import optuna  # noqa: PLC0415 - Optuna off `run -m`'s checks: a bad sweep fails without it
 
-    spec = SweepDir(path).read_spec()
+    spec = SweepDir(path).read_spec(resuming=True)
     check_unchanged(spec)
     frozen = SweepDir(path).trials()
     base = (
@@ -92,6 +92,8 @@ def _resume(path: Path, overrides: list[str], skip_failed: bool) -> Outcome:
         given = compose.compose(spec["config_file"], [*spec["plain"], *overrides]).sweep
         keys = [o.partition("=")[0].lstrip("+").removeprefix("sweep.") for o in overrides]
         base = base.replace("sweep", **{k: getattr(given, k) for k in keys})
+    if base.launcher.name != "slurm":  # a share this machine cannot give: before any change
+        trials.plan_for(base, 1)
     _repair_journal(SweepDir(path).journal)
     if base.sweep.scheduler == "pbt":
         _finish_cut_copies(path)

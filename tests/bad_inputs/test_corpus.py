@@ -543,6 +543,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "resume", "swept_deep"], "swept_deep/journal.log is damaged (RecursionError"),
     (["sweep", "resume", "swept_op"], "swept_op/journal.log is damaged (AssertionError"),
     (["sweep", "resume", "swept_spec"], "swept_spec/sweep.json is damaged"),
+    (["sweep", "resume", "swept_no_dims"], "swept_no_dims/sweep.json is damaged (no 'dims')"),
+    (["sweep", "resume", "swept_no_plain"], "sweep.json is damaged (no 'plain')"),
+    (["sweep", "resume", "swept_no_config_file"], "is damaged (no 'config_file')"),
+    (["sweep", "resume", "swept", "sweep.cpus_per_trial=64"], "sweep.cpus_per_trial=64 but"),
     (["sweep", "resume", "swept_nojournal"], "not a sweep directory (no journal.log)"),
     # found by a new user (stop 35): a traceback, and a run directory left behind, before
     (["run", "data=synthetic", "model.width=0"], "model.width=0: a size of the model, at least 1"),
@@ -833,6 +837,11 @@ def _damaged_sweeps(tmp_path: Path, good: Path) -> None:
     (tmp_path / "swept_spec" / "sweep.json").write_text('{"points": "x"}')
     shutil.copytree(good, tmp_path / "swept_nojournal")
     (tmp_path / "swept_nojournal" / "journal.log").unlink()
+    spec = json.loads((good / "sweep.json").read_text())
+    for key in ("dims", "plain", "config_file"):  # JSON still, but not what makes its trials
+        shutil.copytree(good, tmp_path / f"swept_no_{key}")
+        cut = {k: v for k, v in spec.items() if k != key}
+        (tmp_path / f"swept_no_{key}" / "sweep.json").write_text(json.dumps(cut))
 
 
 def _sweep_not_started(path: Path) -> None:
