@@ -1126,3 +1126,32 @@ def test_a_misspelt_sweep_metric_fails_the_trial_before_it_trains(
     assert not list(tmp_path.rglob("metrics.jsonl")) or all(
         p.stat().st_size == 0 for p in tmp_path.rglob("metrics.jsonl")
     ), "no trial trained"
+
+
+def test_resume_refuses_a_sweep_whose_config_group_file_changed(tiny: Path) -> None:
+    """A group file beside the -C file (optim/fast.yaml) edited between start and resume: the
+    trials not yet run would train another configuration than the ones that ran; refused,
+    naming the values; restored, the resume runs."""
+    group = tiny.parent / "optim"
+    group.mkdir()
+    (group / "fast.yaml").write_text("{name: sgd, lr: 0.1, momentum: 0.9}\n")
+    cfg = tiny.parent / "grouped.yml"
+    cfg.write_text("defaults: [{optim: fast}]\n" + tiny.read_text().replace("optim:", "#optim:"))
+    proc = run_cli(
+        "run", "-C", str(cfg), "-m", "data.batch_size=100000,16", "sweep.stop_on_failure=true",
+        "sweep.max_concurrent=1", cwd=tiny.parent, check=False,
+    )  # fmt: skip
+    sweep = sweep_dir_of(proc.stdout)
+    assert [r.status for r in ledger.rows(sweep)] == ["failed", "pending"], proc.stdout
+    (group / "fast.yaml").write_text("{name: sgd, lr: 0.5, momentum: 0.9}\n")
+    journal = (sweep / "journal.log").read_bytes()
+    refused = run_cli("sweep", "resume", "--skip-failed", str(sweep), cwd=tiny.parent, check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert "the sweep's config changed since it started (optim.lr=0.1 then, 0.5 now)" in (
+        refused.stderr
+    )
+    assert (sweep / "journal.log").read_bytes() == journal
+    (group / "fast.yaml").write_text("{name: sgd, lr: 0.1, momentum: 0.9}\n")
+    run_cli("sweep", "resume", "--skip-failed", str(sweep), cwd=tiny.parent, check=False)
+    assert [r.status for r in ledger.rows(sweep)] == ["failed", "completed"]
+    assert config.load(ledger.rows(sweep)[1].run_dir).optim.args["lr"] == 0.1

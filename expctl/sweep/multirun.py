@@ -149,6 +149,8 @@ def _multirun(
         "repeat": repeat,
         "n_trials": len(points) if gridded(s, dims) else s.n_trials or DEFAULT_TRIALS,
         "created": time.time(),
+        # what the files it composes made of its first point: `sweep resume` composes it again
+        "base": {"overrides": space.first, "config": base.to_dict()},
     }
     try:
         SweepDir(sweep_dir).spec.write_text(json.dumps(spec, indent=2) + "\n")

@@ -19,6 +19,7 @@ from typing import Any
 
 from expctl import dist
 from expctl.config import compose, layers
+from expctl.config import frozen as config_mod
 from expctl.config.schema import Config, SweepConfig
 from expctl.errors import UserError
 from expctl.jobs import pbt
@@ -39,6 +40,7 @@ class Plan:
     plain: list[str]
     dims: list[Dimension]
     points: list[dict[str, Any]]
+    first: list[str]  # the overrides `base` was composed with
 
 
 def plan(
@@ -89,7 +91,7 @@ def plan(
             flush=True,
         )
     _compose_all(config_file, others, notes, vary)
-    return Plan(base, plain, dims, points)
+    return Plan(base, plain, dims, points, over)
 
 
 _SAY_AT = 500  # points composed (~0.07 s each a core) before the wait is said
@@ -341,7 +343,12 @@ def digest(config_file: str | None) -> str | None:
 
 
 def check_unchanged(spec: dict[str, Any]) -> None:
-    """A sweep's trials all come from the -C file as it was when the sweep started."""
+    """A sweep's trials all come from the -C file, and every file it composes (a config group
+    beside it, a built-in default), as they were when the sweep started.
+
+    Raises:
+        UserError: naming what changed.
+    """
     now = digest(spec["config_file"])
     if spec["config_file"] and now is None and spec.get("config_sha256"):
         raise UserError(
@@ -354,4 +361,24 @@ def check_unchanged(spec: dict[str, Any]) -> None:
             f"-C {spec['config_file']} changed since the sweep started: its trials would mix "
             "two configurations",
             "restore the file as it was, or start a new sweep (`expctl run -m ...`)",
+        )
+    then = spec.get("base")  # sweeps from before it was kept: the -C file's digest only
+    if not isinstance(then, dict) or not isinstance(then.get("config"), dict):
+        return
+    now_cfg = compose.compose(
+        spec["config_file"], list(then.get("overrides") or []), notes=[]
+    ).to_dict()
+    old_flat, new_flat = config_mod.flatten(then["config"]), config_mod.flatten(now_cfg)
+    changed = [
+        k for k in sorted(old_flat.keys() | new_flat.keys()) if old_flat.get(k) != new_flat.get(k)
+    ]
+    if changed:
+        said = "; ".join(
+            f"{k}={old_flat.get(k)} then, {new_flat.get(k)} now" for k in changed[:3]
+        ) + ("; ..." if len(changed) > 3 else "")
+        raise UserError(
+            f"the sweep's config changed since it started ({said}): a file it composes (a "
+            "config group beside the -C file, or a default) was edited; its trials would mix "
+            "two configurations",
+            "restore the files as they were, or start a new sweep (`expctl run -m ...`)",
         )
