@@ -441,3 +441,19 @@ def test_a_copy_cut_short_by_a_killed_driver_is_finished_by_resume(tmp_path: Pat
         (entry,) = compose.compose(str(trial / "config.yaml"), []).train.hparam_schedule
         last = lineage[-1]
         assert entry == {"step": last["step"], "optim": {"lr": last["params"]["optim.lr"]}}
+
+
+def test_a_population_that_stops_before_any_round_is_told_so(tiny: Path) -> None:
+    """train.max_steps ends the trials before the first round's epoch (which the driver cannot
+    know before the data is read): the sweep ends as a plain grid and says why, once."""
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "sweep.scheduler=pbt", "optim.lr=0.01,0.1",
+        "train.max_steps=20", "train.max_epochs=null", "sweep.pbt.interval=3", cwd=tiny.parent,
+    )  # fmt: skip
+    assert proc.stderr.count("note: no PBT round took place: sweep.pbt.interval=3") == 1, proc
+    assert "they trained 2 at most (train.max_steps)" in proc.stderr, proc.stderr
+    longer = run_cli(
+        "run", "-C", str(tiny), "-m", "sweep.scheduler=pbt", "optim.lr=0.01,0.1",
+        "train.max_epochs=2", "sweep.pbt.interval=1", cwd=tiny.parent,
+    )  # fmt: skip
+    assert "no PBT round" not in longer.stderr, longer.stderr

@@ -310,9 +310,30 @@ def run_trials(
     with kept_storages():  # the driver's loop reads the journal as it grows
         trials.run_local(sweep_dir, use, todo, make_config, origin, base.sweep, pool)
     print(results.table(sweep_dir))
-    if any(r.status == "completed" for r in ledger.rows(sweep_dir)):
+    rows = ledger.rows(sweep_dir)
+    if any(r.status == "completed" for r in rows):
         print(best(sweep_dir).describe(), flush=True)
+    if note := _no_pbt_round(rows, base.sweep):
+        print(f"expctl: note: {note}", file=sys.stderr, flush=True)
     return outcome(sweep_dir)
+
+
+def _no_pbt_round(rows: list[ledger.Row], s: Any) -> str | None:
+    """Why a PBT sweep whose trials all ended never compared them, if that is so: its trials
+    stopped (train.max_steps) before a round's epoch (checked before the start only for
+    train.max_epochs: the epochs a number of steps makes are known once the data is)."""
+    if s.scheduler != "pbt" or any(r.lineage for r in rows):
+        return None
+    if any(r.status in ("pending", "running") for r in rows):
+        return None
+    epochs = [r.epoch for r in rows if r.epoch is not None]
+    if not epochs or max(epochs) > s.pbt.interval:
+        return None
+    return (
+        f"no PBT round took place: sweep.pbt.interval={s.pbt.interval} compares trials every "
+        f"{s.pbt.interval} epoch(s), never at the last, and they trained {max(epochs)} at most "
+        f"(train.max_steps): a lower sweep.pbt.interval, or more steps"
+    )
 
 
 def outcome(sweep_dir: Path) -> Outcome:
