@@ -1155,3 +1155,24 @@ def test_resume_refuses_a_sweep_whose_config_group_file_changed(tiny: Path) -> N
     run_cli("sweep", "resume", "--skip-failed", str(sweep), cwd=tiny.parent, check=False)
     assert [r.status for r in ledger.rows(sweep)] == ["failed", "completed"]
     assert config.load(ledger.rows(sweep)[1].run_dir).optim.args["lr"] == 0.1
+
+
+def test_a_configuration_with_fewer_than_two_completed_seeds_has_no_spread() -> None:
+    """--repeat with a pruner: one seed left (or none) has no ± std (it read 0, as if the seeds
+    had agreed); a repeat of the base config is labelled (base), not `seed#1`."""
+
+    def row(n: int, status: str, value: float | None, seed_idx: int, overrides: str) -> ledger.Row:
+        return ledger.Row(
+            n, status, overrides, "{}", value, value, 3, 1.0, "", f"t{n}", {}, 9, seed_idx
+        )
+
+    one = [
+        row(0, "completed", 0.9, 0, "optim.lr=0.1"),
+        row(1, "stopped", 0.5, 1, "optim.lr=0.1 seed#1"),
+    ]
+    none = [row(2, "stopped", 0.4, 0, ""), row(3, "stopped", 0.3, 1, "seed#1")]
+    two = [row(4, "completed", 0.9, 0, ""), row(5, "completed", 0.7, 1, "seed#1")]
+    assert ledger.std(one) is None and ledger.mean(one) == 0.9
+    assert ledger.std(none) is None and ledger.mean(none) is None
+    assert ledger.std(two) == pytest.approx(0.1414, abs=1e-4)
+    assert [ledger.config_label(r) for r in (*one, *none)] == ["optim.lr=0.1"] * 2 + ["(base)"] * 2

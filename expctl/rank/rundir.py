@@ -133,7 +133,7 @@ def _refuse_in_sweep(path: Path | None, root: Path) -> None:
     Raises:
         UserError: `path` (or a fresh folder under `root`) would lie there.
     """
-    sweep = next((p for p in (root, *root.parents) if SweepDir(p).spec.is_file()), None)
+    sweep = next((p for p in (root, *root.parents) if _is_sweep(SweepDir(p))), None)
     if sweep is None:
         return
     parts = (path if path is not None else root / "_").relative_to(sweep).parts
@@ -147,6 +147,10 @@ def _refuse_in_sweep(path: Path | None, root: Path) -> None:
         "pick a run.dir outside the sweep; to train a trial's config by hand: "
         f"expctl run -C {sweep}/trial_000/config.yaml run.dir=ANOTHER_DIR",
     )
+
+
+def _is_sweep(d: SweepDir) -> bool:
+    return d.spec.is_file() and d.journal.is_file()
 
 
 def abandon(held: RunLock) -> None:

@@ -26,7 +26,7 @@ class Best:
 
     trials: list[ledger.Row]  # its completed trials: one, or one per completed seed
     value: float  # the trial's metric, or the mean over the seeds
-    std: float | None  # the spread over the seeds; None without repeats
+    std: float | None  # the spread over its completed seeds; None: fewer than two
     runs: int  # its trials, completed or not
     metric: str
     path: Path  # SWEEP_DIR/best.yml
@@ -35,6 +35,16 @@ class Best:
     def label(self) -> str:
         """The configuration's overrides (without a repeat's seed)."""
         return ledger.config_label(self.trials[0])
+
+    @property
+    def repeats(self) -> bool:
+        """Whether the configuration was trained with several seeds (`--repeat`)."""
+        return self.runs > 1
+
+    @property
+    def spread(self) -> str:
+        """` ± std` over its completed seeds ('' with fewer than two)."""
+        return "" if self.std is None else f" ± {self.std:.2g}"
 
     @property
     def seeds(self) -> str:
@@ -47,19 +57,19 @@ class Best:
         results = [RunDir(r.run_dir).read_result() for r in self.trials]
         keys = [k for k in results[0] if k.startswith("test/") and all(k in x for x in results)]
         top = self.trials[0]
-        label = top.overrides if self.std is None else self.label
+        label = self.label if self.repeats else top.overrides
         said = label if label.startswith("(") else f"({label}{_copies(top)})"
-        if self.std is None:
+        if not self.repeats:
             parts = [f"best trial {top.number}: {self.metric}={self.value:.4g}"]
             parts += [f"{k}={results[0][k]:.4g}" for k in keys]
         else:
             numbers = ", ".join(str(r.number) for r in self.trials)
             parts = [
-                f"best configuration: {self.metric}={self.value:.4g} ± {self.std:.2g} over "
+                f"best configuration: {self.metric}={self.value:.4g}{self.spread} over "
                 f"{self.seeds} (trials {numbers})"
             ]
             parts += [f"{k}={_spread([float(x[k]) for x in results])}" for k in keys]
-        where = f"\n  its directory: {top.run_dir}" if self.std is None else ""
+        where = "" if self.repeats else f"\n  its directory: {top.run_dir}"
         return (
             "  ".join([*parts, said])
             + where
@@ -97,7 +107,7 @@ def _best(
     if not scored:
         return None
     g, value = min(scored, key=lambda gm: ledger.sort_key(gm[1], mode))
-    return ledger.done(g), value, ledger.std(g) if seeds else None, len(g)
+    return ledger.done(g), value, ledger.std(g), len(g)
 
 
 def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> None:
@@ -156,12 +166,12 @@ def best(sweep_dir: str | Path) -> Best:
                 {r.number: r.lineage for r in every},
             ),
         )
-    if top.std is None:
+    if not top.repeats:
         header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {first.overrides}\n"
     else:
         numbers = ", ".join(str(r.number) for r in top.trials)
         header = (
-            f"# best configuration of {path} ({s.metric}={top.value:.6g} ± {top.std:.2g} over "
+            f"# best configuration of {path} ({s.metric}={top.value:.6g}{top.spread} over "
             f"trials {numbers}): {top.label}\n"
         )
     header += _threads_note(first.run_dir)

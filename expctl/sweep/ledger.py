@@ -376,7 +376,8 @@ def repeated(rs: list[Row]) -> bool:
 
 def config_label(r: Row) -> str:
     """The trial's overrides without its seed: the configuration's."""
-    return r.overrides.rsplit(" seed#", 1)[0] or "(base)"
+    text = r.overrides.rsplit("seed#", 1)[0] if r.seed_idx else r.overrides
+    return text.strip() or "(base)"
 
 
 def done(g: list[Row]) -> list[Row]:
@@ -388,9 +389,10 @@ def mean(g: list[Row]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def std(g: list[Row]) -> float:
+def std(g: list[Row]) -> float | None:
+    """The spread of a configuration's completed seeds (None: fewer than two completed)."""
     vals = [r.value for r in done(g) if r.value is not None]
-    return statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return statistics.stdev(vals) if len(vals) > 1 else None
 
 
 def sort_key(value: float | None, mode: str) -> float:

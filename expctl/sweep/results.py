@@ -164,7 +164,7 @@ def table(sweep_dir: str | Path, sort: str | None = None, filters: Sequence[str]
         f"sweep {res.sweep_dir}  ({shown} trial(s): {counts or 'none'}; {res.metric}, {res.mode})"
     ]
     if ledger.repeated(every.rows):
-        lines += _group_lines(res, by_mean=sort is None)
+        lines += _group_lines(res, sort)
     else:
         lines += _trial_lines(res)
     left = [r for r in every.rows if r.status in ("pending", *ledger.UNFINISHED)]
@@ -196,10 +196,13 @@ def _trial_lines(res: SweepResults) -> list[str]:
     return lines
 
 
-def _group_lines(res: SweepResults, by_mean: bool) -> list[str]:
+def _group_lines(res: SweepResults, sort: str | None) -> list[str]:
+    """A line per configuration; best mean first, or by the mean as `sort` says (`value`,
+    `-value`), else in the order of `sort`'s trials; a mean no seed completed, last."""
     groups = ledger.groups(res.rows)
-    if by_mean:
-        groups.sort(key=lambda g: ledger.sort_key(ledger.mean(g), res.mode))
+    if sort is None or sort.lstrip("-") == "value":
+        mode = res.mode if sort is None else ("max" if sort.startswith("-") else "min")
+        groups.sort(key=lambda g: ledger.sort_key(ledger.mean(g), mode))
     statuses = ["/".join(sorted({r.status for r in g})) for g in groups]
     w = max([9, *map(len, statuses)])
     lines = [f"{'runs':>5}  {'status':<{w}} {'mean':>12} {'± std':>8} {TAIL}"]

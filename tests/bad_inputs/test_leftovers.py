@@ -89,6 +89,7 @@ def test_a_refusal_leaves_nothing_at_any_depth(
     (tmp_path / "r" / "config.yaml").write_text("")
     (tmp_path / "sw" / "trial_000").mkdir(parents=True)  # a sweep whose trial 1 has not started
     (tmp_path / "sw" / "sweep.json").write_text("{}\n")
+    (tmp_path / "sw" / "journal.log").write_text("")
     (tmp_path / "sw" / "trial_000" / "trial.json").write_text('{"sweep_dir": "sw", "number": 0}\n')
     before = tree(tmp_path)
     refused(args, expected, capsys)
