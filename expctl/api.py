@@ -43,6 +43,11 @@ def run(config: str | None = None, overrides: Sequence[str] = (), wait: bool = T
     with caller_state_kept():
         notes: list[str] = []
         cfg = compose.compose(config, overrides, notes=notes)
+        if cfg.sweep.params:
+            notes.append(
+                f"sweep.params ({', '.join(cfg.sweep.params)}) is the search space of a sweep: "
+                "this run trains the config as it is (`expctl run -m` sweeps it)"
+            )
         for note in notes:
             print(f"expctl: note: {note}", file=sys.stderr, flush=True)
         return launch.launch(cfg, wait=wait, origin=Launch.here(config, overrides))

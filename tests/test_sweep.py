@@ -1176,3 +1176,10 @@ def test_a_configuration_with_fewer_than_two_completed_seeds_has_no_spread() -> 
     assert ledger.std(none) is None and ledger.mean(none) is None
     assert ledger.std(two) == pytest.approx(0.1414, abs=1e-4)
     assert [ledger.config_label(r) for r in (*one, *none)] == ["optim.lr=0.1"] * 2 + ["(base)"] * 2
+
+
+def test_a_run_without_m_says_its_search_space_is_not_swept(tiny: Path) -> None:
+    cfg = tiny.parent / "space.yml"
+    cfg.write_text('sweep: {params: {optim.lr: "0.1,0.2"}}\n' + tiny.read_text())
+    proc = run_cli("run", "-C", str(cfg), "train.max_steps=1", cwd=tiny.parent)
+    assert "note: sweep.params (optim.lr) is the search space of a sweep" in proc.stderr

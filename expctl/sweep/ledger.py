@@ -80,6 +80,10 @@ class Row:
 
 def require(path: Path) -> None:
     """Raises UserError unless `path` is a sweep directory (its journal and sweep.json)."""
+    if not Path(path).is_dir():
+        raise UserError(
+            f"{path}: no such directory", "pass the sweep directory `expctl run -m` printed"
+        )
     for name in (SweepDir.JOURNAL, SweepDir.SPEC):
         if not (Path(path) / name).is_file():
             raise UserError(
@@ -152,7 +156,7 @@ def rows(sweep_dir: str | Path) -> list[Row]:
             earlier[n] = earlier.get(n, 0.0) + (spent or 0.0)
         latest[n] = t
     # where the sweep lies now
-    dirs = {n: str(SweepDir(path).trial(n).path.absolute()) for n in latest}
+    dirs = {n: os.path.normpath(SweepDir(path).trial(n).path.absolute()) for n in latest}
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
     out = [_row(n, t, s, states, dirs[n], earlier.get(n, 0.0)) for n, t in latest.items()]
     try:
@@ -327,7 +331,7 @@ def _unstarted(path: Path, n: int, params: dict[str, Any], seed_idx: int, sample
         epoch=None,
         wall_s=None,
         error="",
-        run_dir=str(SweepDir(path).trial(n).path.absolute()),
+        run_dir=os.path.normpath(SweepDir(path).trial(n).path.absolute()),
         params=typed(params),
         seed_idx=seed_idx,
     )

@@ -298,9 +298,9 @@ def check_dims(dims: Sequence[Dimension], repeat: int) -> None:
             )
         if d.key == "train.seed" and repeat > 1:
             raise UserError(
-                f"train.seed is swept and --repeat {repeat} adds seeds to each point: trials "
-                "would train with the same seed",
-                "sweep train.seed alone (train.seed=range(0,N)), or use --repeat without it",
+                f"train.seed is swept and --repeat {repeat} (or sweep.repeat) adds seeds to each "
+                "point: trials would train with the same seed",
+                "sweep train.seed alone (train.seed=range(0,N)), or repeat without it",
             )
 
 

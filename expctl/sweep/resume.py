@@ -11,7 +11,7 @@ from pathlib import Path
 from expctl.config import compose
 from expctl.config import frozen as config_mod
 from expctl.config.schema import SWEEP_DRIVER_KEYS
-from expctl.errors import UserError
+from expctl.errors import UserError, did_you_mean
 from expctl.jobs.study import TrialRef, attrs_of, mark
 from expctl.layout import SweepDir
 from expctl.rank.provenance import Launch
@@ -66,9 +66,10 @@ def resume(
     with `overrides` of the RESUMABLE settings (`sweep.max_concurrent=4`: on another machine)."""
     for o in overrides:
         if o.partition("=")[0].lstrip("+") not in RESUMABLE:
+            key = o.partition("=")[0].lstrip("+")
             raise UserError(
-                f"`expctl sweep resume` cannot change {o.partition('=')[0]}: the sweep's trials "
-                "keep the configuration they started with",
+                f"`expctl sweep resume` cannot change {key}: the sweep's trials keep the "
+                f"configuration they started with.{did_you_mean(key, list(RESUMABLE))}",
                 f"it may change {', '.join(RESUMABLE)}; for other values, start a new sweep",
             )
     path = Path(sweep_dir).absolute()

@@ -152,9 +152,12 @@ def _interval(text: str, key: str, value: Any) -> Dimension:
     low, high = float(value.start or 0), float(value.end or 0)
     log = "log" in value.tags
     if not low < high:
+        wider = f"{key}=interval({low:g},{low * 2 if low > 0 else low + 1:g})"
         raise UserError(
             f"{text}: interval({low:g}, {high:g}) needs low < high",
-            f"e.g. {key}=interval({min(low, high):g},{max(low, high):g})",
+            f"e.g. {key}=interval({high:g},{low:g})"
+            if low > high
+            else f"one value: {key}={low:g}; a range, e.g. {wider}",
         )
     if log and low <= 0:
         raise UserError(

@@ -548,6 +548,8 @@ CORPUS: list[tuple[list[str], str]] = [
     (["sweep", "resume", "swept_no_config_file"], "is damaged (no 'config_file')"),
     (["sweep", "resume", "swept", "sweep.cpus_per_trial=64"], "sweep.cpus_per_trial=64 but"),
     (["sweep", "resume", "swept_nojournal"], "not a sweep directory (no journal.log)"),
+    (["sweep", "best", "nowhere"], "nowhere: no such directory"),
+    (["sweep", "resume", "swept", "sweep.max_concurent=2"], "Did you mean 'sweep.max_concurrent'?"),
     # found by a new user (stop 35): a traceback, and a run directory left behind, before
     (["run", "data=synthetic", "model.width=0"], "model.width=0: a size of the model, at least 1"),
     (["run", "model=mlp", "model.hidden=[16,0]"], "model.hidden[1]=0: a size of the model"),
