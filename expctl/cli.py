@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else ""
             )
             print(f"expctl: interrupted{how}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return e.code if isinstance(e, Interrupted) else EXIT_INTERRUPTED
 
 
 def _speaks(e: UserError | RunError, command: str) -> bool:

@@ -112,8 +112,10 @@ class Preempted(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, with how to resume what was interrupted (`resume`: what to run)."""
+    """Ctrl-C (or another signal that stops), with how to resume what was interrupted
+    (`resume`: what to run) and the exit code (128 + the signal)."""
 
-    def __init__(self, resume: str) -> None:
+    def __init__(self, resume: str, code: int = EXIT_INTERRUPTED) -> None:
         super().__init__(resume)
         self.resume = resume
+        self.code = code

@@ -120,8 +120,11 @@ def _write(target: Path, png: bytes, sweep: Path) -> Path:
     return target
 
 
-_FIXED = "no swept parameter takes two values among the completed trials"
-_ONE = "one swept parameter takes two values among the completed trials: it is all there is"
+_FIXED = "no swept parameter takes two or more values among the completed trials"
+_ONE = (
+    "only one swept parameter takes two or more values among the completed trials: "
+    "nothing to set it beside"
+)
 
 
 def _imports() -> tuple[Any, Any, Any]:

@@ -144,8 +144,8 @@ def run_local(
     finally:
         driver.close()
         SweepDir(sweep_dir).launch.unlink(missing_ok=True)
-    if driver.stop.reason == "interrupt":
-        raise Interrupted(f"expctl sweep resume {sweep_dir}")
+    if driver.stop.reason == "interrupt":  # exits 128 + the signal, as a shell says (Ctrl-C: 130)
+        raise Interrupted(f"expctl sweep resume {sweep_dir}", 128 + driver.stop.signum)
 
 
 class Driver:
@@ -316,6 +316,7 @@ class _Stop:
         self.reason: str | None = None
         self.count = 0
         self._sent = 0
+        self.signum = signal.SIGINT  # the first signal that asked (the exit code says it)
 
     def ask(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -337,6 +338,8 @@ class _Stop:
 
         def handler(signum: int, frame: Any) -> None:
             first = self.count == 0
+            if first:
+                self.signum = signal.Signals(signum)
             self.ask("interrupt")
             again = "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
             write(
