@@ -167,7 +167,13 @@ def best(sweep_dir: str | Path) -> Best:
             ),
         )
     if not top.repeats:
-        header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {first.overrides}\n"
+        said = first.overrides
+        if s.scheduler == "pbt" and first.lineage:  # its weights began in another trial
+            said = (
+                f"the values its weights trained with from step 0, over {len(first.lineage)} "
+                "PBT cop(ies): below, then train.hparam_schedule"
+            )
+        header = f"# best trial {first.number} of {path} ({s.metric}={top.value:.6g}): {said}\n"
     else:
         numbers = ", ".join(str(r.number) for r in top.trials)
         header = (
