@@ -529,7 +529,7 @@ def test_plot_writes_what_two_trials_allow_and_says_what_it_skipped(short_sweep:
     for name in ("intermediate_values", "slice"):
         png = short_sweep / f"plot_{name}.png"
         assert f"wrote {png}" in out and _is_png(png)
-    assert "skipped plot_param_importances: one swept parameter" in out
+    assert "skipped plot_param_importances: only one swept parameter" in out
     assert "skipped plot_parallel_coordinate" in out
     assert not (short_sweep / "plot_param_importances.png").exists()
 
