@@ -1185,3 +1185,19 @@ def test_a_run_without_m_says_its_search_space_is_not_swept(tiny: Path) -> None:
     cfg.write_text('sweep: {params: {optim.lr: "0.1,0.2"}}\n' + tiny.read_text())
     proc = run_cli("run", "-C", str(cfg), "train.max_steps=1", cwd=tiny.parent)
     assert "note: sweep.params (optim.lr) is the search space of a sweep" in proc.stderr
+
+
+def test_a_misspelt_sweep_metric_stops_the_sweep_at_the_first_trial(tiny: Path) -> None:
+    """Every trial validates alike: the first that fails on sweep.metric says why, and the rest
+    do not start (they would each fail the same way)."""
+    proc = run_cli(
+        "run", "-C", str(tiny), "-m", "sweep.metric=val/accc", "optim.lr=0.1,0.2,0.3",
+        "sweep.max_concurrent=1", cwd=tiny.parent, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Did you mean 'val/acc'?" in proc.stdout and "stopping the sweep" in proc.stdout
+    assert [r.status for r in ledger.rows(sweep_dir_of(proc.stdout))] == [
+        "failed",
+        "pending",
+        "pending",
+    ]

@@ -148,6 +148,11 @@ def run_local(
         raise Interrupted(f"expctl sweep resume {sweep_dir}", 128 + driver.stop.signum)
 
 
+# a trial's failure that its sweep's settings caused, alike for every trial (the validation
+# of each reports the same metrics)
+SWEEP_WIDE = ("UserError: sweep.metric=",)
+
+
 class Driver:
     """Keeps the plan's trials running until the queue is empty or the sweep is stopped."""
 
@@ -193,7 +198,13 @@ class Driver:
     def _ended(self, r: Running, code: int) -> None:
         self.alloc.give_back(r.slot)
         failed = _ended(r, code, self.settings, bool(self.stop.reason), self.board)
-        if failed and self.settings.stop_on_failure and not self.stop.reason:
+        if failed and failed.startswith(SWEEP_WIDE) and not self.stop.reason:
+            self.stop.ask("failure")  # every trial validates alike: each would fail so
+            self.board.say(
+                "the sweep's own setting failed the trial (every trial would): stopping the "
+                f"sweep; start a new one with it fixed ({self.sweep_dir} keeps what ran)"
+            )
+        elif failed and self.settings.stop_on_failure and not self.stop.reason:
             self.stop.ask("failure")
             self.board.say(
                 "a trial failed and sweep.stop_on_failure is set: stopping the sweep (running "
@@ -255,19 +266,19 @@ def _label(ref: TrialRef) -> str:
     return str(attrs_of(ref).get("overrides", ""))
 
 
-def _ended(r: Running, code: int, s: SweepConfig, stopping: bool, board: Board) -> bool:
-    """Record how trial `r` ended where it could not itself; True if it failed."""
+def _ended(r: Running, code: int, s: SweepConfig, stopping: bool, board: Board) -> str | None:
+    """Record how trial `r` ended where it could not itself; why, if it failed."""
     attrs = attrs_of(r.ref)
     recorded = attrs.get("status")
     if code == 0 and recorded in ("completed", "stopped"):
         board.ended(r, recorded, _result_text(r, s))
-        return False
+        return None
     still_open = is_open(r.ref, s)
     if code in (EXIT_PREEMPTED, EXIT_INTERRUPTED) or (stopping and code < 0):
         if still_open:
             mark(r.ref, "interrupted", ended=time.time())
         board.ended(r, "interrupted", "it continues from its last checkpoint on resume")
-        return False
+        return None
     if recorded == "failed" and not still_open:  # the trial said why
         error = str(attrs.get("error", "")) or f"exit code {code}"
     else:  # it could not: a crash, a kill, a trial that ended without a result
@@ -276,7 +287,7 @@ def _ended(r: Running, code: int, s: SweepConfig, stopping: bool, board: Board) 
             finish(r.ref, s, {}, error=RunError(error))
     where = f"  (its output: {r.proc.output})" if r.proc.output.is_file() else ""
     board.ended(r, "failed", error + where)
-    return True
+    return error
 
 
 def _result_text(r: Running, s: SweepConfig) -> str:
