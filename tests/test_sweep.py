@@ -418,6 +418,16 @@ def test_resume_beside_a_live_driver_is_refused_and_changes_nothing(tiny: Path) 
     os.kill(driver.pid, signal.SIGINT)
     out, _ = driver.communicate(timeout=120)
     assert driver.returncode == 130, out
+    # the interrupted trial by hand, with another budget: the sweep would record it as its own
+    trial = path / "trial_000"
+    ended = ledger.rows(path)[0].status == "completed"  # before the Ctrl-C, on a slow machine
+    hand = run_cli(
+        "run", "-C", str(trial / "config.yaml"), f"run.dir={trial}", "train.max_epochs=9",
+        cwd=tiny.parent, check=False,
+    )  # fmt: skip
+    assert hand.returncode == 2 and "holds trial 0 of sweep" in hand.stderr, hand.stderr
+    said = "which recorded its end" if ended else "not ended: this run differs from it (train."
+    assert said in hand.stderr, hand.stderr
     run_cli("sweep", "resume", str(path), cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
     assert [r.status for r in ledger.rows(path)] == ["completed"] * 2
 

@@ -74,14 +74,26 @@ def _refuse_recorded_trial(cfg: Config) -> None:
         UserError: `cfg` would train in such a folder.
     """
     ref = study.TrialRef.read(cfg.run.dir)
-    if ref is None or study.is_open(ref, cfg.sweep):
+    if ref is None:
         return
-    run = RunDir(str(cfg.run.dir))
-    if run.read_result().get("status") == "completed" and not rundir.changes(cfg):
+    run = RunDir(os.path.normpath(Path(str(cfg.run.dir)).absolute()))
+    number = SweepDir.number_of(run.path.resolve())
+    changed = rundir.changes(cfg)
+    if study.is_open(ref, cfg.sweep):
+        if not changed:
+            return  # the trial itself, continued as the sweep would
+        raise UserError(
+            f"run.dir={run.path} holds trial {number} of sweep {ref.sweep_dir}, not ended: "
+            f"this run differs from it ({', '.join(changed[:3])}), and the sweep would record "
+            "it as the trial's",
+            f"continue the trial with `expctl sweep resume {ref.sweep_dir}`, or train your "
+            "changes in a run directory of your own (run.dir=NEW_DIR)",
+        )
+    if run.read_result().get("status") == "completed" and not changed:
         return  # trains nothing: it says so
     newest = run.checkpoint_files()
     raise UserError(
-        f"run.dir={run.path} holds trial {SweepDir.number_of(run.path)} of sweep {ref.sweep_dir}, "
+        f"run.dir={run.path} holds trial {number} of sweep {ref.sweep_dir}, "
         "which recorded its end: training it here would change what the sweep reports",
         f"train it as a run of its own: expctl run -C {run.config} run.dir=NEW_DIR"
         + (f" checkpoint.resume={newest[0]}" if newest else "")

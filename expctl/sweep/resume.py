@@ -15,11 +15,19 @@ from expctl.errors import UserError, did_you_mean
 from expctl.jobs.study import TrialRef, attrs_of, mark
 from expctl.layout import SweepDir
 from expctl.rank.provenance import Launch
+from expctl.rank.runlock import is_locked
 from expctl.sweep import ledger, trials
 from expctl.sweep.multirun import Outcome, Slot, driving, outcome, run_trials
 from expctl.sweep.plan import check_unchanged
 
 log = logging.getLogger("expctl")
+
+
+def _closest(key: str) -> str:
+    """Did-you-mean among the settings a resume may change, by the name after `sweep.`."""
+    names = [k.removeprefix("sweep.") for k in RESUMABLE]
+    said = did_you_mean(key.removeprefix("sweep."), names) if key.startswith("sweep.") else ""
+    return said.replace("'", "'sweep.", 1)
 
 
 def _repair_journal(journal: Path) -> None:
@@ -69,7 +77,7 @@ def resume(
             key = o.partition("=")[0].lstrip("+")
             raise UserError(
                 f"`expctl sweep resume` cannot change {key}: the sweep's trials keep the "
-                f"configuration they started with.{did_you_mean(key, list(RESUMABLE))}",
+                f"configuration they started with.{_closest(key)}",
                 f"it may change {', '.join(RESUMABLE)}; for other values, start a new sweep",
             )
     path = Path(sweep_dir).absolute()
@@ -95,6 +103,12 @@ def _resume(path: Path, overrides: list[str], skip_failed: bool) -> Outcome:
         base = base.replace("sweep", **{k: getattr(given, k) for k in keys})
     if base.launcher.name != "slurm":  # a share this machine cannot give: before any change
         trials.plan_for(base, 1)
+    for r in ledger.rows(path):  # a trial's folder another launch trains: before any change
+        if r.status in ledger.UNFINISHED and (holder := is_locked(Path(r.run_dir))):
+            raise UserError(
+                f"trial {r.number} ({r.run_dir}) is being trained by another launch ({holder})",
+                "let it end (or stop it), then resume the sweep",
+            )
     _repair_journal(SweepDir(path).journal)
     if base.sweep.scheduler == "pbt":
         _finish_cut_copies(path)
