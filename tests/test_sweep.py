@@ -1032,6 +1032,12 @@ def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent)
     assert "trial_001: a run the sweep did not start" in table.stderr, table.stderr
     assert "its folder holds a run the sweep did not start" in table.stdout
+    # the same trial number from another sweep (its trial.json names that sweep): named too
+    ref = json.loads((trial / "trial.json").read_text())
+    assert ref["sweep_id"] == json.loads((sweep / "sweep.json").read_text())["created"]
+    (trial / "trial.json").write_text(json.dumps({**ref, "sweep_id": ref["sweep_id"] + 1}))
+    assert [r.foreign for r in ledger.rows(sweep)] == [True, True]
+    (trial / "trial.json").write_text(json.dumps(ref))
     again = run_cli("sweep", "best", str(sweep), cwd=tiny.parent, check=False)
     if top.startswith("best trial 1:"):
         assert again.returncode == 2 and "best.yml not written" in again.stderr, again.stderr

@@ -120,8 +120,12 @@ class TrialRef:
     sweep_dir: str
     number: int
 
-    def write(self, run_dir: Path) -> None:
+    def write(self, run_dir: Path, sweep_id: Any = None) -> None:
+        """`sweep_id`: the sweep's (its sweep.json's `created`), which a trial's folder copied
+        in from another sweep does not hold."""
         data = {"sweep_dir": str(Path(self.sweep_dir).absolute()), "number": self.number}
+        if sweep_id is not None:
+            data["sweep_id"] = sweep_id
         RunDir(run_dir).trial.write_text(json.dumps(data) + "\n")
 
     @staticmethod

@@ -158,12 +158,13 @@ def rows(sweep_dir: str | Path) -> list[Row]:
     # where the sweep lies now
     dirs = {n: os.path.normpath(SweepDir(path).trial(n).path.absolute()) for n in latest}
     states = _job_states([{**t.user_attrs, "run_dir": dirs[n]} for n, t in latest.items()])
-    out = [_row(n, t, s, states, dirs[n], earlier.get(n, 0.0)) for n, t in latest.items()]
     try:
         spec = SweepDir(path).read_spec() if SweepDir(path).spec.is_file() else {}
     except UserError as e:  # the trials the journal holds still show
         log.warning("%s: trials not started yet are not listed", e.message)
         spec, whole = {}, False
+    sweep_id = spec.get("created")
+    out = [_row(n, t, s, states, dirs[n], earlier.get(n, 0.0), sweep_id) for n, t in latest.items()]
     for n, (params, seed_idx) in enumerate(planned(spec)):
         if n not in latest:
             out.append(_unstarted(path, n, params, seed_idx, sampled=not spec.get("points")))
@@ -245,16 +246,18 @@ def _row(
     states: dict[str, dict[str, str]],
     run_dir: str,
     earlier: float = 0.0,
+    sweep_id: Any = None,
 ) -> Row:
     """Trial `number` from its latest attempt `t`, its directory `run_dir` as the sweep lies now
-    (`earlier`: the wall time of its attempts before, which its own adds to)."""
+    (`earlier`: the wall time of its attempts before, which its own adds to; `sweep_id`: the
+    sweep's, which its trial.json holds unless copied in from another sweep)."""
     a = {**t.user_attrs, "run_dir": run_dir}
     status = a.get("status") or STATES.get(t.state.name, t.state.name.lower())
     status = "running" if status == "copying" else status  # PBT: between two of its runs
     if status in ("running", "pending") and not _alive(a, states):
         status = "lost"
     run = RunDir(run_dir)
-    foreign = _foreign(run, t.number)
+    foreign = _foreign(run, t.number, sweep_id)
     steps, history = run.metric_series(s.metric) if not foreign else ([], [])
     result = run.read_result() if not foreign else {}
     # a trial that has not ended: where its last validation was (it recorded none yet)
@@ -294,14 +297,17 @@ def _said_foreign(out: list[Row]) -> list[Row]:
     return out
 
 
-def _foreign(run: RunDir, attempt: int) -> bool:
-    """Whether `run` holds a run, but not of this attempt (its trial.json names another, or
-    none: copied or trained there by hand)."""
+def _foreign(run: RunDir, attempt: int, sweep_id: Any) -> bool:
+    """Whether `run` holds a run, but not of this attempt of this sweep (its trial.json names
+    another attempt or another sweep, or none: copied or trained there by hand)."""
     if not run.config.is_file():
         return False
     try:
-        return int(json.loads(run.trial.read_text())["number"]) != attempt
-    except (OSError, ValueError, KeyError, TypeError):
+        ref = json.loads(run.trial.read_text())
+        theirs = ref.get("sweep_id")
+        other = sweep_id is not None and theirs is not None and theirs != sweep_id
+        return int(ref["number"]) != attempt or other
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return True
 
 

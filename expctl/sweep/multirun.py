@@ -244,7 +244,7 @@ def _trial_configs(
             ) from None
         if held is not None:  # the trial's launch takes it when it starts
             held.release()
-        TrialRef(str(sweep_dir), trial.number).write(trial_dir)  # the attempt's identity
+        TrialRef(str(sweep_dir), trial.number).write(trial_dir, spec.get("created"))
         out.append(frozen)
     return out
 
