@@ -791,7 +791,8 @@ def test_a_killed_driver_leaves_lost_trials_that_resume_continues(tiny: Path) ->
     original = tiny.read_text()
     tiny.write_text(original.replace("momentum: 0.9", "momentum: 0.5"))
     edited = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
-    assert edited.returncode == 2 and "changed since the sweep started" in edited.stderr
+    assert edited.returncode == 2, edited.stderr
+    assert "config changed since it started (optim.momentum=0.9 then, 0.5 now)" in edited.stderr
     tiny.unlink()
     gone = run_cli("sweep", "resume", str(path), cwd=tiny.parent, check=False)
     assert gone.returncode == 2 and f"-C {tiny} is gone" in gone.stderr, gone.stderr
@@ -1170,9 +1171,22 @@ def test_resume_refuses_a_sweep_whose_config_group_file_changed(tiny: Path) -> N
     )
     assert (sweep / "journal.log").read_bytes() == journal
     (group / "fast.yaml").write_text("{name: sgd, lr: 0.1, momentum: 0.9}\n")
+    with cfg.open("a") as f:  # a comment changes no value: no refusal
+        f.write("# tried on Monday\n")
     run_cli("sweep", "resume", "--skip-failed", str(sweep), cwd=tiny.parent, check=False)
     assert [r.status for r in ledger.rows(sweep)] == ["failed", "completed"]
     assert config.load(ledger.rows(sweep)[1].run_dir).optim.args["lr"] == 0.1
+    # a group file that only a later grid point picks (optim=slow)
+    (group / "slow.yaml").write_text("{name: sgd, lr: 0.001, momentum: 0.5}\n")
+    proc = run_cli(
+        "run", "-C", str(cfg), "-m", "optim=slow,fast", "data.batch_size=100000,16",
+        "sweep.stop_on_failure=true", "sweep.max_concurrent=1", cwd=tiny.parent, check=False,
+    )  # fmt: skip
+    later = sweep_dir_of(proc.stdout)
+    (group / "fast.yaml").write_text("{name: sgd, lr: 0.9, momentum: 0.0}\n")
+    refused = run_cli("sweep", "resume", "--skip-failed", str(later), cwd=tiny.parent, check=False)
+    assert refused.returncode == 2 and "composes otherwise now" in refused.stderr, refused.stderr
+    assert "trial 2's config (data.batch_size=100000 optim=fast)" in refused.stderr
 
 
 def test_a_configuration_with_fewer_than_two_completed_seeds_has_no_spread() -> None:

@@ -38,12 +38,14 @@ from expctl.sweep import ledger, results, trials
 from expctl.sweep.best import best
 from expctl.sweep.plan import (
     Plan,
+    check_point,
     check_sweep,
     check_unchanged,
     compose_point,
     digest,
     gridded,
     plan,
+    point_digests,
     point_overrides,
 )
 from expctl.sweep.pool import Pool
@@ -151,6 +153,7 @@ def _multirun(
         "created": time.time(),
         # what the files it composes made of its first point: `sweep resume` composes it again
         "base": {"overrides": space.first, "config": base.to_dict()},
+        "point_digests": point_digests(config_file, plain, points),
     }
     try:
         SweepDir(sweep_dir).spec.write_text(json.dumps(spec, indent=2) + "\n")
@@ -197,6 +200,8 @@ def _trial_configs(
     study = study or open_study(sweep_dir, base.sweep)
     out = []
     for slot in todo:
+        if slot.params and not slot.seed_idx and not (slot.retry and slot.lineage):
+            check_point(spec, slot.number, slot.params, _composed(spec, slot.params))
         params = slot.params or _first_seeds(study, slot)
         if params:
             study.enqueue_trial(params, skip_if_exists=False)
@@ -247,6 +252,23 @@ def _trial_configs(
         TrialRef(str(sweep_dir), trial.number).write(trial_dir, spec.get("created"))
         out.append(frozen)
     return out
+
+
+def _composed(spec: dict[str, Any], point: dict[str, Any]) -> Config:
+    """Grid point `point` of the sweep `spec`, composed as its first seed's trial is."""
+    return compose_point(spec["config_file"], point_overrides(spec["plain"], point))
+
+
+def check_points(spec: dict[str, Any], rows: list[ledger.Row]) -> None:
+    """The grid points not started yet compose as they did when the sweep started.
+
+    Raises:
+        UserError: naming the first that does not.
+    """
+    for r in rows:
+        if r.optuna_trial is None and not r.seed_idx and spec.get("points"):
+            point = json.loads(r.config)
+            check_point(spec, r.number, point, _composed(spec, point))
 
 
 def _first_seeds(study: Any, slot: Slot) -> dict[str, Any]:

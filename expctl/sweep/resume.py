@@ -17,7 +17,7 @@ from expctl.layout import SweepDir
 from expctl.rank.provenance import Launch
 from expctl.rank.runlock import is_locked
 from expctl.sweep import ledger, trials
-from expctl.sweep.multirun import Outcome, Slot, driving, outcome, run_trials
+from expctl.sweep.multirun import Outcome, Slot, check_points, driving, outcome, run_trials
 from expctl.sweep.plan import check_unchanged
 
 log = logging.getLogger("expctl")
@@ -103,7 +103,9 @@ def _resume(path: Path, overrides: list[str], skip_failed: bool) -> Outcome:
         base = base.replace("sweep", **{k: getattr(given, k) for k in keys})
     if base.launcher.name != "slurm":  # a share this machine cannot give: before any change
         trials.plan_for(base, 1)
-    for r in ledger.rows(path):  # a trial's folder another launch trains: before any change
+    rows = ledger.rows(path)
+    check_points(spec, rows)  # a group file only a later point picks: before any change
+    for r in rows:  # a trial's folder another launch trains: before any change
         if r.status in ledger.UNFINISHED and (holder := is_locked(Path(r.run_dir))):
             raise UserError(
                 f"trial {r.number} ({r.run_dir}) is being trained by another launch ({holder})",
