@@ -1231,3 +1231,15 @@ def test_a_misspelt_sweep_metric_stops_the_sweep_at_the_first_trial(tiny: Path) 
         "pending",
         "pending",
     ]
+
+
+def test_a_sweep_notes_a_loss_maximised_and_a_run_dir_it_sets_aside(tiny: Path) -> None:
+    cfg = tiny.parent / "frozen.yml"
+    cfg.write_text(f"run: {{dir: {tiny.parent / 'one_run'}}}\n" + tiny.read_text())
+    proc = run_cli(
+        "run", "-C", str(cfg), "-m", "sweep.metric=val/loss", "optim.lr=0.1,0.2",
+        "train.max_steps=2", cwd=tiny.parent,
+    )  # fmt: skip
+    assert "note: sweep.metric=val/loss with sweep.mode=max: the best trial is" in proc.stderr
+    assert f"note: run.dir={tiny.parent / 'one_run'} of the -C file names one run's" in proc.stderr
+    assert not (tiny.parent / "one_run").exists()

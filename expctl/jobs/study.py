@@ -135,7 +135,7 @@ class TrialRef:
             return None
         try:
             data = json.loads(RunDir(run_dir).trial.read_text())
-            here = Path(run_dir).absolute().parent
+            here = Path(os.path.normpath(Path(run_dir).absolute())).parent
             # a trial lies in its sweep's directory: where that is now, if the sweep was moved
             sweep_dir = here if SweepDir(here).journal.is_file() else Path(data["sweep_dir"])
             return TrialRef(str(sweep_dir), int(data["number"]))

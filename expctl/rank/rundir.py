@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,13 @@ def _refuse_in_sweep(path: Path | None, root: Path) -> None:
     Raises:
         UserError: `path` (or a fresh folder under `root`) would lie there.
     """
+    root = Path(os.path.normpath(root))
+    path = Path(os.path.normpath(path)) if path is not None else None
+    if path is not None and _is_sweep(SweepDir(path)):
+        raise UserError(
+            f"run.dir={path} is the directory of a sweep: it holds the sweep's trials",
+            "pick a run.dir outside the sweep; `expctl sweep table` lists its trials",
+        )
     sweep = next((p for p in (root, *root.parents) if _is_sweep(SweepDir(p))), None)
     if sweep is None:
         return

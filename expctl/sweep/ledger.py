@@ -82,7 +82,8 @@ def require(path: Path) -> None:
     """Raises UserError unless `path` is a sweep directory (its journal and sweep.json)."""
     if not Path(path).is_dir():
         raise UserError(
-            f"{path}: no such directory", "pass the sweep directory `expctl run -m` printed"
+            f"{path}: {'not a directory' if Path(path).exists() else 'no such directory'}",
+            "pass the sweep directory `expctl run -m` printed",
         )
     for name in (SweepDir.JOURNAL, SweepDir.SPEC):
         if not (Path(path) / name).is_file():

@@ -354,7 +354,8 @@ def _no_pbt_round(rows: list[ledger.Row], s: Any) -> str | None:
     return (
         f"no PBT round took place: sweep.pbt.interval={s.pbt.interval} compares trials every "
         f"{s.pbt.interval} epoch(s), never at the last, and they trained {max(epochs)} at most "
-        f"(train.max_steps): a lower sweep.pbt.interval, or more steps"
+        "(train.max_steps): "
+        + ("a lower sweep.pbt.interval, or more steps" if s.pbt.interval > 1 else "more steps")
     )
 
 

@@ -72,6 +72,16 @@ def plan(
         )
         points = points[: s.n_trials]
     _check_run_dir(overrides)
+    if base.run.dir is not None:  # a frozen run's config.yaml as -C, say
+        notes.append(
+            f"run.dir={base.run.dir} of the -C file names one run's folder: the sweep makes its "
+            f"own under run.root={base.run.root}"
+        )
+    if "loss" in s.metric and s.mode == "max":
+        notes.append(
+            f"sweep.metric={s.metric} with sweep.mode=max: the best trial is the one with the "
+            "highest loss (sweep.mode=min for a loss)"
+        )
     heads = points or [{d.key: d.values[0] for d in dims if d.values}]
     over = point_overrides(plain, heads[0])
     if over != first:  # sweep.params or a shuffle moved the first point

@@ -51,6 +51,7 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         ([*RUN, "run.root=sw"], "would put a run in the directory of sweep"),
         ([*RUN, "run.dir=sw/trial_000/mine"], "would put a run in the directory of sweep"),
         ([*RUN, "run.dir=sw/mine"], "would put a run in the directory of sweep"),
+        ([*RUN, "run.dir=sw"], "/sw is the directory of a sweep"),
     ],
     ids=[
         "dot",
@@ -67,6 +68,7 @@ def refused(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) 
         "sweep-as-root",
         "inside-a-trial",
         "beside-the-trials",
+        "the-sweep-itself",
     ],
 )
 def test_a_refusal_leaves_nothing_at_any_depth(
