@@ -36,16 +36,18 @@ def main() -> None:
     p.add_argument("--procs", type=int, default=1)
     p.add_argument("--cores", type=int, default=16, help="cores per process (--procs > 1)")
     p.add_argument("--only", default="", help="decoders to run, comma-separated (default: all)")
+    p.add_argument("--compile", action="store_true", help="the step's model under torch.compile")
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="overlap-"))
     make(root, 256, 0, 4)
     if a.procs == 1:
-        measure(root, a.only, None, "")
+        measure(root, a.only, None, "", a.compile)
         return
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(a.procs)
     procs = [
-        ctx.Process(target=child, args=(i, a.cores, root, a.only, barrier)) for i in range(a.procs)
+        ctx.Process(target=child, args=(i, a.cores, root, a.only, barrier, a.compile))
+        for i in range(a.procs)
     ]
     for proc in procs:
         proc.start()
@@ -53,14 +55,14 @@ def main() -> None:
         proc.join()
 
 
-def child(i: int, per: int, root: Path, only: str, barrier: object) -> None:
+def child(i: int, per: int, root: Path, only: str, barrier: object, compiled: bool) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(i)  # before this process's first CUDA call
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cores[i * per : (i + 1) * per] or cores)
-    measure(root, only, barrier, f"gpu {i}: ")
+    measure(root, only, barrier, f"gpu {i}: ", compiled)
 
 
-def measure(root: Path, only: str, barrier: object, tag: str) -> None:
+def measure(root: Path, only: str, barrier: object, tag: str, compiled: bool = False) -> None:
     def together() -> None:
         if barrier is not None:
             barrier.wait()  # type: ignore[attr-defined]
@@ -70,6 +72,8 @@ def measure(root: Path, only: str, barrier: object, tag: str) -> None:
     dev = torch.device("cuda:0")
     model = torchvision.models.resnet50().to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if compiled:  # a shorter step: does decoding beside it cost it more?
+        model = torch.compile(model)
     x = torch.randn(256, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (256,), device=dev)
 

@@ -234,6 +234,8 @@ overlap)  # issue 25: decoding beside a training step, 1 process and one per GPU
     --find-links .whl nvidia-nvimgcodec-cu13 2>/dev/null || echo "no nvidia-nvimgcodec-cu13 wheel in .whl"
   o="${ONLY:-nvjpeg,nvimgcodec hw,on_device gpu}"
   echo "-- 1 process, cores 0-15"; taskset -c 0-15 python3 bench/decode_overlap.py --only "$o" 2>&1 | grep -v Warning
+  [ -n "${OVERLAP_COMPILE:-}" ] && { echo "-- 1 process, cores 0-15, torch.compile"
+    taskset -c 0-15 python3 bench/decode_overlap.py --compile --only "$o" 2>&1 | grep -v Warning; }
   echo "-- $ngpu processes at once"; python3 bench/decode_overlap.py --procs $ngpu --only "$o" 2>&1 | grep -v Warning | sort ;;
 decode-race)  # issue 25: does a batched GPU decode write memory that queued kernels still read?
   python3 bench/decode_race.py ;;
