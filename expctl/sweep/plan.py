@@ -420,7 +420,8 @@ def check_unchanged(spec: dict[str, Any]) -> None:
 
 
 def _check_base(config_file: str | None, then: dict[str, Any]) -> None:
-    now_cfg = compose.compose(config_file, list(then.get("overrides") or []), notes=[]).to_dict()
+    # composed once a process (a driver composed it at the start: no cost per trial it makes)
+    now_cfg = compose_point(config_file, list(then.get("overrides") or []), notes=[]).to_dict()
     old_flat, new_flat = config_mod.flatten(then["config"]), config_mod.flatten(now_cfg)
     changed = [
         k for k in sorted(old_flat.keys() | new_flat.keys()) if old_flat.get(k) != new_flat.get(k)
