@@ -2,7 +2,9 @@
 `train.step=profiled` is expctl's `supervised` step, with torch.profiler around calls
 PROFILE_FROM .. PROFILE_FROM + PROFILE_STEPS on rank 0 (environment variables, defaults 60 and
 20). The table (sorted by self CPU time, as `raw_ddp.py --profile`) and the window's wall time
-per step go to stderr. A run with it is a diagnosis, not a measurement.
+per step go to stderr; with PROFILE_TRACE=PATH the window's Chrome trace is written there too
+(every thread's CUDA calls and every stream's kernels: `bench/trace_gaps.py` reads it). A run
+with it is a diagnosis, not a measurement.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from expctl.builtin.steps import Supervised
 
 FROM = int(os.environ.get("PROFILE_FROM", "60"))
 STEPS = int(os.environ.get("PROFILE_STEPS", "20"))
+TRACE = os.environ.get("PROFILE_TRACE", "")
 
 
 @register("steps", "profiled")
@@ -38,6 +41,8 @@ class Profiled(Supervised):
             _sync()
             wall = (time.perf_counter() - self.t0) / STEPS
             self.prof.__exit__(None, None, None)
+            if TRACE:
+                self.prof.export_chrome_trace(TRACE)
             table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
             print(table, file=sys.stderr)
             print(
