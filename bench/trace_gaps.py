@@ -136,6 +136,36 @@ def main() -> None:
             f"blocked CPU calls: {calls or 'none'}"
         )
 
+    launches = {e["args"]["correlation"]: e for e in runtime if "correlation" in e.get("args", {})}
+    late = [0, 0.0]  # gaps >= 50 us whose next kernel was launched < 30 us before it started
+    big = [(x, b) for x, b in gaps if b - x >= 50.0]
+    for x, b in big:
+        i = bisect.bisect_left(starts, b)
+        call = (
+            launches.get(main_kernels[i].get("args", {}).get("correlation"))
+            if i < len(starts)
+            else None
+        )
+        if call is not None and main_kernels[i]["ts"] - (call["ts"] + call["dur"]) < 30.0:
+            late[0] += 1
+            late[1] += b - x
+    print(
+        f"  gaps >= 50 us: {len(big)} ({sum(b - x for x, b in big) / 1e3:.1f} ms); the next kernel "
+        f"launched < 30 us before it started (the GPU waited for the CPU): {late[0]} "
+        f"({late[1] / 1e3:.1f} ms)"
+    )
+
+    ops: dict[tuple[Any, str], list[float]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "user_annotation") and t0 <= e["ts"] <= t1:
+            ops[(e.get("tid"), e["name"])].append(e["dur"])
+    print("CPU ops inside the window, by thread (the 8 longest in total; nested ops count again):")
+    for (tid, name), durs in sorted(ops.items(), key=lambda kv: -sum(kv[1]))[:8]:
+        print(
+            f"  {name[:48]:48} thread {tid!s:>10}: {len(durs):5} calls, {sum(durs) / 1e3:8.1f} ms, "
+            f"mean {sum(durs) / len(durs) / 1e3:.3f}"
+        )
+
     calls: dict[tuple[str, Any], list[float]] = collections.defaultdict(list)
     for e in runtime:
         if t0 <= e["ts"] <= t1:

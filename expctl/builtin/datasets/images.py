@@ -149,12 +149,13 @@ def _pick_decode(decode: str, device: Any) -> tuple[str, str]:
     """The decoder data.decode names, and why, for the run's first line.
 
     auto: Pillow in the DataLoader workers without CUDA. On CUDA, torchvision's nvJPEG, unless
-    this rank has at least PILLOW_CORES_PER_GPU cores: then Pillow. Measured (issue 25,
-    bench/gpu_images.py, ResNet-50 224 bf16 batch 256 on ~500x375 JPEGs, one H200 bound to 16
-    cores, one invocation): nvJPEG 0.850x the GPU-resident synthetic rate, nvImageCodec 0.821x,
-    Pillow 0.770x (it costs ~5 CPU ms an image: ~24 busy cores feed that GPU; 64 cores fed it
-    at 0.995x). nvImageCodec is used only when asked for: it was not faster here, its hardware
-    backend included.
+    this rank has at least PILLOW_CORES_PER_GPU cores: then Pillow (it costs ~5 CPU ms an image:
+    ~24 busy cores feed an H200's ResNet-50). Measured (issue 25, bench/gpu_images.py, ResNet-50
+    224 bf16 batch 256 on ~500x375 JPEGs, 16 cores per H200, bench/RESULTS.md): nvJPEG
+    0.85-0.91x the GPU-resident synthetic rate on one GPU, 0.82x on two, 0.77x on four, 0.80-0.84x
+    compiled; Pillow 0.74-0.99x on one GPU depending on the host's cores, 0.93x on two, 0.77x on
+    four. Below 32 cores per GPU nvJPEG is the path that does not depend on the host's cores.
+    nvImageCodec is used only when asked for: it was not faster, its hardware backend included.
 
     Raises:
         UserError: gpu or nvimgcodec without a CUDA device; nvimgcodec not importable.
