@@ -28,7 +28,7 @@
 #                               OMP_NUM_THREADS=16/4/1 (THREADS_SETS="all 16 4 1 all")
 #   bash bench/gpu.sh overlap   issue 25: a decoder's img/s alone and beside a ResNet-50 step, in one process
 #                               and in one per GPU at once (bench/decode_overlap.py; ONLY=decoders)
-#   bash bench/gpu.sh trace     issue 25: torch.profiler traces of 12 ResNet-50 steps (TRACES="compiled:gpu
+#   bash bench/gpu.sh trace     issue 25: torch.profiler traces of 12 ResNet-50 steps, NPROCS=4 every rank (TRACES="compiled:gpu
 #                               eager:synthetic ..."), read per CUDA stream by bench/trace_gaps.py
 #   bash bench/gpu.sh decode-race  torchvision's CUDA decode_jpeg vs expctl's decode: rounds where memory
 #                               freed with reads still queued was overwritten (bench/decode_race.py)
@@ -239,15 +239,17 @@ overlap)  # issue 25: decoding beside a training step, 1 process and one per GPU
   [ -n "${OVERLAP_COMPILE:-}" ] && { echo "-- 1 process, cores 0-15, torch.compile"
     taskset -c 0-15 python3 bench/decode_overlap.py --compile --only "$o" 2>&1 | grep -v Warning; }
   echo "-- $ngpu processes at once"; python3 bench/decode_overlap.py --procs $ngpu --only "$o" 2>&1 | grep -v Warning | sort ;;
-trace)  # issue 25: a CUDA trace of 12 steps (torch.profiler, bench/trace_gaps.py): where the step stream idles
+trace)  # issue 25: a CUDA trace of 12 steps (torch.profiler, bench/trace_gaps.py): where the step stream idles; NPROCS=4: every rank's
   [ -d /tmp/jpegs25/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25 --val 0
   for c in ${TRACES:-compiled:synthetic compiled:gpu eager:synthetic eager:gpu}; do
     mode=${c%%:*}; d=${c#*:}; r=/tmp/tr-$mode-$d; rm -rf $r
     data="data=image_folder data.root=/tmp/jpegs25 data.val=null data.decode=$d"
     [ "$d" = synthetic ] && data="data=synthetic data.shape=[3,224,224] data.num_samples=3072 data.val_samples=256"
     comp=""; [ "$mode" = compiled ] && comp="train.compile=true"
-    PROFILE_FROM=${TRACE_FROM:-200} PROFILE_STEPS=12 PROFILE_TRACE=$r.json CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 \
-      python3 -m expctl run model=resnet50 optim=sgd optim.lr=0.1 sched=none imports=[step_profile] train.step=profiled \
+    np=${NPROCS:-1}; ranks=""; [ "$np" -gt 1 ] && ranks="launcher=local launcher.nproc=$np"
+    PROFILE_FROM=${TRACE_FROM:-200} PROFILE_STEPS=12 PROFILE_TRACE="$r.{rank}.json" \
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((np - 1))) taskset -c 0-$((16 * np - 1)) \
+      python3 -m expctl run $ranks model=resnet50 optim=sgd optim.lr=0.1 sched=none imports=[step_profile] train.step=profiled \
       train.precision=bf16 data.batch_size=256 train.val_every=100000 train.max_epochs=100000 \
       train.limit_val_batches=1 checkpoint.every=1000000 $data train.max_steps=$(( ${TRACE_FROM:-200} + 60 )) \
       train.log_every=13 $comp ${EXTRA:-} run.dir=$r > $r.log 2>&1; echo "== $mode $d exit $?"
@@ -256,8 +258,10 @@ trace)  # issue 25: a CUDA trace of 12 steps (torch.profiler, bench/trace_gaps.p
 import json,sys; from harness import trained_rate
 rows=[json.loads(x) for x in open(sys.argv[1])]
 print('rows after step 104 (the profiled window inside):', ' '.join(str(round(r['perf/samples_per_s'])) for r in rows if 'train/loss' in r and r['step'] > 104))" $r/metrics.jsonl
-    python3 bench/trace_gaps.py $r.json --steps 12 --top ${TOP:-10}
-    gzip -c $r.json > "$OUT/trace-$mode-$d.json.gz"
+    for ((k = 0; k < np; k++)); do
+      echo "-- rank $k of $np"; python3 bench/trace_gaps.py $r.$k.json --steps 12 --top ${TOP:-10}
+      gzip -c $r.$k.json > "$OUT/trace-$mode-$d-$np-$k.json.gz"
+    done
   done ;;
 decode-race)  # issue 25: does a batched GPU decode write memory that queued kernels still read?
   python3 bench/decode_race.py ;;

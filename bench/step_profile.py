@@ -3,8 +3,9 @@
 PROFILE_FROM .. PROFILE_FROM + PROFILE_STEPS on rank 0 (environment variables, defaults 60 and
 20). The table (sorted by self CPU time, as `raw_ddp.py --profile`) and the window's wall time
 per step go to stderr; with PROFILE_TRACE=PATH the window's Chrome trace is written there too
-(every thread's CUDA calls and every stream's kernels: `bench/trace_gaps.py` reads it). A run
-with it is a diagnosis, not a measurement.
+(every thread's CUDA calls and every stream's kernels: `bench/trace_gaps.py` reads it). A PATH
+with `{rank}` in it profiles every rank, each into its own file. A run with it is a diagnosis,
+not a measurement.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class Profiled(Supervised):
 
     def __init__(self) -> None:
         self.calls, self.prof, self.t0 = 0, None, 0.0
-        self.main = os.environ.get("RANK", "0") == "0"
+        self.rank = os.environ.get("RANK", "0")
+        self.main = self.rank == "0" or "{rank}" in TRACE
 
     def train_step(self, ctx: Any, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
         if self.main and self.calls == FROM:
@@ -42,7 +44,7 @@ class Profiled(Supervised):
             wall = (time.perf_counter() - self.t0) / STEPS
             self.prof.__exit__(None, None, None)
             if TRACE:
-                self.prof.export_chrome_trace(TRACE)
+                self.prof.export_chrome_trace(TRACE.replace("{rank}", self.rank))
             table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
             print(table, file=sys.stderr)
             print(
