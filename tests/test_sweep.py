@@ -318,6 +318,11 @@ def test_repeat_runs_seeds_and_best_is_the_best_configuration_by_its_mean(
     ], "seed: the train.seed it trained with (it was the repeat's index)"  # fmt: skip
     table = run_cli("sweep", "table", str(sweep), cwd=tiny.parent).stdout
     assert "± std" in table and table.count("optim.lr=") == 2
+    for key in ("mean", "-mean", "std", "-std"):  # the columns a user sees, as --sort keys
+        shown = run_cli("sweep", "table", f"--sort={key}", str(sweep), cwd=tiny.parent).stdout
+        cells = [line.split()[2:4] for line in shown.splitlines() if "optim.lr=" in line]
+        column = [float(c[key.endswith("std")]) for c in cells]
+        assert column == sorted(column, reverse=key.startswith("-")), (key, shown)
     configs: dict[str, list[ledger.Row]] = {}
     for r in rows:
         configs.setdefault(r.config, []).append(r)

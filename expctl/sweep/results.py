@@ -150,14 +150,16 @@ def to_csv(res: SweepResults) -> str:
 
 def table(sweep_dir: str | Path, sort: str | None = None, filters: Sequence[str] = ()) -> str:
     """One line per trial, best first (`sort`: by a column), pending ones included; with
-    repeats, one line per configuration (mean ± std over its completed seeds).
+    repeats, one line per configuration (mean ± std over its completed seeds; `sort` may be
+    `mean` or `std` there).
 
     `epoch` is the epoch a trial ended in, counted from 1 (a trial stopped inside its first
     epoch by train.max_steps shows 1), `steps` its optimizer steps; sampled floats are shown to
     4 significant digits.
     """
     every = load(sweep_dir)
-    res = every.select(sort, filters)
+    by_group = ledger.repeated(every.rows) and (sort or "").lstrip("-") in GROUP_SORTS
+    res = every.select(None if by_group else sort, filters)
     counts = ", ".join(f"{n} {s}" for s in STATUSES if (n := sum(r.status == s for r in res.rows)))
     shown = f"{len(res)} of {len(every)}" if filters else f"{len(res)}"
     lines = [
@@ -196,13 +198,19 @@ def _trial_lines(res: SweepResults) -> list[str]:
     return lines
 
 
+GROUP_SORTS = ("mean", "std")  # --sort keys of a repeat table's columns, not of its trials
+
+
 def _group_lines(res: SweepResults, sort: str | None) -> list[str]:
-    """A line per configuration; best mean first, or by the mean as `sort` says (`value`,
-    `-value`), else in the order of `sort`'s trials; a mean no seed completed, last."""
+    """A line per configuration; best mean first, or by the mean or the std as `sort` says
+    (`value` or `mean`, `std`; `-KEY`: descending), else in the order of `sort`'s trials; a
+    mean (std) no two seeds completed, last."""
     groups = ledger.groups(res.rows)
-    if sort is None or sort.lstrip("-") == "value":
+    key = "value" if sort is None else sort.lstrip("-")
+    if key in ("value", *GROUP_SORTS):
         mode = res.mode if sort is None else ("max" if sort.startswith("-") else "min")
-        groups.sort(key=lambda g: ledger.sort_key(ledger.mean(g), mode))
+        of = ledger.std if key == "std" else ledger.mean
+        groups.sort(key=lambda g: ledger.sort_key(of(g), mode))
     statuses = ["/".join(sorted({r.status for r in g})) for g in groups]
     w = max([9, *map(len, statuses)])
     lines = [f"{'runs':>5}  {'status':<{w}} {'mean':>12} {'± std':>8} {TAIL}"]
