@@ -36,20 +36,16 @@ from expctl.rank.provenance import Launch
 from expctl.rank.runlock import RunLock, is_locked
 from expctl.sweep import ledger, results, trials
 from expctl.sweep.best import best
-from expctl.sweep.plan import (
-    Plan,
-    check_point,
-    check_sweep,
-    check_unchanged,
-    compose_point,
-    digest,
-    gridded,
-    plan,
-    point_digests,
-    point_overrides,
-)
+from expctl.sweep.plan import Plan, check_sweep, compose_point, gridded, plan, point_overrides
 from expctl.sweep.pool import Pool
 from expctl.sweep.space import Dimension
+from expctl.sweep.unchanged import (
+    check_point,
+    check_unchanged,
+    digest,
+    point_config,
+    point_digests,
+)
 
 log = logging.getLogger("expctl")
 
@@ -201,7 +197,7 @@ def _trial_configs(
     out = []
     for slot in todo:
         if slot.params and not slot.seed_idx and not (slot.retry and slot.lineage):
-            check_point(spec, slot.number, slot.params, _composed(spec, slot.params))
+            check_point(spec, slot.number, slot.params, point_config(spec, slot.params))
         params = slot.params or _first_seeds(study, slot)
         if params:
             study.enqueue_trial(params, skip_if_exists=False)
@@ -252,23 +248,6 @@ def _trial_configs(
         TrialRef(str(sweep_dir), trial.number).write(trial_dir, spec.get("created"))
         out.append(frozen)
     return out
-
-
-def _composed(spec: dict[str, Any], point: dict[str, Any]) -> Config:
-    """Grid point `point` of the sweep `spec`, composed as its first seed's trial is."""
-    return compose_point(spec["config_file"], point_overrides(spec["plain"], point))
-
-
-def check_points(spec: dict[str, Any], rows: list[ledger.Row]) -> None:
-    """The grid points not started yet compose as they did when the sweep started.
-
-    Raises:
-        UserError: naming the first that does not.
-    """
-    for r in rows:
-        if r.optuna_trial is None and not r.seed_idx and spec.get("points"):
-            point = json.loads(r.config)
-            check_point(spec, r.number, point, _composed(spec, point))
 
 
 def _first_seeds(study: Any, slot: Slot) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from expctl.layout import SweepDir
 from expctl.rank.provenance import Launch
 from expctl.rank.runlock import is_locked
 from expctl.sweep import ledger, trials
-from expctl.sweep.multirun import Outcome, Slot, check_points, driving, outcome, run_trials
-from expctl.sweep.plan import check_unchanged
+from expctl.sweep.multirun import Outcome, Slot, driving, outcome, run_trials
+from expctl.sweep.unchanged import check_points, check_unchanged
 
 log = logging.getLogger("expctl")
 
