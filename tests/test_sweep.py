@@ -24,7 +24,7 @@ from conftest import expctl as run_cli
 
 from expctl import cli
 from expctl.config import frozen as config
-from expctl.sweep import ledger
+from expctl.sweep import aggregate, ledger
 from expctl.sweep.best import best
 
 # integration tier: real processes and real training (`pytest -m slow`)
@@ -378,7 +378,7 @@ def test_repeats_of_a_sampled_point_share_its_values_and_a_point_twice_is_no_see
             config.load(first.run_dir).train.seed,
             config.load(first.run_dir).train.seed + 1,
         }
-    assert [len(g) for g in ledger.groups(rows)] == [2, 2, 2]
+    assert [len(g) for g in aggregate.groups(rows)] == [2, 2, 2]
 
     twice = run_cli(
         "run", "-C", str(tiny), "-m", "optim.lr=0.1,0.1,0.3", "train.max_epochs=1",
@@ -1209,10 +1209,12 @@ def test_a_configuration_with_fewer_than_two_completed_seeds_has_no_spread() -> 
     ]
     none = [row(2, "stopped", 0.4, 0, ""), row(3, "stopped", 0.3, 1, "seed#1")]
     two = [row(4, "completed", 0.9, 0, ""), row(5, "completed", 0.7, 1, "seed#1")]
-    assert ledger.std(one) is None and ledger.mean(one) == 0.9
-    assert ledger.std(none) is None and ledger.mean(none) is None
-    assert ledger.std(two) == pytest.approx(0.1414, abs=1e-4)
-    assert [ledger.config_label(r) for r in (*one, *none)] == ["optim.lr=0.1"] * 2 + ["(base)"] * 2
+    assert aggregate.std(one) is None and aggregate.mean(one) == 0.9
+    assert aggregate.std(none) is None and aggregate.mean(none) is None
+    assert aggregate.std(two) == pytest.approx(0.1414, abs=1e-4)
+    assert [aggregate.config_label(r) for r in (*one, *none)] == (
+        ["optim.lr=0.1"] * 2 + ["(base)"] * 2
+    )
 
 
 def test_a_run_without_m_says_its_search_space_is_not_swept(tiny: Path) -> None:

@@ -17,7 +17,7 @@ from expctl.config import frozen as config_mod
 from expctl.errors import RunError, UserError
 from expctl.jobs import pbt
 from expctl.layout import RunDir, SweepDir
-from expctl.sweep import ledger
+from expctl.sweep import aggregate, ledger
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Best:
     @property
     def label(self) -> str:
         """The configuration's overrides (without a repeat's seed)."""
-        return ledger.config_label(self.trials[0])
+        return aggregate.config_label(self.trials[0])
 
     @property
     def repeats(self) -> bool:
@@ -101,13 +101,13 @@ def _best(
     rs: list[ledger.Row], mode: str
 ) -> tuple[list[ledger.Row], float, float | None, int] | None:
     """The best configuration's completed trials, its value, spread and number of trials."""
-    seeds = ledger.repeated(rs)
-    candidates = ledger.groups(rs) if seeds else [[r] for r in rs]
-    scored = [(g, m) for g in candidates if (m := ledger.mean(g)) is not None]
+    seeds = aggregate.repeated(rs)
+    candidates = aggregate.groups(rs) if seeds else [[r] for r in rs]
+    scored = [(g, m) for g in candidates if (m := aggregate.mean(g)) is not None]
     if not scored:
         return None
-    g, value = min(scored, key=lambda gm: ledger.sort_key(gm[1], mode))
-    return ledger.done(g), value, ledger.std(g), len(g)
+    g, value = min(scored, key=lambda gm: aggregate.sort_key(gm[1], mode))
+    return aggregate.done(g), value, aggregate.std(g), len(g)
 
 
 def _replay(cfg: dict[str, Any], timeline: list[tuple[int, dict[str, Any]]]) -> None:

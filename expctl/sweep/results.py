@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from expctl import tables
-from expctl.sweep import ledger
-from expctl.sweep.ledger import STATUSES, Row, fmt_float, fmt_int, short
+from expctl.sweep import aggregate, ledger
+from expctl.sweep.aggregate import fmt_float, fmt_int, short
+from expctl.sweep.ledger import STATUSES, Row
 from expctl.tables import finite
 
 # the columns of every sweep (parameters go after the first two, metrics after the next two)
@@ -96,7 +97,7 @@ class SweepResults:
         )
         rows = [self.rows[i] for i in picked]
         if sort is None:
-            rows.sort(key=lambda r: (ledger.sort_key(r.value, self.mode), r.number))
+            rows.sort(key=lambda r: (aggregate.sort_key(r.value, self.mode), r.number))
         return replace(self, rows=rows)
 
 
@@ -158,14 +159,14 @@ def table(sweep_dir: str | Path, sort: str | None = None, filters: Sequence[str]
     4 significant digits.
     """
     every = load(sweep_dir)
-    by_group = ledger.repeated(every.rows) and (sort or "").lstrip("-") in GROUP_SORTS
+    by_group = aggregate.repeated(every.rows) and (sort or "").lstrip("-") in GROUP_SORTS
     res = every.select(None if by_group else sort, filters)
     counts = ", ".join(f"{n} {s}" for s in STATUSES if (n := sum(r.status == s for r in res.rows)))
     shown = f"{len(res)} of {len(every)}" if filters else f"{len(res)}"
     lines = [
         f"sweep {res.sweep_dir}  ({shown} trial(s): {counts or 'none'}; {res.metric}, {res.mode})"
     ]
-    if ledger.repeated(every.rows):
+    if aggregate.repeated(every.rows):
         lines += _group_lines(res, sort)
     else:
         lines += _trial_lines(res)
@@ -205,21 +206,21 @@ def _group_lines(res: SweepResults, sort: str | None) -> list[str]:
     """A line per configuration; best mean first, or by the mean or the std as `sort` says
     (`value` or `mean`, `std`; `-KEY`: descending), else in the order of `sort`'s trials; a
     mean (std) no two seeds completed, last."""
-    groups = ledger.groups(res.rows)
+    groups = aggregate.groups(res.rows)
     key = "value" if sort is None else sort.lstrip("-")
     if key in ("value", *GROUP_SORTS):
         mode = res.mode if sort is None else ("max" if sort.startswith("-") else "min")
-        of = ledger.std if key == "std" else ledger.mean
-        groups.sort(key=lambda g: ledger.sort_key(of(g), mode))
+        of = aggregate.std if key == "std" else aggregate.mean
+        groups.sort(key=lambda g: aggregate.sort_key(of(g), mode))
     statuses = ["/".join(sorted({r.status for r in g})) for g in groups]
     w = max([9, *map(len, statuses)])
     lines = [f"{'runs':>5}  {'status':<{w}} {'mean':>12} {'± std':>8} {TAIL}"]
     for g, status in zip(groups, statuses, strict=True):
         lines.append(
-            f"{len(g):>5}  {status:<{w}} {fmt_float(ledger.mean(g)):>12} "
-            f"{fmt_float(ledger.std(g)):>8} {fmt_int(ledger.most(r.epoch for r in g)):>6} "
-            f"{fmt_int(ledger.most(r.step for r in g)):>6} "
+            f"{len(g):>5}  {status:<{w}} {fmt_float(aggregate.mean(g)):>12} "
+            f"{fmt_float(aggregate.std(g)):>8} {fmt_int(aggregate.most(r.epoch for r in g)):>6} "
+            f"{fmt_int(aggregate.most(r.step for r in g)):>6} "
             f"{fmt_float(sum(r.wall_s or 0 for r in g)):>7}  "
-            f"{short(ledger.config_label(g[0]), g[0].params)}"
+            f"{short(aggregate.config_label(g[0]), g[0].params)}"
         )
     return lines
