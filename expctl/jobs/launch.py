@@ -1,6 +1,6 @@
 """Start the ranks of a run: inline (this process), local (torch's elastic agent), or Slurm, and
 hand each rank the hooks of its job (`hooks_for`): job records and requeues (`JobHooks`), and a
-sweep trial's pruning and bookkeeping (`study.TrialHooks`).
+sweep trial's pruning and bookkeeping (`trialhooks.TrialHooks`).
 
 The launching process has already composed and validated the config; `local` and `slurm` create
 the run directory here and hand its path to the workers, which read RUN_DIR/config.yaml.
@@ -41,7 +41,7 @@ from expctl.errors import (
     RunError,
     UserError,
 )
-from expctl.jobs import exploit, slurm, snapshot, study
+from expctl.jobs import exploit, slurm, snapshot, study, trialhooks
 from expctl.layout import RunDir, SweepDir
 from expctl.rank import entry as rank
 from expctl.rank import rundir
@@ -372,11 +372,11 @@ def hooks_for(cfg: Config, env: DistEnv, under_agent: bool = False) -> Hooks:
     if env.job_id and run_dir is not None:
         hooks.append(JobHooks(env, run_dir, cfg.launcher.max_requeues))
     if cfg.run.dir is not None and RunDir(cfg.run.dir).trial.exists():  # a sweep's trial
-        hooks.append(study.TrialMetric(cfg.sweep))
+        hooks.append(trialhooks.TrialMetric(cfg.sweep))
     ref = study.TrialRef.read(cfg.run.dir) if env.is_main else None  # rank 0 speaks for a trial
     if ref is not None and study.is_open(ref, cfg.sweep):
         hooks.append(
-            study.TrialHooks(
+            trialhooks.TrialHooks(
                 ref,
                 cfg.sweep,
                 env.is_main,

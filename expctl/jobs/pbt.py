@@ -5,7 +5,7 @@ compares its latest score with the other running trials' (`decide`): in the bott
 stops there and continues as a copy of a top-quantile trial: that trial's checkpoint of the
 weights compared (weights, optimizer, scheduler, RNG, data position) becomes its own (`transplant`) and its
 hyperparameters are perturbed or drawn anew (`explore`). The rank knows none of this: a trial is
-a run that reports (study.TrialHooks); a copy is a restart from a checkpoint with new values,
+a run that reports (trialhooks.TrialHooks); a copy is a restart from a checkpoint with new values,
 whose optimizer and loss values take effect through `train.hparam_schedule` (trials.py makes
 the copy; this module imports no torch: `sweep table` reads lineages).
 

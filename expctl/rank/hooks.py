@@ -3,7 +3,7 @@
 `rank.main` and `train.fit` call these methods on rank 0 and every other rank alike; a hook that
 should act once checks `env.is_main` itself. `launch.hooks_for` builds the hooks of a run: job
 records and requeues (`launch.JobHooks`) and a sweep trial's pruning and bookkeeping
-(`study.TrialHooks`), chained.
+(`trialhooks.TrialHooks`), chained.
 """
 
 from __future__ import annotations
