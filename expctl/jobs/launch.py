@@ -1,6 +1,6 @@
-"""Start the ranks of a run: inline (this process), local (torch's elastic agent), or Slurm, and
-hand each rank the hooks of its job (`hooks_for`): job records and requeues (`JobHooks`), and a
-sweep trial's pruning and bookkeeping (`trialhooks.TrialHooks`).
+"""Start the ranks of a run: inline (this process), local (torch's elastic agent: agent.py), or
+Slurm, and hand each rank the hooks of its job (`hooks_for`): job records and requeues
+(`JobHooks`), and a sweep trial's pruning and bookkeeping (`trialhooks.TrialHooks`).
 
 The launching process has already composed and validated the config; `local` and `slurm` create
 the run directory here and hand its path to the workers, which read RUN_DIR/config.yaml.
@@ -9,16 +9,11 @@ the run directory here and hand its path to the workers, which read RUN_DIR/conf
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import json
 import logging
 import os
-import signal
-import sys
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,24 +26,17 @@ from expctl.config.schema import Config
 from expctl.config.validate import check_layout
 from expctl.dist import DistEnv, check_sync_batchnorm, detect
 from expctl.errors import (
-    EXIT_FAILED,
-    EXIT_PREEMPTED,
-    EXIT_TERMINATED,
     EXIT_USER,
-    Interrupted,
-    Preempted,
     Reported,
-    RunError,
     UserError,
 )
-from expctl.jobs import exploit, slurm, snapshot, study, trialhooks
+from expctl.jobs import agent, exploit, slurm, snapshot, study, trialhooks
 from expctl.layout import RunDir, SweepDir
 from expctl.rank import entry as rank
 from expctl.rank import rundir
 from expctl.rank.entry import Evaluation
 from expctl.rank.hooks import Chain, Hooks
 from expctl.rank.provenance import Launch
-from expctl.startup import WORKER_MAIN
 
 log = logging.getLogger("expctl")
 
@@ -223,7 +211,7 @@ def _local(
             frozen_eval.write_text(config_mod.to_yaml(cfg))
             args = ["--eval", evaluation.to_json(), "--config", str(frozen_eval)]
         try:
-            _start_workers(cfg, run_dir, args)
+            agent.start_workers(cfg, run_dir, args)
         except Reported as e:  # a worker's user error: nothing of this launch stays
             if evaluation is None and held is not None and e.code == EXIT_USER:
                 rundir.abandon(held)
@@ -232,90 +220,6 @@ def _local(
         record = json.loads(RunDir(run_dir).eval_result(evaluation.name).read_text())
         return Result(run_dir, record)
     return Result(run_dir, RunDir(run_dir).read_result())
-
-
-def _start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
-    """`launcher.nproc` workers of `python -c WORKER_MAIN _worker RUN_DIR ARGS` through torch's
-    elastic agent, restarted up to `launcher.max_restarts` times."""
-    # torch's elastic agent (~0.1 s) off inline runs, Slurm tasks and the workers:
-    from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # noqa: PLC0415
-
-    n = cfg.launcher.nproc
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=n,
-        run_id=f"expctl-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        rdzv_configs={"timeout": int(cfg.launcher.rdzv_timeout)},
-        max_restarts=cfg.launcher.max_restarts,
-        monitor_interval=0.2,
-    )
-    quiet = _WorkersSpeakForThemselves()
-    agent_logs = [logging.getLogger(f"torch.distributed.elastic.{n}") for n in AGENT_LOGS]
-    for agent_log in agent_logs:
-        agent_log.addFilter(quiet)
-    try:
-        elastic_launch(lc, sys.executable)("-c", WORKER_MAIN, "_worker", str(run_dir), *args)
-    except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
-        if e.sigval == signal.SIGINT:
-            raise Interrupted(f"run the same command with run.dir={run_dir}") from None
-        if e.sigval == signal.SIGTERM:  # the workers took it as a stop signal, and saved
-            raise Preempted(_STOPPED.format("SIGTERM", run_dir), EXIT_TERMINATED) from None
-        raise RunError(f"stopped by {e.sigval.name}; the run is in {run_dir}") from None
-    except ChildFailedError as e:
-        codes = {rank: failure.exitcode for rank, failure in e.failures.items()}
-        raise _failure(codes, cfg.launcher.max_restarts, run_dir) from None
-    finally:
-        for agent_log in agent_logs:
-            agent_log.removeFilter(quiet)
-
-
-AGENT_LOGS = ("multiprocessing.api", "agent.server.api")
-SPOKE = (EXIT_FAILED, EXIT_USER, EXIT_PREEMPTED, EXIT_TERMINATED)  # a worker printed why
-_STOPPED = "stopped by {}; its checkpoints are kept: run the same command with run.dir={} to resume"
-
-
-def _failure(codes: dict[int, int], restarts: int, run_dir: Path) -> Exception:
-    """What the launcher says of failed workers (rank -> exit code): where one printed its
-    error (1 or 2), nothing more; where they stopped at a checkpoint, how to resume; else which
-    rank died of what, for a worker that could not say it (killed, or the interpreter died)."""
-    # the agent sends SIGTERM to the workers left after the first failure: not a cause
-    died = {r: c for r, c in codes.items() if c not in (*SPOKE, -signal.SIGTERM)}
-    if not died and all(c == -signal.SIGTERM for c in codes.values()):
-        died = codes
-    if died:
-        rank = min(died)
-        code = died[rank]
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
-        return RunError(
-            f"local worker rank {rank} {how} after {restarts} restart(s); the run is in {run_dir}"
-        )
-    if all(c in (EXIT_PREEMPTED, EXIT_TERMINATED) for c in codes.values()):
-        code = max(codes.values())
-        return Preempted(_STOPPED.format(_signal_of(code), run_dir), code)
-    code = EXIT_USER if EXIT_USER in codes.values() else EXIT_FAILED
-    return Reported(f"local workers failed (exit code {code}; their error is above)", code)
-
-
-def _signal_of(code: int) -> str:
-    return "SIGTERM" if code == EXIT_TERMINATED else "the stop signal"
-
-
-class _WorkersSpeakForThemselves(logging.Filter):
-    """Drops torch's agent's lines that follow a worker's own words: "failed (exitcode: N)"
-    where the worker printed its error or its stop (`SPOKE`: the output ends with its error and
-    hint), "Sending process N closing signal SIGTERM" (written after every failure, before the
-    agent says why) and "Received N death signal" (a Ctrl-C or SIGTERM that expctl's last line
-    names). A worker killed outright keeps the agent's line, and gets expctl's."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        spoke = any(f"(exitcode: {code})" in text for code in SPOKE)
-        return not spoke and "closing signal" not in text and "death signal" not in text
 
 
 def worker(
@@ -327,7 +231,7 @@ def worker(
     """Entry point of one local worker: read the frozen config, detect the rank, train (or
     evaluate: `evaluation` as `Evaluation.to_json`, with the config file `config`); the launch it
     belongs to is in `launch_file` (`Launch.to_json`)."""
-    _die_with_the_launcher()
+    agent.die_with_the_launcher()
     cfg = config_mod.load(run_dir, Path(config) if config else None)
     env = dataclasses.replace(detect(os.environ), source="local")  # the agent speaks torchrun's
     if evaluation is not None:
@@ -335,20 +239,6 @@ def worker(
         return
     origin = Launch.from_json(Path(launch_file).read_text()) if launch_file else None
     train_rank(cfg, env, under_agent=True, origin=origin)
-
-
-def _die_with_the_launcher() -> None:
-    """A local worker ends when its launcher does, even by SIGKILL: torch's agent starts workers
-    in sessions of their own, and an orphan would train on beside the next launch (the launcher
-    holds the run's lock). Linux's PR_SET_PDEATHSIG; elsewhere workers outlive a killed agent."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the launcher died before the request took effect
-        os._exit(1)
 
 
 def train_rank(
