@@ -24,8 +24,8 @@ from expctl.layout import RunDir
 from expctl.rank import entry as rank
 from expctl.rank.build import build
 from expctl.rank.hooks import Chain, Hooks
+from expctl.rank.loopstate import TrainState
 from expctl.rank.metrics import score_split
-from expctl.rank.train import TrainState
 
 SMALL = [
     *conftest.SMALL,

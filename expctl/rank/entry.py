@@ -35,11 +35,12 @@ from expctl.rank import provenance, rundir
 from expctl.rank.build import Parts, build, pick_device, resolve_precision
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
+from expctl.rank.loopstate import Loop, TrainState
 from expctl.rank.metrics import score_split
 from expctl.rank.provenance import Launch
 from expctl.rank.report import Reporter, setup_logging, truncate_metrics, write_json
 from expctl.rank.restore import load_weights, put_weights, restore
-from expctl.rank.train import Loop, TrainState, check_monitors, finished, fit
+from expctl.rank.train import check_monitors, finished, fit
 
 log = logging.getLogger("expctl")
 

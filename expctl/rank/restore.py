@@ -17,7 +17,7 @@ from expctl.dist import DistEnv
 from expctl.errors import UserError
 from expctl.rank import checkpoint, sharded
 from expctl.rank.build import Parts
-from expctl.rank.train import TrainState
+from expctl.rank.loopstate import TrainState
 
 log = logging.getLogger("expctl")
 
