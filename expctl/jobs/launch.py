@@ -22,8 +22,8 @@ import torch
 
 from expctl import importpath
 from expctl.config import frozen as config_mod
+from expctl.config.crosschecks import check_layout
 from expctl.config.schema import Config
-from expctl.config.validate import check_layout
 from expctl.dist import DistEnv, check_sync_batchnorm, detect
 from expctl.errors import (
     EXIT_USER,

@@ -194,7 +194,7 @@ def _check_shardable(model: str, name: str, m: nn.Module) -> None:
 
 def _mesh(train_cfg: TrainConfig, env: DistEnv, device: torch.device) -> DeviceMesh:
     """fsdp: one dimension over every rank; hsdp: (replicas, shard group), the shard groups
-    of `train.fsdp.shard_size` ranks, those of one node by default (config/validate.py
+    of `train.fsdp.shard_size` ranks, those of one node by default (config/crosschecks.py
     `check_layout` made sure they divide the ranks)."""
     if train_cfg.strategy == "fsdp":
         return init_device_mesh(device.type, (env.world_size,), mesh_dim_names=("shard",))
