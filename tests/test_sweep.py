@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -1000,7 +1001,9 @@ def test_median_rule_and_the_plot(tiny: Path) -> None:
     assert str(png) in out and _is_png(png)
 
 
-def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -> None:
+def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(
+    tiny: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Re-running a completed trial's directory trains nothing; training it further there is
     refused (the sweep's table and best.yml read that folder), and its hint continues it as a
     run of its own; neither writes to the sweep's journal; how the sweep ran its trials
@@ -1042,7 +1045,11 @@ def test_a_finished_trial_reruns_and_continues_as_a_run_of_its_own(tiny: Path) -
     ref = json.loads((trial / "trial.json").read_text())
     assert ref["sweep_id"] == json.loads((sweep / "sweep.json").read_text())["created"]
     (trial / "trial.json").write_text(json.dumps({**ref, "sweep_id": ref["sweep_id"] + 1}))
-    assert [r.foreign for r in ledger.rows(sweep)] == [True, True]
+    with caplog.at_level(logging.WARNING, logger="expctl"):
+        assert [r.foreign for r in ledger.rows(sweep)] == [True, True]
+        ledger.rows(sweep)  # read again (a driver does, per trial): said once per folder
+    told = [m for m in caplog.messages if "a run the sweep did not start" in m]
+    assert len(told) == 1 and "trial_000" in told[0] and "trial_001" in told[0], told
     (trial / "trial.json").write_text(json.dumps(ref))
     again = run_cli("sweep", "best", str(sweep), cwd=tiny.parent, check=False)
     if top.startswith("best trial 1:"):

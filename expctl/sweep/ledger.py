@@ -286,8 +286,13 @@ def _row(
     )
 
 
+_told_foreign: set[str] = set()  # folders this process warned about (a driver reads rows often)
+
+
 def _said_foreign(out: list[Row]) -> list[Row]:
-    if foreign := [Path(r.run_dir).name for r in out if r.foreign]:
+    new = [r.run_dir for r in out if r.foreign and r.run_dir not in _told_foreign]
+    _told_foreign.update(new)
+    if foreign := [Path(d).name for d in new]:
         log.warning(
             "%s: a run the sweep did not start (put there by hand); the table shows what the "
             "journal recorded",
