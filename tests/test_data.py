@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +344,10 @@ def test_cifar10_missing_names_the_files_expected(tmp_path: Path) -> None:
 def test_image_folder_splits_classes_and_modes(tmp_path: Path) -> None:
     image_tree(tmp_path / "train", classes=3, per_class=10)
     image_tree(tmp_path / "val", classes=3, per_class=4, seed=1)
+    first = next((tmp_path / "train" / "class_0").glob("*.jpg"))
+    (tmp_path / "train" / "class_0" / f"._{first.name}").write_bytes(b"AppleDouble")  # macOS's
+    (tmp_path / "train" / "class_1" / ".ipynb_checkpoints").mkdir()
+    shutil.copy(first, tmp_path / "train" / "class_1" / ".ipynb_checkpoints" / "copy.jpg")
     s = image_folder(root=str(tmp_path), image_size=16)
     assert (len(s.train), len(s.val), s.test) == (30, 12, None)  # type: ignore[arg-type]
     assert s.info.classes == ("class_0", "class_1", "class_2") and s.info.input_shape == (3, 16, 16)
@@ -443,6 +448,25 @@ def test_image_folder_trains_ddp_with_workers_bitwise_equal_to_none(tmp_path: Pa
         k: v for k, v in r0.items() if not k.startswith("time/")
     }
     assert all(torch.equal(w2[k], w0[k]) for k in w0)
+
+
+def test_a_validation_split_smaller_than_the_ranks_is_scored_not_hung(tmp_path: Path) -> None:
+    """data.val_split=1 with 2 ranks: rank 1 has no validation sample; it still names the metrics
+    rank 0 reduces (it hung in the all-reduce, rank 0's sums against none). Streamed with a
+    worker, and in memory."""
+    image_tree(tmp_path / "imgs", classes=2, per_class=8)
+    for data in (
+        ["data=image_folder", "data.root=imgs", "data.image_size=16", "data.num_workers=1"],
+        ["data=synthetic", "data.shape=[1,8,8]", "data.num_samples=32", "data.val_samples=1"],
+    ):
+        run = tmp_path / data[0].split("=")[1]
+        expctl(
+            "run", "model=mlp", *data, *(["data.val_split=1"] if "imgs" in data[1] else []),
+            "data.batch_size=4", "launcher=local", "launcher.nproc=2", "train.max_epochs=1",
+            "sched=none", f"run.dir={run}", cwd=tmp_path, timeout=180,
+        )  # fmt: skip
+        result = json.loads((run / "result.json").read_text())
+        assert result["val/acc"] in (0.0, 1.0), result  # one sample, counted once
 
 
 @pytest.mark.parametrize("validate", ["train.val_every_steps=3", "train.val_every=2"])

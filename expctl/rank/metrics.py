@@ -118,14 +118,18 @@ def score_split(
     if parts.sharded and env.distributed:  # rank 0 has the most: val_batches deals in turn
         most = math.ceil(math.ceil(len(data) / env.world_size) / parts.val_batch_size)
         counted = _evened(batches, most, lambda: next(read(0)))
+    elif env.distributed and env.rank >= len(data) > 0:  # a split smaller than the ranks: this
+        # rank has none of it, but its sums must name the metrics the others reduce
+        counted = ((b, False) for b in itertools.islice(read(0), 1))
     for m in parts.models.values():
         m.eval()
     with torch.no_grad():
         for batch, counts in itertools.islice(counted, limit):
             scored = parts.batch_step.val_step(ctx, batch)
-            for k, (s, n) in scored.items() if counts else ():
+            for k, (s, n) in scored.items():
                 acc = sums.setdefault(k, [0.0, 0.0])
-                acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
+                if counts:
+                    acc[0], acc[1] = acc[0] + s.double(), acc[1] + n
     for m in parts.models.values():
         m.train()
     keys = sorted(sums)

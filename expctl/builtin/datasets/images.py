@@ -70,7 +70,9 @@ def scan_folder(
         files = sorted(
             str(p)
             for p in (folder / name).rglob("*")
-            if p.suffix.lower() in extensions and p.is_file()
+            if p.suffix.lower() in extensions
+            and p.is_file()  # hidden ones (macOS's ._x.jpg, .ipynb_checkpoints/) are no samples
+            and not any(part.startswith(".") for part in p.relative_to(folder / name).parts)
         )
         if not files:
             empty.append(name)
