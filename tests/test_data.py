@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import pickle
 import shutil
 from pathlib import Path
@@ -394,7 +395,9 @@ def test_computed_statistics_are_the_pixels_and_skip_corrupt_files_when_told(
     assert len(skip.train) == 6  # type: ignore[arg-type]
 
 
-def test_a_corrupt_image_is_named_or_skipped(tmp_path: Path) -> None:
+def test_a_corrupt_image_is_named_or_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     image_tree(tmp_path, classes=2, per_class=3)
     bad = tmp_path / "class_1" / "img_001.jpg"  # exists: JPEG, cut short
     bad.write_bytes(bad.read_bytes()[:60])
@@ -403,12 +406,16 @@ def test_a_corrupt_image_is_named_or_skipped(tmp_path: Path) -> None:
     with pytest.raises(CorruptImage, match=r"class_1/img_001.jpg cannot be decoded"):
         s.train[index]  # type: ignore[index]
     skip = image_folder(root=str(tmp_path), val=None, image_size=8, on_corrupt="skip")
-    batch = skip.train.collate([skip.train[i] for i in range(len(skip.train))])  # type: ignore[union-attr, arg-type]
-    assert batch[0].shape[0] == 5  # 6 files, the corrupt one dropped
+    with caplog.at_level(logging.WARNING, logger="expctl"):
+        for _epoch in range(2):
+            batch = skip.train.collate([skip.train[i] for i in range(len(skip.train))])  # type: ignore[union-attr, arg-type]
+            assert batch[0].shape[0] == 5  # 6 files, the corrupt one dropped
+    said = [m for m in caplog.messages if "skipped corrupt image" in m]
+    assert len(said) == 1 and "img_001.jpg" in said[0], said  # once, not every epoch
     # every image of a batch corrupt: it cannot be dropped (every rank trains on each batch)
     with pytest.raises(CorruptImage, match=r"every image of a batch \(2\) is corrupt") as e:
         skip.train.collate([None, None])  # type: ignore[union-attr]
-    assert e.value.hint == "remove or replace those files, or raise data.batch_size"
+    assert (e.value.hint or "").startswith("remove or replace those files; where good images")
 
 
 def test_a_corrupt_image_met_in_a_worker_keeps_its_one_line_message(tmp_path: Path) -> None:

@@ -39,13 +39,17 @@ class CorruptImage(UserError):
         super().__init__(message, hint or "remove or replace the file, or set data.on_corrupt=skip")
 
 
+_SKIPPED: set[str] = set()  # the corrupt files this process has warned about
+
+
 def all_corrupt(n: int) -> CorruptImage:
     """The error for a batch whose every image was skipped as corrupt (data.on_corrupt=skip):
     every rank must train on each batch, so it cannot be dropped."""
     return CorruptImage(
         f"every image of a batch ({n}) is corrupt: data.on_corrupt=skip drops corrupt images from "
-        "their batch, but a batch needs one to train on (train.log names the skipped files)",
-        "remove or replace those files, or raise data.batch_size",
+        "their batch, but a batch needs one to train on or score (train.log names the files)",
+        "remove or replace those files; where good images are left, a larger data.batch_size "
+        "(data.val_batch_size for validation) mixes them in",
     )
 
 
@@ -181,7 +185,9 @@ class ImageFiles(Dataset[Any]):
         """A file that cannot be decoded: skipped (None, with a warning) or named."""
         said = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", " ".join(str(error).split()))
         if self.on_corrupt == "skip":
-            log.warning("skipped corrupt image %s (%s)", path, said[:120])
+            if path not in _SKIPPED:  # once per process, not every epoch
+                _SKIPPED.add(path)
+                log.warning("skipped corrupt image %s (%s)", path, said[:120])
             return None
         raise CorruptImage(f"image {path} cannot be decoded ({said[:160]})") from None
 

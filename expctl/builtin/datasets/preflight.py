@@ -208,7 +208,7 @@ def image_folder(**given: Any) -> None:
     """data=image_folder: its options, and its folders there (no image is read yet)."""
     a = _args("image_folder", given)
     image_options(a)
-    image_folders(a["root"], a["train"], a["val"], None, a["val_split"])
+    image_folders(a["root"], a["train"], a["val"], a["test"], a["val_split"])
 
 
 def image_folders(
@@ -244,6 +244,11 @@ def image_folders(
             f"data.val: no folder {base / val} ({names})",
             "set data.val to one of them, data.val_split=0.1 to hold part of train out, "
             "or data.val=null for no validation",
+        )
+    if test not in (None, "test") and not (base / test).is_dir():  # "test": only if it is there
+        raise UserError(
+            f"data.test: no folder {base / test} ({names})",
+            "set data.test to one of them, or data.test=null for no test set",
         )
     pick = [base / s if s and (base / s).is_dir() else None for s in (val, test)]
     return base / train, pick[0], pick[1]
