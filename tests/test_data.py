@@ -476,6 +476,31 @@ def test_a_validation_split_smaller_than_the_ranks_is_scored_not_hung(tmp_path: 
         assert result["val/acc"] in (0.0, 1.0), result  # one sample, counted once
 
 
+def test_a_checkpoint_refuses_data_that_changed_under_it(tmp_path: Path) -> None:
+    """Resuming on a folder that gained images since (every later epoch dealt differently), or
+    scoring on folders whose class names differ (outputs read as other classes): exit 2,
+    naming the change, nothing written."""
+    image_tree(tmp_path / "imgs", classes=2, per_class=8)
+    run = tmp_path / "run"
+    args = ["run", "model=mlp", "data=image_folder", "data.root=imgs", "data.image_size=8"]
+    args += ["data.val_split=4", "data.batch_size=4", "sched=none", f"run.dir={run}"]
+    expctl(*args, "train.max_epochs=1", cwd=tmp_path)
+    image_tree(tmp_path / "more", classes=2, per_class=2, seed=3)
+    for p in (tmp_path / "more").rglob("*.*"):
+        p.rename(tmp_path / "imgs" / p.parent.name / f"new_{p.name}")
+    rows = (run / "metrics.jsonl").read_bytes()
+    grown = expctl(*args, "train.max_epochs=2", cwd=tmp_path, check=False)
+    assert grown.returncode == 2, grown.stderr
+    assert "trained on 12 training samples; this data has 16" in grown.stderr, grown.stderr
+    assert "checkpoint.init=" in grown.stderr and (run / "metrics.jsonl").read_bytes() == rows
+    renamed = tmp_path / "renamed"
+    shutil.copytree(tmp_path / "imgs", renamed)
+    (renamed / "class_1").rename(renamed / "zebra")
+    score = expctl("eval", str(run), f"data.root={renamed}", cwd=tmp_path, check=False)
+    assert score.returncode == 2 and "this data's are class_0, zebra" in score.stderr, score.stderr
+    assert not (run / "eval").exists() or not any((run / "eval").iterdir())
+
+
 @pytest.mark.parametrize("validate", ["train.val_every_steps=3", "train.val_every=2"])
 def test_streamed_images_resumed_mid_epoch_with_validations_between_train_as_one_run(
     tmp_path: Path, validate: str

@@ -49,6 +49,12 @@ class Parts:
     # writes its shard), and every rank calls the models as often as the others (validation)
     sharded: bool = False
 
+    def trained_on(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data (`restore.check_data`): the training split's size
+        and the classes' names."""
+        classes = self.splits.info.classes
+        return {"train_samples": len(self.splits.train), "classes": list(classes or []) or None}  # type: ignore[arg-type]
+
     def close(self) -> None:
         """End the stream of training batches and the DataLoader workers."""
         self.batches.close()

@@ -67,6 +67,7 @@ def capture(
         **state,
         "world_size": len(rng),
         "model_args": parts.model_args,
+        "data": parts.trained_on(),
         **held,
         "schedulers": {k: s.state_dict() for k, s in parts.schedulers.items()},
         "scaler": parts.ctx.scaler.state_dict() if parts.ctx.scaler is not None else None,

@@ -39,7 +39,7 @@ from expctl.rank.loopstate import Loop, TrainState
 from expctl.rank.metrics import score_split
 from expctl.rank.provenance import Launch
 from expctl.rank.report import Reporter, setup_logging, truncate_metrics, write_json
-from expctl.rank.restore import load_weights, put_weights, restore
+from expctl.rank.restore import check_data, put_weights, restore, weights_and_data
 from expctl.rank.train import check_monitors, finished, fit
 
 log = logging.getLogger("expctl")
@@ -406,8 +406,10 @@ def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path
             parts = build(cfg, env, device)
         with contextlib.closing(parts):
             path = Path(ev.checkpoint)
+            weights, data = weights_and_data(path, [*parts.models])
+            check_data(data, parts, path, resume=False)
             try:
-                put_weights(parts.models, load_weights(path, [*parts.models]), True)
+                put_weights(parts.models, weights, True)
             except ValueError as e:
                 raise UserError(
                     f"{path} does not fit this config's models: {e}",

@@ -44,6 +44,7 @@ def restore(
             _init_weights(cfg, parts)
             return 0
         configured = _lrs(parts)
+        check_data(found[1].get("data"), parts, found[0])
         state.load_state_dict(checkpoint.apply(found[1], parts, env.rank, env.world_size))
         _check_length(cfg, parts, found)
     except ValueError as e:
@@ -118,6 +119,46 @@ def _lrs(parts: Parts) -> str:
     return ", ".join(f"{g.get('initial_lr', g['lr']):g}" for g in groups)
 
 
+def check_data(
+    then: dict[str, Any] | None, parts: Parts, source: Path, resume: bool = True
+) -> None:
+    """The data a checkpoint trained on (`Parts.trained_on`; None: a checkpoint from before it
+    was kept) is this run's: the same classes, by name and order (an output means a class by its
+    place), and to resume, the same number of training samples (another deals every epoch
+    differently: a folder that gained or lost images since).
+
+    Raises:
+        UserError: naming what changed.
+    """
+    if not then:
+        return
+    now = parts.trained_on()
+    hint = (
+        "give it the data it trained on; to train on this data from its weights, start a new run: "
+        f"checkpoint.init={source} run.dir=NEW_DIR"
+        if resume
+        else "score it on data with the classes it trained on (the same folder names)"
+    )
+    if then["classes"] and now["classes"] and then["classes"] != now["classes"]:
+        differ = [
+            f"{a}/{b}" for a, b in zip(then["classes"], now["classes"], strict=False) if a != b
+        ]
+        raise UserError(
+            f"{source} trained on classes {', '.join(then['classes'][:8])}; this data's are "
+            f"{', '.join(now['classes'][:8])} ({len(differ) or 'their number'} differ"
+            + (f": {', '.join(differ[:4])}" if differ else "")
+            + "): the model's outputs would be read as other classes",
+            hint,
+        )
+    if resume and then["train_samples"] != now["train_samples"]:
+        raise UserError(
+            f"{source} trained on {then['train_samples']} training samples; this data has "
+            f"{now['train_samples']}: the data changed since (resuming would deal every later "
+            "epoch differently)",
+            hint,
+        )
+
+
 def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
     """Model weights by model name from an expctl checkpoint (a file, or a folder of shards,
     read whole), a run directory (`pick`'s default) or a plain state-dict file
@@ -126,14 +167,23 @@ def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Te
     Raises:
         UserError: the file cannot be read or holds no weights for these models.
     """
+    return weights_and_data(source, names)[0]
+
+
+def weights_and_data(
+    source: Path, names: list[str]
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any] | None]:
+    """`load_weights`, and what the checkpoint kept of its data (`Parts.trained_on`; None for
+    a plain state dict or an older checkpoint)."""
     if source.is_dir() and not sharded.is_folder(source):
-        return dict(checkpoint.pick(source)[1]["models"])
+        payload = checkpoint.pick(source)[1]
+        return dict(payload["models"]), payload.get("data")
     try:
         found = checkpoint.load(source) if source.is_dir() else checkpoint.read_verified(source)
     except ValueError as e:
         raise UserError(str(e), "give an expctl checkpoint or a torch.save'd state dict") from None
     if isinstance(found, dict) and found.get("format") == checkpoint.FORMAT:
-        return dict(found["models"])
+        return dict(found["models"]), found.get("data")
     if not isinstance(found, dict) or not all(isinstance(v, torch.Tensor) for v in found.values()):
         raise UserError(
             f"{source} holds neither an expctl checkpoint nor a state dict of tensors",
@@ -146,7 +196,7 @@ def load_weights(source: Path, names: list[str]) -> dict[str, dict[str, torch.Te
         )
     if found and all(k.startswith("module.") for k in found):  # saved from a DDP wrapper
         found = {k.removeprefix("module."): v for k, v in found.items()}
-    return {names[0]: dict(found)}
+    return {names[0]: dict(found)}, None
 
 
 def put_weights(
