@@ -214,6 +214,11 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=flowers102", "data.root=nowhere"], "flowers-102/ with jpg/"),
     (["run", "data=eurosat", "data.root=nowhere"], "eurosat/2750/"),
     (["run", "data=fashion_mnist", "data.val_split=70000"], "does not split 60000"),
+    (["run", "data=fashion_mnist", "data.val_split=0.9999999"], "would hold out 60000 of 60000"),
+    (
+        ["run", *TINY_IMAGES, "data.root=images", "data.mean=[a,b,c]", "data.std=[1,1,1]"],
+        "data.mean / data.std: numbers",
+    ),
     (["run", "data=arrays"], "needs argument 'train'"),
     (["run", "data=arrays", "data.train=missing.csv"], "missing.csv does not exist"),
     (["run", "data=arrays", "data.train=notes.txt"], "is not a .csv, .npy or .npz file"),

@@ -101,6 +101,11 @@ def _normalizer(
                 f"data.mean / data.std: give both, {channels} value(s) each (got {mean}, {std})",
                 "e.g. data.mean=[0.5,0.5,0.5] data.std=[0.25,0.25,0.25]",
             )
+        if not all(isinstance(v, int | float) for v in (*mean, *std)):
+            raise UserError(
+                f"data.mean / data.std: numbers, {channels} each (got {list(mean)}, {list(std)})",
+                "e.g. data.mean=[0.5,0.5,0.5] data.std=[0.25,0.25,0.25]",
+            )
         if not all(s > 0 for s in std):
             raise UserError(f"data.std={list(std)}: every value must be > 0", "e.g. 0.25")
         return Normalized(mean, std)

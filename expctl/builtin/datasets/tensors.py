@@ -20,9 +20,11 @@ def carve(n: int, val_split: float, seed: int = 0) -> tuple[list[int], list[int]
     chosen by a fixed random permutation, so the split is the same in every run."""
     count = int(val_split) if val_split >= 1 else round(val_split * n)
     if val_split < 0 or not 0 < count < n or (val_split >= 1 and val_split != int(val_split)):
+        held = f"would hold out {count} of" if 0 < val_split < 1 else "does not split"
         raise UserError(
-            f"data.val_split={val_split:g} does not split {n} training samples",
-            f"use a count in [1, {n - 1}] or a fraction in (0, 1), e.g. 0.1 (0: no split)",
+            f"data.val_split={val_split:g} {held} {n} training samples",
+            f"use a count in [1, {n - 1}] or a fraction from {0.5 / n:.2g} to {1 - 0.5 / n:.4g} "
+            "(0: no split)",
         )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     return sorted(order[count:]), sorted(order[:count])
