@@ -27,7 +27,7 @@ from expctl.jobs.launch import Result
 from expctl.layout import RunDir
 from expctl.rank import checkpoint as ckpt
 from expctl.rank import strategy
-from expctl.rank.entry import Evaluation
+from expctl.rank.evaluate import Evaluation
 from expctl.rank.provenance import Launch
 
 

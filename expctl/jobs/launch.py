@@ -34,7 +34,7 @@ from expctl.jobs import agent, exploit, slurm, snapshot, study, trialhooks
 from expctl.layout import RunDir, SweepDir
 from expctl.rank import entry as rank
 from expctl.rank import rundir
-from expctl.rank.entry import Evaluation
+from expctl.rank.evaluate import Evaluation, evaluate_checkpoint
 from expctl.rank.hooks import Chain, Hooks
 from expctl.rank.provenance import Launch
 
@@ -177,7 +177,7 @@ def inline(
     where = "launcher=inline" if env.source == "single" else f"from {env.source}"
     check_layout(cfg.train, env.num_nodes, env.world_size, where)
     if evaluation is not None:
-        return Result(*rank.evaluate_checkpoint(cfg, env, evaluation))
+        return Result(*evaluate_checkpoint(cfg, env, evaluation))
     run_dir, metrics = train_rank(cfg, env, origin=origin)
     return Result(run_dir, metrics)
 
@@ -235,7 +235,7 @@ def worker(
     cfg = config_mod.load(run_dir, Path(config) if config else None)
     env = dataclasses.replace(detect(os.environ), source="local")  # the agent speaks torchrun's
     if evaluation is not None:
-        rank.evaluate_checkpoint(cfg, env, Evaluation.from_json(evaluation))
+        evaluate_checkpoint(cfg, env, Evaluation.from_json(evaluation))
         return
     origin = Launch.from_json(Path(launch_file).read_text()) if launch_file else None
     train_rank(cfg, env, under_agent=True, origin=origin)

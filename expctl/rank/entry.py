@@ -8,11 +8,8 @@ must do around the run (job records, requeues, trial bookkeeping) reaches it onl
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +33,9 @@ from expctl.rank.build import Parts, build, pick_device, resolve_precision
 from expctl.rank.control import Control, StopFlag
 from expctl.rank.hooks import Hooks
 from expctl.rank.loopstate import Loop, TrainState
-from expctl.rank.metrics import score_split
 from expctl.rank.provenance import Launch
-from expctl.rank.report import Reporter, setup_logging, truncate_metrics, write_json
-from expctl.rank.restore import check_data, put_weights, restore, weights_and_data
+from expctl.rank.report import Reporter, setup_logging, truncate_metrics
+from expctl.rank.restore import restore
 from expctl.rank.train import check_monitors, finished, fit
 
 log = logging.getLogger("expctl")
@@ -61,13 +57,13 @@ def main(
             process's command).
     """
     hooks = hooks or Hooks()
-    device = _prepare(cfg, env)
+    device = prepare(cfg, env)
     state = TrainState()
     held: rundir.RunLock | None = None
     agreed = False  # this launch holds the run directory: its failures are the run's
     try:
         with (
-            _process_group(cfg, env, device) as control,
+            process_group(cfg, env, device) as control,
             _one_voice(control, env, state, cfg.train),
         ):
             cfg, held = _agree_run_dir(cfg, env, control, lock)
@@ -121,14 +117,14 @@ def main(
             held.release()
 
 
-def _prepare(cfg: Config, env: DistEnv) -> Any:
+def prepare(cfg: Config, env: DistEnv) -> Any:
     """The config's environment variables, and the device this rank computes on."""
     apply_env(cfg.env, frozenset(k[4:] for k in cfg.interpolations if k.startswith("env.")))
     return pick_device(cfg, env)
 
 
 @contextlib.contextmanager
-def _process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
+def process_group(cfg: Config, env: DistEnv, device: Any) -> Iterator[Control]:
     """The ranks' process group (nccl on CUDA, else gloo) and control group, torn down on
     leaving."""
     launcher = cfg.launcher
@@ -346,85 +342,3 @@ def _stored_result(
     if result.get("status") != "completed" or result.get("step") != state.step:
         return None
     return dict(result)
-
-
-# ---------------------------------------------------------------------------------------------
-# `expctl eval`: score a checkpoint with the same ranks
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What `expctl eval` asks of every rank: score the weights of `checkpoint` (of `step`) on
-    `split` and write RUN_DIR/eval/NAME.json; `overrides` are recorded there."""
-
-    checkpoint: str
-    step: int
-    split: str = "val"
-    name: str = "val"
-    overrides: list[str] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> Evaluation:
-        return cls(**json.loads(text))
-
-
-def _check_writable(folder: Path) -> None:
-    """Before scoring: the folder the score goes to (or its nearest existing parent) can be
-    written, so that a read-only run directory is said first, not after the work.
-
-    Raises:
-        UserError: it cannot.
-    """
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    if not os.access(existing, os.W_OK):
-        raise UserError(
-            f"expctl eval writes its score into {folder}, but "
-            f"{'it' if existing == folder else existing} is not writable "
-            "(a read-only file system, or permissions)",
-            "evaluate a writable copy of the run (cp -r RUN COPY, then expctl eval COPY)",
-        )
-
-
-def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path, dict[str, Any]]:
-    """Score a checkpoint on this rank (metrics reduced exactly over ranks); rank 0 writes
-    RUN_DIR/eval/NAME.json. Returns the run directory and that record.
-
-    Raises:
-        UserError: the weights do not fit the config, or the data has no such split.
-    """
-    run_dir = Path(str(cfg.run.dir))
-    if env.is_main:
-        _check_writable(RunDir(run_dir).eval_result(ev.name).parent)
-    device = _prepare(cfg, env)
-    with _process_group(cfg, env, device):
-        setup_logging(None, env.is_main, env.rank)
-        with redacted(cfg.to_dict(resolved=True), cfg.interpolations):
-            parts = build(cfg, env, device)
-        with contextlib.closing(parts):
-            path = Path(ev.checkpoint)
-            weights, data = weights_and_data(path, [*parts.models])
-            check_data(data, parts, path, resume=False)
-            try:
-                put_weights(parts.models, weights, True)
-            except ValueError as e:
-                raise UserError(
-                    f"{path} does not fit this config's models: {e}",
-                    "evaluate with the run's own model settings (no model.* overrides) on data "
-                    "of its shape: as many classes and channels as it trained on",
-                ) from None
-            metrics = score_split(parts, env, ev.split)
-    if not metrics:
-        raise UserError(
-            f"data '{cfg.data.name}' has no {ev.split} split to score (or train.step has no "
-            "val_step)",
-            "pick another split: --split "
-            + " or ".join(s for s in ("val", "test", "train") if s != ev.split),
-        )
-    record = {**metrics, **asdict(ev), "data": cfg.data.name}
-    if env.is_main:
-        write_json(RunDir(run_dir).eval_result(ev.name), record)
-    return run_dir, record
