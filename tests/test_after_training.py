@@ -24,7 +24,7 @@ from expctl import registry
 from expctl.config import frozen as config
 from expctl.errors import UserError
 from expctl.layout import RunDir
-from expctl.rank import checkpoint
+from expctl.rank import checkpoint, retention
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def test_best_k_checkpoints_are_kept_and_load_model_returns_the_best(tmp_path: P
     newest = max(r["step"] for r in rows)
     assert rows[0]["step"] != newest, "the test needs a best that is not the last"
     kept = {checkpoint.path_for(run, s) for s in (rows[0]["step"], rows[1]["step"], newest)}
-    assert set(checkpoint.list_checkpoints(run)) == kept
+    assert set(retention.list_checkpoints(run)) == kept
     best = expctl.load_model(run)
     assert val_loss(best, run) == pytest.approx(rows[0]["val/loss"], rel=1e-5)
     assert all(
@@ -149,7 +149,7 @@ def test_reduce_lr_on_plateau_lowers_the_lr_and_resumes_exactly(tmp_path: Path) 
     }
     assert lrs["ref"] == pytest.approx([0.05] * 8 + [0.005] * 4 + [0.0005] * 4)
     assert lrs["cut"] == lrs["ref"]
-    a, b = (weights(checkpoint.list_checkpoints(tmp_path / n)[0]) for n in ("ref", "cut"))
+    a, b = (weights(retention.list_checkpoints(tmp_path / n)[0]) for n in ("ref", "cut"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -161,21 +161,21 @@ def test_init_starts_from_weights_only_and_says_what_did_not_fit(
     init_strict=false loads what fits and lists the rest; strict refuses."""
     source = tmp_path / "src"
     expctl.run(None, [*SMALL, "train.max_epochs=1", f"run.dir={source}"])
-    trained = weights(checkpoint.list_checkpoints(source)[0])
+    trained = weights(retention.list_checkpoints(source)[0])
     plain = tmp_path / "plain.pt"
     torch.save(expctl.load_model(source).state_dict(), plain)
     start = [*SMALL, "optim.lr=0", "train.max_steps=1"]
-    for i, init in enumerate((checkpoint.list_checkpoints(source)[0], source, plain)):
+    for i, init in enumerate((retention.list_checkpoints(source)[0], source, plain)):
         result = expctl.run(None, [*start, f"checkpoint.init={init}", f"run.dir={tmp_path}/{i}"])
         assert result["step"] == 1
-        got = weights(checkpoint.list_checkpoints(tmp_path / str(i))[0])
+        got = weights(retention.list_checkpoints(tmp_path / str(i))[0])
         assert all(torch.equal(got[k], trained[k]) for k in trained), init
     wider = [*start, "model.hidden=[8,8]", f"checkpoint.init={plain}"]
     with pytest.raises(expctl.UserError, match="missing 2: 5.weight, 5.bias"):
         expctl.run(None, [*wider, f"run.dir={tmp_path}/strict"])
     assert not (tmp_path / "strict").exists()
     expctl.run(None, [*wider, "checkpoint.init_strict=false", f"run.dir={tmp_path}/loose"])
-    got = weights(checkpoint.list_checkpoints(tmp_path / "loose")[0])
+    got = weights(retention.list_checkpoints(tmp_path / "loose")[0])
     assert torch.equal(got["1.weight"], trained["1.weight"])
     log = (tmp_path / "loose" / "train.log").read_text()
     assert "not loaded: model 'model' other shape 2: 3.weight [3, 8] there, [8, 8] here" in log
@@ -251,12 +251,12 @@ def test_train_time_sums_every_attempt(tmp_path: Path, monkeypatch: pytest.Monke
     args = [*SMALL, "imports=[faulty]", "train.step=slow", f"run.dir={tmp_path / 't'}"]
     first = expctl.run(None, [*args, "train.max_steps=4"])
     assert first["time/train_s"] >= 0.4
-    kept = checkpoint.load(checkpoint.list_checkpoints(tmp_path / "t")[0])["train_s"]
+    kept = checkpoint.load(retention.list_checkpoints(tmp_path / "t")[0])["train_s"]
     assert 0.4 <= kept <= first["time/train_s"]  # what the continued run starts from
     second = expctl.run(None, [*args, "train.max_steps=8"])
     # not first's figure + 0.4: first's also counts what followed its last checkpoint
     assert second["time/train_s"] >= kept + 0.4
-    assert checkpoint.load(checkpoint.list_checkpoints(tmp_path / "t")[0])["train_s"] >= 0.8
+    assert checkpoint.load(retention.list_checkpoints(tmp_path / "t")[0])["train_s"] >= 0.8
 
 
 def test_a_resume_mid_epoch_on_other_ranks_says_once_that_the_epoch_is_dealt_afresh(
@@ -286,14 +286,14 @@ def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_is_read_whole(
     two = ["launcher=local", "launcher.nproc=2"]
     run_cli("run", *fsdp, *two, "train.max_epochs=2", "run.dir=a", cwd=tmp_path)
     run = tmp_path / "a"
-    (first,) = checkpoint.list_checkpoints(run)
+    (first,) = retention.list_checkpoints(run)
     assert first.name == "step_000000004.dcp", "2 steps an epoch on 2 ranks"
     proc = run_cli("run", *fsdp, "train.max_epochs=3", "run.dir=a", cwd=tmp_path)
     assert f"resumed from {first} (step 4, end of epoch 2)" in proc.stdout, proc.stdout
     log = (run / "train.log").read_text()
     assert "checkpoint written by 2 rank(s), now 1: RNG streams restart" in log
     result = json.loads((run / "result.json").read_text())
-    assert result["step"] == 8 and checkpoint.list_checkpoints(run)[0].name.endswith("8.dcp")
+    assert result["step"] == 8 and retention.list_checkpoints(run)[0].name.endswith("8.dcp")
     record = expctl.evaluate(run, which="last")
     assert record["val/acc"] == result["val/acc"] == synthetic_accuracy(run)
     assert record["val/loss"] == pytest.approx(result["val/loss"], rel=1e-6)

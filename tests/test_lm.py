@@ -25,7 +25,7 @@ from expctl.config import frozen as config
 from expctl.dist import DistEnv
 from expctl.errors import UserError
 from expctl.layout import RunDir
-from expctl.rank import checkpoint
+from expctl.rank import checkpoint, retention
 from expctl.rank import entry as rank
 from expctl.rank.build import build
 
@@ -185,7 +185,7 @@ def test_a_resumed_lm_run_sees_the_windows_of_an_uninterrupted_one(tmp_path: Pat
         return [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
 
     assert losses("a") == losses("b") and [s for s, _ in losses("a")] == list(range(1, 9))
-    a, b = (checkpoint.list_checkpoints(tmp_path / r)[0] for r in ("a", "b"))
+    a, b = (retention.list_checkpoints(tmp_path / r)[0] for r in ("a", "b"))
     wa, wb = (checkpoint.load(p)["models"]["model"] for p in (a, b))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -160,7 +160,7 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
     import torch
 
     from expctl.config.schema import CheckpointConfig
-    from expctl.rank import checkpoint
+    from expctl.rank import checkpoint, retention
 
     a, b = tiny.parent / "a", tiny.parent / "b"
     run_cli("run", "-C", str(tiny), f"run.dir={a}", "train.max_epochs=2", cwd=tiny.parent)
@@ -183,10 +183,10 @@ def test_a_copy_makes_the_donors_checkpoint_its_own_bitwise_and_goes_on_with_new
     assert frozen is not None and frozen.name == "from_a_step_000000032.pt"
     assert exploit.transplant(b, frozen, CheckpointConfig()) == 32 and frozen.exists()
     step = exploit.transplant(b, frozen, CheckpointConfig())  # a copy cut short, done again
-    assert step == 32 and [p.name for p in checkpoint.list_checkpoints(b)] == ["step_000000032.pt"]
+    assert step == 32 and [p.name for p in retention.list_checkpoints(b)] == ["step_000000032.pt"]
     mine, theirs = (
         checkpoint.load(b / "checkpoints" / "step_000000032.pt"),
-        checkpoint.load(checkpoint.list_checkpoints(a)[0]),
+        checkpoint.load(retention.list_checkpoints(a)[0]),
     )
     for part in ("models", "optimizers"):
         for name, sd in theirs[part].items():

@@ -21,7 +21,7 @@ import expctl
 from expctl.config import compose
 from expctl.config.schema import Config
 from expctl.errors import UserError
-from expctl.rank import checkpoint, rundir
+from expctl.rank import checkpoint, retention, rundir
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def shape(rows: list[dict[str, Any]]) -> list[tuple[int, int, tuple[str, ...]]]:
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return checkpoint.load(checkpoint.list_checkpoints(run_dir)[0])["models"]["model"]
+    return checkpoint.load(retention.list_checkpoints(run_dir)[0])["models"]["model"]
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -316,7 +316,7 @@ def test_restarted_workers_of_a_run_started_from_a_path_continue_their_own_check
     """checkpoint.resume=PATH is where the run started; a restart continues from the run's own
     newest checkpoint, not from PATH again."""
     run_cli("run", "-C", str(tiny), "train.max_epochs=1", "run.dir=start", cwd=tiny.parent)
-    start = checkpoint.list_checkpoints(tiny.parent / "start")[0]  # step 16, the end of epoch 0
+    start = retention.list_checkpoints(tiny.parent / "start")[0]  # step 16, the end of epoch 0
     proc = run_cli(
         "run",
         "-C",
@@ -469,7 +469,7 @@ def test_a_directory_holding_only_bookkeeping_is_free_to_use(tiny: Path) -> None
 def test_a_user_error_in_local_workers_is_said_once(tiny: Path) -> None:
     """Both workers find the checkpoint of another model unusable; rank 0 says so, once."""
     run_cli("run", "-C", str(tiny), "train.max_steps=2", "run.dir=a", cwd=tiny.parent)
-    ckpt = checkpoint.list_checkpoints(tiny.parent / "a")[0]
+    ckpt = retention.list_checkpoints(tiny.parent / "a")[0]
     proc = run_cli(
         "run",
         "-C",

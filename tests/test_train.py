@@ -20,14 +20,14 @@ import expctl
 from expctl import registry
 from expctl.config import frozen as config
 from expctl.dist import check_sync_batchnorm
-from expctl.rank import checkpoint
+from expctl.rank import checkpoint, retention
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    path = checkpoint.list_checkpoints(run_dir)[0]
+    path = retention.list_checkpoints(run_dir)[0]
     return checkpoint.load(path)["models"]["model"]
 
 
@@ -47,7 +47,7 @@ def test_inline_run_writes_the_run_directory(tiny: Path) -> None:
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all({"step", "epoch"} <= set(e) for e in events)
     assert [e["step"] for e in events if "val/acc" in e] == [16, 32]
-    assert (run_dir / "train.log").is_file() and checkpoint.list_checkpoints(run_dir)
+    assert (run_dir / "train.log").is_file() and retention.list_checkpoints(run_dir)
     assert (run_dir / "config.yaml").stat().st_mode & 0o002 == 0, "no world-writable files"
 
 
@@ -263,7 +263,7 @@ def test_kill_and_resume_is_bitwise_exact(tiny: Path) -> None:
         *args, "run.dir=cut", cwd=tiny.parent, env=cli_env(KILL_AT_STEP="23"), check=False
     )
     assert killed.returncode == -9, killed.stderr
-    assert checkpoint.list_checkpoints(tiny.parent / "cut")[0].name == "step_000000020.pt"
+    assert retention.list_checkpoints(tiny.parent / "cut")[0].name == "step_000000020.pt"
     resumed = run_cli(*args, "run.dir=cut", cwd=tiny.parent)
     assert "resumed from" in resumed.stdout and "(step 20, epoch 2, batch 4)" in resumed.stdout
     a, b = final_weights(tiny.parent / "ref"), final_weights(tiny.parent / "cut")
@@ -412,7 +412,7 @@ def test_mixed_precision_and_clipping_train(
     monkeypatch.chdir(tiny.parent)
     result = expctl.run(str(tiny), [f"train.precision={precision}", "train.grad_clip=1.0"])
     assert result["val/acc"] > 0.5  # 4 classes: chance is 0.25
-    payload = checkpoint.load(checkpoint.list_checkpoints(result.run_dir)[0])
+    payload = checkpoint.load(retention.list_checkpoints(result.run_dir)[0])
     assert (payload["scaler"] is not None) == (precision == "16")
 
 
@@ -570,7 +570,7 @@ def test_a_row_restored_with_no_step_since_claims_no_rate(
     comes back from the checkpoint without a samples/s (it read 0 before)."""
     monkeypatch.chdir(tmp_path)
     first = expctl.run(None, [*conftest.SMALL, "train.max_steps=6", "train.log_every=4"])
-    ckpt = checkpoint.list_checkpoints(first.run_dir)[0]  # the newest: step 6
+    ckpt = retention.list_checkpoints(first.run_dir)[0]  # the newest: step 6
     again = expctl.run(
         None,
         [*conftest.SMALL, "train.max_steps=6", "train.log_every=4", f"checkpoint.resume={ckpt}"],

@@ -16,15 +16,14 @@ next to ``step_000001234.pt.sha256`` and ``step_000001234.pt.json``: ``{"step", 
 that step), which rank checkpoints by ``checkpoint.monitor``. Loading uses
 ``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary pickled
 objects. A sharded model's checkpoint (train.strategy=fsdp, hsdp) is a folder of the same
-payload, ``step_000001234.dcp/``: its format is in sharded.py; listing, keeping, picking and
-loading go through here for both.
+payload, ``step_000001234.dcp/``: its format is in sharded.py; picking and loading go through
+here for both (listing and keeping: retention.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import pickle
 import random
 import warnings
@@ -39,8 +38,9 @@ from expctl.atomic import atomic_file, deferred_interrupt, fsync_dir, remove, wr
 from expctl.config import frozen as config
 from expctl.config.schema import CheckpointConfig
 from expctl.errors import CheckpointError, UserError
-from expctl.layout import RunDir, checkpoint_digest, checkpoint_scores, checkpoint_set
+from expctl.layout import RunDir, checkpoint_digest, checkpoint_set
 from expctl.rank import sharded
+from expctl.rank.retention import list_checkpoints, prune, ranked, unverified
 
 if TYPE_CHECKING:
     from expctl.rank.build import Parts
@@ -162,7 +162,7 @@ def save(
         with deferred_interrupt():  # as below
             sharded.write(final, {"format": FORMAT, **payload}, json.dumps(record) + "\n", control)
         if control.env.is_main:
-            _prune(run_dir, ckpt_cfg)
+            prune(run_dir, ckpt_cfg)
         return final
     if control is not None and not control.env.is_main:
         return None
@@ -200,71 +200,11 @@ def save(
                 f"could not write checkpoint {final} ({cause.strerror or cause}); "
                 "the previous checkpoint is intact"
             ) from e
-    _prune(run_dir, ckpt_cfg)
+    prune(run_dir, ckpt_cfg)
     return final
 
 
 _sha256 = sharded.file_sha256
-
-
-def _prune(run_dir: Path, ckpt_cfg: CheckpointConfig) -> None:
-    """Delete the checkpoints `ckpt_cfg.keep` does not keep, each only once its checksum is verified:
-    one that fails (damaged, or its .sha256 edited) may hold the only copy of its weights."""
-    files = list_checkpoints(run_dir)
-    if ckpt_cfg.monitor is None:
-        kept = set(files[: ckpt_cfg.keep])
-    else:
-        kept = {*files[:1], *ranked(files, ckpt_cfg.monitor, ckpt_cfg.mode)[: ckpt_cfg.keep]}
-    for old in files:
-        if old in kept:
-            continue
-        problem = unverified(old)
-        if problem is not None:
-            log.warning(
-                "checkpoint %s is kept beyond checkpoint.keep=%d: %s; it is never deleted "
-                "unverified (remove it yourself once you know it is not needed)",
-                old,
-                ckpt_cfg.keep,
-                problem,
-            )
-            continue
-        for file in checkpoint_set(old):
-            remove(file)
-
-
-def unverified(path: Path) -> str | None:
-    """Why the checksum beside checkpoint `path` does not prove it intact (None: it does)."""
-    digest_file = checkpoint_digest(path)
-    if path.is_dir() and digest_file.is_file():
-        return sharded.problem(path)
-    try:
-        expected = digest_file.read_text(errors="replace").split()[:1]
-    except FileNotFoundError:
-        return f"it has no {digest_file.name}"
-    except OSError as e:
-        return f"cannot read {digest_file.name} ({e.strerror or e})"
-    try:
-        actual = _sha256(path)
-    except OSError as e:
-        return f"cannot read it ({e.strerror or e})"
-    return None if expected == [actual] else "checksum mismatch"
-
-
-def scores(path: Path) -> dict[str, float]:
-    """The validation metrics of a checkpoint's weights ({} when none ran at its step, or for a
-    checkpoint written before they were recorded)."""
-    try:
-        record = json.loads(checkpoint_scores(path).read_text())
-        return {str(k): float(v) for k, v in dict(record.get("val") or {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
-
-
-def ranked(files: list[Path], monitor: str, mode: str) -> list[Path]:
-    """The checkpoints scored on `monitor`, best first (newest first among equals)."""
-    scored = [(v, p) for p in files if math.isfinite(v := scores(p).get(monitor, math.nan))]
-    scored.sort(key=lambda vp: vp[0] if mode == "min" else -vp[0])
-    return [p for _, p in scored]
 
 
 def pick(
@@ -301,11 +241,6 @@ def pick(
             "train the run first, or pass the path of a checkpoint",
         )
     return found
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoints of a run, newest first."""
-    return RunDir(run_dir).checkpoint_files()
 
 
 def load(

@@ -27,7 +27,7 @@ from expctl.errors import (
     choices_text,
     did_you_mean,
 )
-from expctl.rank import checkpoint
+from expctl.rank import checkpoint, retention
 from expctl.rank.build import Parts
 from expctl.rank.collector import GarbageCollection
 from expctl.rank.hparams import HParams
@@ -356,7 +356,7 @@ def _check_finite(train_cfg: TrainConfig, state: TrainState, run_dir: Path) -> N
     """train.on_nan=stop: a non-finite loss ends the run, naming the step and last checkpoint."""
     bad = [k for k, v in state.train.items() if not math.isfinite(v)]
     if bad and train_cfg.on_nan == "stop":
-        ckpts = checkpoint.list_checkpoints(run_dir)
+        ckpts = retention.list_checkpoints(run_dir)
         last = ckpts[0].name if ckpts else "none"
         raise UserError(
             f"non-finite {bad[0]} by step {state.step} (epoch {state.epoch_number}); last checkpoint: {last}",

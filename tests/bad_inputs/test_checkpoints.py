@@ -159,7 +159,7 @@ def test_pruning_never_deletes_a_checkpoint_it_cannot_verify(
     """keep=2: the checkpoint that falls out of the window is deleted only once its checksum
     proves it intact; one that fails stays, with a warning, until it is checked again."""
     from expctl.config.schema import CheckpointConfig
-    from expctl.rank import checkpoint
+    from expctl.rank import checkpoint, retention
 
     ck = CheckpointConfig(keep=2)
     weights = {"model": {"w": torch.arange(4.0)}}
@@ -175,7 +175,7 @@ def test_pruning_never_deletes_a_checkpoint_it_cannot_verify(
     assert first.exists() and first.with_name(first.name + ".sha256").exists()
     assert "step_000000001.pt is kept beyond checkpoint.keep=2: checksum mismatch" in caplog.text
     save(4)
-    steps = [int(p.stem[5:]) for p in checkpoint.list_checkpoints(tmp_path)]
+    steps = [int(p.stem[5:]) for p in retention.list_checkpoints(tmp_path)]
     assert steps == [4, 3, 1], "the verified step 2 went, the unverified step 1 stayed"
     assert (
         sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if "000000002" in p.name) == []

@@ -21,7 +21,7 @@ import conftest as base
 import pytest
 import torch
 
-from expctl.rank import checkpoint
+from expctl.rank import checkpoint, retention
 
 # integration tier: real processes and real training (`pytest -m slow`)
 pytestmark = pytest.mark.slow
@@ -94,7 +94,7 @@ def ctrl_c(
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return checkpoint.load(checkpoint.list_checkpoints(run_dir)[0])["models"]["model"]
+    return checkpoint.load(retention.list_checkpoints(run_dir)[0])["models"]["model"]
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +205,7 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one_and_resumes(
         assert partial.parent == previous.parent
         assert partial.name.startswith(".step_000000008.pt.tmp-")
     assert partial.stat().st_size == stalled["bytes"], "killed where it stalled"
-    assert checkpoint.list_checkpoints(run) == [previous], "nothing under step 8's name"
+    assert retention.list_checkpoints(run) == [previous], "nothing under step 8's name"
     found = checkpoint.resume_point(run)
     assert found is not None and found[0] == previous and found[1]["step"] == 4
     again = expctl(tmp_path, *args)
@@ -233,7 +233,7 @@ def test_ctrl_c_inside_a_checkpoint_write_ends_after_it_whole_and_resumes(tmp_pa
     assert "Traceback" not in out + err, err[-3000:]
     assert "to resume from the last checkpoint" in out + err, (out + err)[-2000:]
     eight = checkpoint.path_for(tmp_path / "w", 8)
-    assert checkpoint.list_checkpoints(tmp_path / "w")[0] == eight
+    assert retention.list_checkpoints(tmp_path / "w")[0] == eight
     assert checkpoint.load(eight)["step"] == 8  # whole: its checksum verified
     again = expctl(tmp_path, *WRITE_RUN, "run.dir=w")
     assert f"resumed from {eight} (step 8," in again.stdout, again.stdout
@@ -247,7 +247,7 @@ def test_a_corrupt_newest_checkpoint_is_refused_and_set_aside_by_hand(
     2 naming the intact one; once the damaged files are moved aside, it resumes from it."""
     (tmp_path / "tiny.yml").write_text(TINY)
     expctl(tmp_path, "checkpoint.every=4", "checkpoint.keep=5", "train.max_epochs=1", "run.dir=c")
-    newest, previous = checkpoint.list_checkpoints(tmp_path / "c")[:2]
+    newest, previous = retention.list_checkpoints(tmp_path / "c")[:2]
     data = bytearray(newest.read_bytes())
     if damage == "flip":
         for i in range(100, 140):
@@ -294,7 +294,7 @@ def test_full_disk_during_a_checkpoint_write(strategy: str, tmp_path: Path) -> N
     assert (
         "could not write checkpoint" in lines[-1] and "previous checkpoint is intact" in lines[-1]
     )
-    newest = checkpoint.list_checkpoints(tmp_path / "d")[0]
+    newest = retention.list_checkpoints(tmp_path / "d")[0]
     assert checkpoint.load(newest)["step"] == 32  # the first run's last checkpoint (1 epoch)
     assert not list((tmp_path / "d" / "checkpoints").glob(".*tmp*"))
 
@@ -456,7 +456,7 @@ def test_a_full_disk_ends_the_run_in_one_line_whichever_file_it_hits(
         assert proc.returncode == 1, out[-2000:]
         assert last.startswith("expctl: error: could not write ") and "No space left" in last
         assert "Traceback" not in out and "Logging error" not in out, out[-2000:]
-        for ckpt in checkpoint.list_checkpoints(disk / "r"):
+        for ckpt in retention.list_checkpoints(disk / "r"):
             checkpoint.load(ckpt)
         print(f"{kib} KiB: {last}")
 
@@ -469,7 +469,7 @@ def test_local_workers_die_with_a_killed_launcher_and_the_relaunch_resumes(tmp_p
     args = [*LOCAL, "train.step=slow", "checkpoint.every=2", f"run.dir={run_dir}"]
     slow = env(SLOW_STEP_S="0.2")
     with base.expctl_started("run", "-C", "tiny.yml", *args, cwd=tmp_path, env=slow) as launcher:
-        base.wait_for("a checkpoint", lambda: checkpoint.list_checkpoints(run_dir))
+        base.wait_for("a checkpoint", lambda: retention.list_checkpoints(run_dir))
         assert len(base.workers_of(run_dir)) == 2
         os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone, not its process group
         assert launcher.wait().returncode == -signal.SIGKILL
@@ -524,7 +524,7 @@ def test_resume_with_data_workers_and_dropout_is_bitwise(tmp_path: Path) -> None
     again = expctl(tmp_path, *args, "run.dir=parts")
     assert "resumed from" in again.stdout
     whole, parts = (
-        checkpoint.load(checkpoint.list_checkpoints(tmp_path / d)[0]) for d in ("whole", "parts")
+        checkpoint.load(retention.list_checkpoints(tmp_path / d)[0]) for d in ("whole", "parts")
     )
     assert whole["step"] == parts["step"] == 32
     for key in ("models", "optimizers"):
@@ -577,7 +577,7 @@ def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
     last = err.strip().splitlines()[-1]
     resume = f"run the same command with run.dir={run_dir} to resume"
     assert last.startswith("expctl: stopped by SIGTERM") and last.endswith(resume), err
-    saved = checkpoint.load(checkpoint.list_checkpoints(run_dir)[0])["step"]
+    saved = checkpoint.load(retention.list_checkpoints(run_dir)[0])["step"]
     assert 0 < saved < 20 * (16 if launcher == "inline" else 8)
     if launcher == "inline":
         assert f"at step {saved};" in last
