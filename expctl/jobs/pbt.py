@@ -6,8 +6,8 @@ stops there and continues as a copy of a top-quantile trial: that trial's checkp
 weights compared (weights, optimizer, scheduler, RNG, data position) becomes its own (`transplant`) and its
 hyperparameters are perturbed or drawn anew (`explore`). The rank knows none of this: a trial is
 a run that reports (trialhooks.TrialHooks); a copy is a restart from a checkpoint with new values,
-whose optimizer and loss values take effect through `train.hparam_schedule` (trials.py makes
-the copy; this module imports no torch: `sweep table` reads lineages).
+whose optimizer and loss values take effect through `train.hparam_schedule` (trialprocess.py
+makes the copy; this module imports no torch: `sweep table` reads lineages).
 
 Each copy is recorded in the trial's lineage: `{"step", "from_trial", "params", "time"}`. The
 lineage of the trials makes the hyperparameter schedule that produced a trial's weights

@@ -40,7 +40,7 @@ from expctl.startup import WORKER_MAIN, paused_gc
 Entry = Callable[[Sequence[str]], int]  # a trial process's main: argv -> exit code
 # What each trial process runs, named rather than passed: the zygote imports it after torch, so
 # that a driver can start its zygote before it imports the sweep's own modules (cli.py does)
-TRIAL_MAIN = "expctl.sweep.trials:trial_main"
+TRIAL_MAIN = "expctl.sweep.trialprocess:trial_main"
 
 
 @dataclass
