@@ -26,7 +26,8 @@
 
 Readers skip a line being written right now (the file is appended while they read) and a
 corrupt one, with a warning naming the file, so a live or damaged run can always be looked at.
-A file replaced whole is written by `atomic.py`'s writer; the user's cache folder is `cache.py`.
+A file replaced whole is written by `atomic.py`'s writer; the user's cache folder is `cache.py`;
+what sweep.json must hold is checked by `sweepspec.py`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expctl import sweepspec
 from expctl.atomic import temporaries
-from expctl.errors import UserError
 
 log = logging.getLogger("expctl")
 
@@ -302,39 +303,6 @@ def checkpoint_set(checkpoint: Path) -> tuple[Path, Path, Path]:
     return checkpoint, checkpoint_digest(checkpoint), checkpoint_scores(checkpoint)
 
 
-def _damaged_spec(path: Path, why: str) -> UserError:
-    return UserError(
-        f"{path} is damaged ({why})",
-        "the trials' folders (trial_NNN/) still hold their results: `expctl runs` lists them",
-    )
-
-
-# what `sweep resume` makes a trial's config from (a table reads sweeps without some of them)
-_MAKES_TRIALS = ("config_file", "plain", "dims", "points")
-
-
-def _checked_spec(path: Path, spec: Any) -> dict[str, Any]:
-    """A sweep.json as `expctl run -m` writes it: points a list of mappings, counts integers,
-    the -C file a path or null, the plain overrides a list of strings."""
-    if not isinstance(spec, dict):
-        raise _damaged_spec(path, f"a {type(spec).__name__}, not a mapping")
-    checks = {
-        "points": lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v),
-        "repeat": lambda v: isinstance(v, int) and v >= 1,
-        "n_trials": lambda v: isinstance(v, int) and v >= 0,
-        "config_file": lambda v: isinstance(v, str),
-        "plain": lambda v: isinstance(v, list) and all(isinstance(o, str) for o in v),
-        "dims": lambda v: (
-            isinstance(v, list) and all(isinstance(d, dict) and "key" in d for d in v)
-        ),
-        "config_sha256": lambda v: isinstance(v, str),
-    }
-    for key, ok in checks.items():
-        if spec.get(key) is not None and not ok(spec[key]):
-            raise _damaged_spec(path, f"{key}: {str(spec[key])[:40]!r}")
-    return spec
-
-
 @dataclass(frozen=True)
 class SweepDir:
     """A sweep directory's files."""
@@ -407,16 +375,4 @@ class SweepDir:
         Raises:
             UserError: it cannot be read, or is not what `expctl run -m` wrote.
         """
-        try:
-            spec = json.loads(self.spec.read_text())
-        except (OSError, ValueError, RecursionError) as e:
-            raise _damaged_spec(self.spec, " ".join(str(e).split())[:120]) from None
-        spec = _checked_spec(self.spec, spec)
-        if not resuming:
-            return spec
-        missing = [k for k in _MAKES_TRIALS if k not in spec]
-        if spec.get("config_file") is not None and not spec.get("config_sha256"):
-            missing.append("config_sha256")  # the check that its -C file is unchanged
-        if missing:
-            raise _damaged_spec(self.spec, f"no {missing[0]!r}")
-        return spec
+        return sweepspec.read(self.spec, resuming)
