@@ -195,6 +195,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=image_folder", "data.root=images", "data.val=valid"], "data.val: no folder"),
     (["run", "data=image_folder", "data.root=images", "data.train=trian"], "data.train: no folder"),
     (["run", "data=image_folder", "data.root=images", "data.test=tst"], "data.test: no folder"),
+    (
+        ["run", "data=image_folder", "data.root=images/train", "data.val_split=1", "data.test=tst"],
+        "data.test=tst: ",
+    ),
     (["run", "data=image_folder", "data.root=images/train"], "what validates?"),
     (["run", *TINY_IMAGES, "data.root=corrupt_images"], "cannot be decoded"),
     (

@@ -238,6 +238,12 @@ def image_folders(
                 "what validates?",
                 "set data.val_split (e.g. 0.1) to hold part of it out, or data.val=null for none",
             )
+        if test not in (None, "test"):  # asked for by name: it is not there
+            raise UserError(
+                f"data.test={test}: {base} is one folder of classes (no {train}/ inside), so it "
+                "has no test folder",
+                f"lay it out as ROOT/{train}/CLASS and ROOT/{test}/CLASS, or data.test=null",
+            )
         return base, None, None
     if val is not None and not (base / val).is_dir() and not val_split:
         raise UserError(
