@@ -554,6 +554,11 @@ def _is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
 
 
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _driver(tiny: Path, *args: str, slow: str = "0.05") -> subprocess.Popen[str]:
     """`expctl run -C tiny.yml -m ARGS` as a real process of its own (slow steps: time to act)."""
     return subprocess.Popen(
@@ -564,9 +569,10 @@ def _driver(tiny: Path, *args: str, slow: str = "0.05") -> subprocess.Popen[str]
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        # Ctrl-C as a terminal's foreground program gets it, even when these tests run from a
-        # background job (its SIGINT is ignored, and an ignored signal is inherited)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # Ctrl-C and the hang-up as a terminal's foreground program gets them, even when these
+        # tests run from a background job or under nohup (their SIGINT or SIGHUP is ignored, and
+        # an ignored signal is inherited: a sweep under nohup rightly ignores the hang-up)
+        preexec_fn=_default_signals,
     )
 
 
@@ -586,12 +592,12 @@ def _trial_pid(trial_dir: Path) -> int:
 
 
 def _one_at_a_time(
-    tiny: Path, grid: str, trial: int, slow: str = "0.05"
+    tiny: Path, grid: str, trial: int, *extra: str, slow: str = "0.05"
 ) -> tuple[subprocess.Popen[str], Path]:
     """A driver of slow trials one at a time, once trial `trial` has written a checkpoint."""
     driver = _driver(
         tiny, grid, "sweep.max_concurrent=1", "imports=[faulty]", "train.step=slow",
-        "checkpoint.every=5", slow=slow,
+        "checkpoint.every=5", *extra, slow=slow,
     )  # fmt: skip
     sweep = tiny.parent / "runs"
     _wait_for(
@@ -766,7 +772,9 @@ def test_a_hang_up_stops_the_trials_at_a_checkpoint_and_resume_finishes_them(tin
     """The terminal closed: the sweep's process group gets SIGHUP, its console is gone. As with
     Ctrl-C, the running trial stops at a checkpoint and `sweep resume` continues it (the driver
     and its zygote died of it: the trial with them, `lost`)."""
-    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2", trial=0, slow="0.25")
+    # 8 epochs: the sweep still runs when the signal comes, however late a loaded machine
+    # lets this test send it (2 epochs ended it first once, under CI's load: exit 0)
+    driver, path = _one_at_a_time(tiny, "optim.lr=0.1,0.2", 0, "train.max_epochs=8", slow="0.25")
     assert driver.stdout is not None
     driver.stdout.close()
     os.killpg(driver.pid, signal.SIGHUP)
