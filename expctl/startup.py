@@ -83,3 +83,24 @@ WORKER_MAIN = (
     "from expctl.cli import main\n"
     "sys.exit(main())\n"
 )
+
+
+def die_with_parent() -> None:
+    """End this process when its parent does, even by SIGKILL (Linux's PR_SET_PDEATHSIG): a
+    local worker with its launcher, a sweep's zygote and trials with the driver, a DataLoader
+    worker with its rank; an orphan would train on (or hold files) beside the next launch. A
+    parent already gone before the request took effect ends this process now. Elsewhere than
+    Linux, nothing."""
+    import ctypes  # noqa: PLC0415 - only the processes that ask
+    import ctypes.util  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)

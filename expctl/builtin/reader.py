@@ -19,9 +19,6 @@ first batches while this one's last ones train. A worker that stops answering en
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
-import ctypes.util
 import itertools
 import multiprocessing
 import multiprocessing.util
@@ -40,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset, default_colla
 
 from expctl.atomic import deferred_interrupt
 from expctl.errors import RunError
+from expctl.startup import die_with_parent
 
 _END = object()  # a pass's last batch was received
 
@@ -121,9 +119,7 @@ def _worker_init(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.excepthook = _quiet_when_abandoned(sys.excepthook)
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent()
 
 
 Hook = Callable[[type[BaseException], BaseException, Any], Any]

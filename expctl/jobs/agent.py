@@ -1,15 +1,12 @@
 """Local workers through torch's elastic agent (launcher=local): `start_workers` starts
 `launcher.nproc` of them, restarted up to `launcher.max_restarts` times, and says in one line how
-they ended (nothing more where a worker printed its own error); `die_with_the_launcher` ends a
-worker with its launcher.
+they ended (nothing more where a worker printed its own error); each worker ends with its
+launcher (`startup.die_with_parent`, in the worker).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import os
 import signal
 import sys
 import uuid
@@ -111,17 +108,3 @@ class _WorkersSpeakForThemselves(logging.Filter):
         text = record.getMessage()
         spoke = any(f"(exitcode: {code})" in text for code in SPOKE)
         return not spoke and "closing signal" not in text and "death signal" not in text
-
-
-def die_with_the_launcher() -> None:
-    """A local worker ends when its launcher does, even by SIGKILL: torch's agent starts workers
-    in sessions of their own, and an orphan would train on beside the next launch (the launcher
-    holds the run's lock). Linux's PR_SET_PDEATHSIG; elsewhere workers outlive a killed agent."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the launcher died before the request took effect
-        os._exit(1)

@@ -37,6 +37,7 @@ from expctl.rank import rundir
 from expctl.rank.evaluate import Evaluation, evaluate_checkpoint
 from expctl.rank.hooks import Chain, Hooks
 from expctl.rank.provenance import Launch
+from expctl.startup import die_with_parent
 
 log = logging.getLogger("expctl")
 
@@ -231,7 +232,9 @@ def worker(
     """Entry point of one local worker: read the frozen config, detect the rank, train (or
     evaluate: `evaluation` as `Evaluation.to_json`, with the config file `config`); the launch it
     belongs to is in `launch_file` (`Launch.to_json`)."""
-    agent.die_with_the_launcher()
+    # torch's agent starts workers in sessions of their own: one orphaned by a SIGKILL-ed
+    # launcher would train on beside the next launch (the launcher holds the run's lock)
+    die_with_parent()
     cfg = config_mod.load(run_dir, Path(config) if config else None)
     env = dataclasses.replace(detect(os.environ), source="local")  # the agent speaks torchrun's
     if evaluation is not None:

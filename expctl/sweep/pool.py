@@ -16,8 +16,6 @@ the driver (a SIGKILLed driver leaves no trial training behind).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import importlib
 import json
 import os
@@ -35,7 +33,7 @@ from typing import Any
 
 from expctl.dist import apply_env
 from expctl.errors import RunError
-from expctl.startup import WORKER_MAIN, paused_gc
+from expctl.startup import WORKER_MAIN, die_with_parent, paused_gc
 
 Entry = Callable[[Sequence[str]], int]  # a trial process's main: argv -> exit code
 # What each trial process runs, named rather than passed: the zygote imports it after torch, so
@@ -201,7 +199,7 @@ def serve(req_fd: int, ev_fd: int, entry_name: str) -> None:
     # stop, `kill -- -PGID`) are the driver's to handle: it stops the trials at a checkpoint
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     with paused_gc():
         # torch, and torch._dynamo, which a trial's first optimizer imports (seconds: more than
         # a short trial trains), imported once for every trial; neither starts a thread
@@ -269,7 +267,7 @@ def _fork_trial(request: dict[str, Any], entry: Entry, fds: tuple[int, ...]) -> 
     code = 1  # pragma: no cover - below runs in the trial's process
     try:
         os.setsid()  # the terminal's Ctrl-C goes to the driver, which stops trials at a checkpoint
-        _die_with_parent()
+        die_with_parent()
         signal.set_wakeup_fd(-1)
         for fd in fds:
             os.close(fd)
@@ -294,18 +292,6 @@ def _fork_trial(request: dict[str, Any], entry: Entry, fds: tuple[int, ...]) -> 
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
-
-
-def _die_with_parent() -> None:
-    """End this process when its parent does, even by SIGKILL (Linux's PR_SET_PDEATHSIG)."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def zygote_main(entry: str = TRIAL_MAIN) -> int:
