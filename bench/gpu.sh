@@ -19,6 +19,7 @@
 #                               IMG_GPUS="1 2 4", STEPS, ONLY="pillow nvjpeg", EXTRA="train.compile=true"
 #   bash bench/gpu.sh feed-spy  issue 25: py-spy of the training process per thread, GPU busy %
 #                               (DECODES="synthetic gpu", SPY_GIL=1: only threads holding the GIL,
+#                               SHAPES=imagenet: JPEGs of as many sizes as ImageNet's,
 #                               VARIANTS="now before" (before: the package
 #                               in $EXPCTL_BENCH_BEFORE), SPY=1, EXTRA=..., NPROCS="1 2 4": ranks,
 #                               16 cores each; feed-spy.tgz, each run's train rows in it)
@@ -30,6 +31,8 @@
 #                               and in one per GPU at once (bench/decode_overlap.py; ONLY=decoders)
 #   bash bench/gpu.sh trace     issue 25: torch.profiler traces of 12 ResNet-50 steps, NPROCS=4 every rank (TRACES="compiled:gpu
 #                               eager:synthetic ..."), read per CUDA stream by bench/trace_gaps.py
+#   bash bench/gpu.sh crop      issue 25: the device path's crop of a batch of 256, one roi_align per image size
+#                               vs gpucrop.crop_resize, on four sizes and on ImageNet's many (bench/crop_bench.py)
 #   bash bench/gpu.sh decode-race  torchvision's CUDA decode_jpeg vs expctl's decode: rounds where memory
 #                               freed with reads still queued was overwritten (bench/decode_race.py)
 #   bash bench/gpu.sh fsdp      issue 27: ~1B GPT expctl fsdp vs a raw FSDP2 loop (1/2/4 GPUs, eager and
@@ -169,11 +172,12 @@ gpu-images)  # issue 25
 feed-spy)  # issue 25: where a run's training process spends its time (py-spy per thread, GPU busy %)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/spy \
     --find-links .whl py-spy || exit 1
-  [ -d /tmp/jpegs25/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25 --val 0
+  jp=/tmp/jpegs25${SHAPES:+-$SHAPES}  # SHAPES=imagenet: as many image sizes as ImageNet's
+  [ -d $jp/train ] || python3 bench/gpu_images.py make --root $jp --val 0 --shapes ${SHAPES:-four}
   mkdir -p /tmp/spyout
   for np in ${NPROCS:-1}; do for d in ${DECODES:-synthetic gpu}; do for n in ${VARIANTS:-now}; do
     r=/tmp/spy-$np-$d-$n; rm -rf $r; o=/tmp/spyout/$np-$d-$n; mkdir -p $o
-    data="data=image_folder data.root=/tmp/jpegs25 data.val=null data.decode=$d"
+    data="data=image_folder data.root=$jp data.val=null data.decode=$d"
     [ "$d" = synthetic ] && data="data=synthetic data.shape=[3,224,224] data.num_samples=3072 data.val_samples=256"
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits -lms 50 > $o/util.txt & u=$!
     code=$PWD; [ "$n" = before ] && code=$PWD/${EXPCTL_BENCH_BEFORE:-.before}  # an older package
@@ -263,6 +267,10 @@ print('rows after step 104 (the profiled window inside):', ' '.join(str(round(r[
       gzip -c $r.$k.json > "$OUT/trace-$mode-$d-$np-$k.json.gz"
     done
   done ;;
+crop)  # issue 25: the device path's crop of one batch, one roi_align per image size vs crop_resize, four sizes and ImageNet's many
+  [ -d /tmp/jpegs25/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25 --val 0
+  [ -d /tmp/jpegs25-imagenet/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25-imagenet --val 0 --shapes imagenet
+  python3 bench/crop_bench.py --root /tmp/jpegs25 --root /tmp/jpegs25-imagenet | tee "$OUT/crop.md" ;;
 decode-race)  # issue 25: does a batched GPU decode write memory that queued kernels still read?
   python3 bench/decode_race.py ;;
 *) echo "unknown part: $part" >&2; exit 2 ;;

@@ -263,6 +263,12 @@ def main() -> None:
     p.add_argument("--train", type=int, default=20000)
     p.add_argument("--val", type=int, default=5000)
     p.add_argument("--classes", type=int, default=100)
+    p.add_argument(
+        "--shapes",
+        choices=("four", "imagenet"),
+        default="four",
+        help="make: four sizes, or as many as ImageNet's (images_bench._size)",
+    )
     p.add_argument("--gpus", type=int, nargs="+", default=[1])
     p.add_argument("--cores-per-gpu", type=int, default=16)
     p.add_argument("--steps", type=int, default=100)
@@ -291,7 +297,7 @@ def _main(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     elif a.root is None:
         p.error("--root is required")
     if a.cmd == "make":
-        make(a.root, a.train, a.val, a.classes)
+        make(a.root, a.train, a.val, a.classes, a.shapes)
         return
     check(a)
     if a.cmd == "check":

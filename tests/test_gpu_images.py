@@ -61,7 +61,7 @@ def _device_decoded(ds: ImageFiles) -> set[str]:
 
 @pytest.mark.parametrize("train", [True, False], ids=["random-resized-crop", "centre-crop"])
 def test_the_batched_path_equals_the_per_sample_reference(tmp_path: Path, train: bool) -> None:
-    """One batch of JPEGs (decoded by one decode_jpeg call, resized by roi_align per size group)
+    """One batch of JPEGs (decoded by one decode_jpeg call, resized together: `crop_resize`)
     and fallback files (grey, CMYK JPEG, PNG: Pillow in the worker, in the same batch): the
     crops the CPU path draws for the same (seed, epoch, index), within 3 grey levels; the
     fallback samples bit for bit; normalised, channels_last."""
@@ -86,6 +86,37 @@ def test_the_batched_path_equals_the_per_sample_reference(tmp_path: Path, train:
             assert diff < 3.0, (samples[index][0], diff)
         else:
             assert diff < 1e-3, samples[index][0]
+
+
+def test_one_crop_of_many_sizes_is_roi_align_per_image() -> None:
+    """`gpucrop.crop_resize` resizes a batch of images of many sizes (as photographs come: one
+    bucket up to 512 pixels a side, larger ones in their own, an image smaller than the output)
+    in one go: each row is torchvision's roi_align of that image alone (aligned, adaptive
+    sampling), flipped where asked, to float rounding; every image comes back once."""
+    from torchvision.ops import roi_align  # noqa: PLC0415
+
+    from expctl.builtin.datasets.gpucrop import crop_resize  # noqa: PLC0415
+    from expctl.builtin.datasets.imagefiles import crop_box  # noqa: PLC0415
+
+    rng = random.Random(3)
+    torch.manual_seed(3)
+    shapes = [(375, 500), (500, 375), (333, 500), (700, 1100), (1030, 513), (20, 30)]
+    images, boxes, flips = [], [], []
+    for k in range(24):
+        h, w = shapes[k % len(shapes)] if k % 4 else (rng.randint(40, 600), rng.randint(40, 600))
+        images.append(torch.randint(0, 256, (3, h, w), dtype=torch.uint8))
+        box, flip = crop_box(w, h, 64, k % 3 > 0, "imagenet")  # random crops and centre crops
+        boxes.append(box)
+        flips.append(flip)
+    assert any(flips) and not all(flips)
+    boxes_t, flips_t = torch.tensor(boxes, dtype=torch.float64), torch.tensor(flips)
+    out, order = crop_resize(images, boxes_t, flips_t, 64)
+    assert sorted(order) == list(range(24)) and out.shape == (24, 3, 64, 64)
+    for row, k in enumerate(order):
+        roi = torch.tensor([[0.0, *boxes[k]]])
+        ref = roi_align(images[k][None].float(), roi, (64, 64), 1.0, -1, aligned=True)[0]
+        ref = ref.flip(-1) if flips[k] else ref
+        assert float((out[row] - ref).abs().max()) < 1e-3, (k, images[k].shape, boxes[k])
 
 
 @pytest.mark.slow

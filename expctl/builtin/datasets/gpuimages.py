@@ -5,8 +5,8 @@ the per-sample seed, as on the CPU path), but decode nothing: a batch reaches th
 process as `Encoded`. There, on `rank/batches.ahead`'s thread and CUDA stream, one call decodes
 every JPEG of the batch (`decode`: torchvision's nvJPEG, ``decode_jpeg(list, device=...)``, or
 nvImageCodec, whose hardware backend uses the GPU's JPEG engines beside the SMs), then the crops
-are resized by one `roi_align` per group of same-sized images, flipped and normalised
-(`finish`), into one channels_last float batch.
+are resized and flipped together whatever the images' sizes (`gpucrop.crop_resize`: roi_align's
+filter as two batched matmuls) and normalised (`finish`), into one channels_last float batch.
 
 Files the device decoder cannot take fall back to Pillow for that sample only, in the same batch:
 PNG, WebP & co, CMYK or greyscale JPEGs (for 3 channels) and JPEGs that do not end with their
@@ -15,10 +15,11 @@ flipped in the worker (`pil_crop`, the CPU path's own function: the same pixels)
 device decoder refuses is decoded by Pillow in the training process, and if Pillow cannot either,
 it is named (or skipped, ``data.on_corrupt=skip``) as on the CPU path.
 
-Why roi_align: it resizes a whole group of crops of any (fractional) box in one kernel, and with
+Why roi_align's filter: it resizes a crop of any (fractional) box, and with
 ``sampling_ratio=-1`` it averages ceil(box / size) samples a side per output pixel, an
 antialiasing filter; on 500x375 JPEGs it is within ~1 grey level (of 255, mean absolute) of
-Pillow's bilinear resize. Cropping each image then `interpolate(antialias=True)` matched Pillow
+Pillow's bilinear resize. roi_align itself takes same-sized images only: one call per size
+cost real photographs (~100 sizes a batch) hundreds of small kernels and copies a batch. Cropping each image then `interpolate(antialias=True)` matched Pillow
 more closely on whole-pixel boxes (0.2) but rounds the fractional centre crop (4.7 off) and costs
 four kernels per image (measured on the CPU, `tests/test_data.py` checks the tolerance).
 """
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+from expctl.builtin.datasets.gpucrop import crop_resize, to_device
 from expctl.builtin.datasets.imagefiles import (
     ImageFiles,
     Normalized,
@@ -320,29 +322,14 @@ def finish(
     device: torch.device,
 ) -> tuple[torch.Tensor, list[int]]:
     """The batch as one float (n, C, size, size) tensor on `device`, and the batch places of
-    its rows: the `decoded` images' boxes resized (one roi_align per group of same-sized
-    images) and flipped, then the `crops`, already cropped and flipped."""
-    from torchvision.ops import roi_align  # noqa: PLC0415 - torchvision off the pre-flight
-
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for j, (_, image) in enumerate(decoded):
-        groups.setdefault(tuple(image.shape), []).append(j)
+    its rows: the `decoded` images' boxes resized and flipped (`gpucrop.crop_resize`: a few
+    kernels whatever the images' sizes), then the `crops`, already cropped and flipped."""
     parts, order = [], []
-    for members in groups.values():
-        at = [decoded[j][0] for j in members]
-        stacked = torch.stack([decoded[j][1] for j in members]).float()
-        rois = torch.cat([torch.arange(len(at), dtype=torch.float64)[:, None], batch.boxes[at]], 1)
-        out = roi_align(
-            stacked,
-            to_device(rois.float(), device),
-            (size, size),
-            spatial_scale=1.0,
-            sampling_ratio=-1,
-            aligned=True,  # pixel centres at +0.5, as Pillow's boxes
-        )
-        flip = to_device(batch.flips[at], device)[:, None, None, None]
-        parts.append(torch.where(flip, out.flip(-1), out))
-        order += at
+    if decoded:
+        at = [a for a, _ in decoded]
+        out, rows = crop_resize([im for _, im in decoded], batch.boxes[at], batch.flips[at], size)
+        parts.append(out)
+        order += [at[r] for r in rows]
     if crops:
         parts.append(to_device(torch.stack([c for _, c in crops]), device).float())
         order += [at for at, _ in crops]
@@ -351,15 +338,6 @@ def finish(
     if rows != list(range(len(order))):
         x = x[to_device(torch.tensor(rows), device)]
     return x, sorted(order)
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t` (host memory) copied to `device` without waiting: on CUDA from pinned memory. From
-    pageable memory a copy first waits for all the work queued on the stream (the batch's decode
-    and crops, behind the training step's kernels): the feeding thread would stall mid-batch."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 _norms: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
