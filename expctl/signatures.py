@@ -37,6 +37,8 @@ def check_args(kind: str, name: str, kwargs: Mapping[str, Any], section: str) ->
             continue
         if value == "???":
             continue  # required: reported below
+        if key in getattr(entry.check, "owns", ()):
+            continue  # its check says more than the type (`builtin.checks.owns`)
         _check_type(f"{section}.{key}", value, params[key])
     for p in params.values():
         unset = p.name not in kwargs or kwargs[p.name] == "???"

@@ -55,6 +55,32 @@ def test_ctrl_c_says_how_to_resume_only_when_there_is_a_run_to_resume(
         assert err == "expctl: interrupted"
 
 
+def test_workers_stopped_before_their_first_checkpoint_are_not_said_to_keep_one(
+    tmp_path: Path,
+) -> None:
+    """The launcher's last line for local workers stopped by a signal (SIGTERM to it, or every
+    worker exiting 3 or 143) promises checkpoints only where one was written: stopped while
+    still starting, the run has none, and the same command starts over. The message is tested
+    here directly; a real SIGTERM lands before the first checkpoint only by timing."""
+    from expctl.errors import EXIT_PREEMPTED, EXIT_TERMINATED
+    from expctl.jobs import agent
+    from expctl.layout import RunDir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}\n")
+    again = f"run the same command with run.dir={run}"
+    before = agent._failure({0: EXIT_TERMINATED, 1: EXIT_TERMINATED}, 0, run)
+    assert str(before) == (
+        f"stopped by SIGTERM before its first checkpoint, nothing to resume: {again} to start over"
+    )
+    assert "kept" not in agent.stopped("the stop signal", run)
+    RunDir(run).checkpoints.mkdir()
+    RunDir(run).checkpoint(4).write_bytes(b"")
+    after = agent._failure({0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}, 0, run)
+    assert str(after) == f"stopped by the stop signal; its checkpoints are kept: {again} to resume"
+
+
 def test_list_shows_names_descriptions_and_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["list", "models"]) == 0
     out = capsys.readouterr().out

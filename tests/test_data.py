@@ -21,9 +21,11 @@ from expctl.builtin.data import check_splits
 from expctl.builtin.datasets.arrays import arrays
 from expctl.builtin.datasets.idx import fashion_mnist, find_idx
 from expctl.builtin.datasets.imagefiles import CorruptImage, ImageFiles, Normalized
-from expctl.builtin.datasets.images import image_folder
+from expctl.builtin.datasets.images import EXTENSIONS, image_folder, scan_folder
+from expctl.builtin.datasets.tensors import carve
 from expctl.builtin.datasets.vision import cifar10
 from expctl.builtin.reader import Loading
+from expctl.config.frozen import drop_legacy
 from expctl.errors import UserError
 from expctl.rank.batches import TrainBatches, ahead, val_batches
 
@@ -360,6 +362,34 @@ def test_image_folder_splits_classes_and_modes(tmp_path: Path) -> None:
     one = image_folder(root=str(tmp_path / "train"), val_split=0.2, channels=1, image_size=8)
     assert (len(one.train), len(one.val)) == (24, 6)  # type: ignore[arg-type]
     assert one.train[0][0].shape == (1, 8, 8)  # type: ignore[index]
+
+
+def test_a_class_folder_that_is_a_broken_link_is_refused_not_left_out(tmp_path: Path) -> None:
+    """A scan that passed over it would train on the other classes, labelled differently."""
+    image_tree(tmp_path / "pets", classes=2, per_class=2)
+    (tmp_path / "pets" / "class_2").symlink_to(tmp_path / "unmounted" / "cats")
+    (tmp_path / "pets" / ".cache").symlink_to(tmp_path / "gone")  # hidden: not a class anyway
+    with pytest.raises(UserError, match=r"pets/class_2 is a broken symbolic link \(to .*cats\)"):
+        scan_folder(tmp_path / "pets", EXTENSIONS)
+    (tmp_path / "pets" / "class_2").unlink()
+    classes, samples = scan_folder(tmp_path / "pets", EXTENSIONS)
+    assert classes == ["class_0", "class_1"] and len(samples) == 4
+
+
+def test_val_split_is_an_integer_count_or_a_float_fraction(tmp_path: Path) -> None:
+    """1.0 used to hold out one sample, 2.0 two: a float is a fraction, in (0, 1), only."""
+    image_tree(tmp_path, classes=2, per_class=5)
+    assert len(image_folder(root=str(tmp_path), val_split=1, image_size=8).val) == 1  # type: ignore[arg-type]
+    assert len(image_folder(root=str(tmp_path), val_split=0.2, image_size=8).val) == 2  # type: ignore[arg-type]
+    for bad in (1.0, 2.0, 1.5, -1, -0.5):
+        with pytest.raises(UserError, match=f"data.val_split={bad!r}: neither a count"):
+            image_folder(root=str(tmp_path), val_split=bad, image_size=8)
+    assert [len(part) for part in carve(10, 3)] == [7, 3]
+    with pytest.raises(UserError, match="data.val_split=3.0: neither a count"):
+        carve(10, 3.0)  # the in-memory datasets (fashion_mnist, cifar, arrays) carve too
+    frozen = {"data": {"name": "fashion_mnist", "val_split": 5000.0}}  # typed float before
+    drop_legacy(frozen)
+    assert frozen["data"]["val_split"] == 5000 and isinstance(frozen["data"]["val_split"], int)
 
 
 def test_image_folder_normalises_on_the_device_with_computed_stats(tmp_path: Path) -> None:

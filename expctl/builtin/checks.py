@@ -20,6 +20,18 @@ def light(check: F) -> F:
     return check
 
 
+def owns(*keys: str) -> Callable[[F], F]:
+    """Mark a check as the one that checks arguments `keys` whole, their type included: the
+    signature check leaves them to it, so its error can say what the value stands for (one
+    value per image channel) rather than only its type."""
+
+    def mark(check: F) -> F:
+        check.owns = frozenset(keys)  # type: ignore[attr-defined]
+        return check
+
+    return mark
+
+
 def _numbers(section: str, args: dict[str, object]) -> Iterator[tuple[str, float]]:
     """(key, number) of every number among a component's arguments (in lists too: betas)."""
     for key, value in args.items():
@@ -138,3 +150,22 @@ def gpt(
         )
     if not 0 <= dropout < 1:
         raise UserError(f"model.dropout={dropout}: not in [0, 1)", "e.g. model.dropout=0.1")
+
+
+def split_form(val_split: int | float) -> None:
+    """data.val_split: 0 (none), a count of samples (an integer >= 1) or a fraction (a float
+    between 0 and 1, both excluded); `carve` checks it against the number of samples once they
+    are read. A float is never a count: ``1.0`` is almost surely a fraction mistaken."""
+    count = isinstance(val_split, int) and val_split >= 1
+    fraction = isinstance(val_split, float) and 0 < val_split < 1
+    if val_split == 0 or count or fraction:
+        return
+    raise UserError(
+        f"data.val_split={val_split!r}: neither a count of samples (an integer >= 1) nor a "
+        "fraction of them (a float between 0 and 1, both excluded)",
+        f"a count is written without a point: data.val_split={int(val_split)}; a fraction is "
+        "below 1, e.g. data.val_split=0.1 (a tenth of the training samples)"
+        if isinstance(val_split, float) and val_split >= 1 and val_split.is_integer()
+        else "e.g. data.val_split=0.1 (a tenth of the training samples), data.val_split=5000 "
+        "(5000 of them), or 0 for no split",
+    )

@@ -71,11 +71,16 @@ LEGACY_KEYS = ("storage", "trial")  # sweep.*, written into trials' configs befo
 
 def drop_legacy(raw: dict[str, Any]) -> None:
     """Forget the runtime keys that configs frozen by expctl 0.1 hold (a trial's identity now
-    lives in RUN_DIR/trial.json)."""
+    lives in RUN_DIR/trial.json); read a `data.val_split` count frozen as a float (N.0, before a
+    float meant only a fraction) as the count it was."""
     sweep = raw.get("sweep")
     if isinstance(sweep, dict):
         for key in LEGACY_KEYS:
             sweep.pop(key, None)
+    data = raw.get("data")
+    split = data.get("val_split") if isinstance(data, dict) else None
+    if isinstance(data, dict) and isinstance(split, float) and split >= 1 and split.is_integer():
+        data["val_split"] = int(split)  # typed float up to 0.2.0.dev0: a count N was frozen as N.0
 
 
 def resolve(node: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:

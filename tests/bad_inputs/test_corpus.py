@@ -200,6 +200,34 @@ CORPUS: list[tuple[list[str], str]] = [
         "data.test=tst: ",
     ),
     (["run", "data=image_folder", "data.root=images/train"], "what validates?"),
+    # a new user's trial: data.root=null names the folder it looked at, and that null led there
+    (
+        ["run", "data=image_folder", "data.root=null"],
+        "/data (data.root=null: the default, ./data) does not exist",
+    ),
+    # a class folder that is a broken link would be left out, and the labels of the rest change
+    (
+        ["run", *TINY_IMAGES, "data.root=broken_class", "data.val=null"],
+        "broken_class/class_2 is a broken symbolic link (to ",
+    ),
+    (["run", *TINY_IMAGES, "data.root=broken_split"], "broken_split/val is a broken symbolic"),
+    # a float is a fraction, never a count: 1.0 held out one sample
+    (
+        ["run", *TINY_IMAGES, "data.root=images", "data.val_split=1.0"],
+        "data.val_split=1.0: neither a count of samples (an integer >= 1) nor a fraction",
+    ),
+    (["run", *TINY_IMAGES, "data.root=images", "data.val_split=2.0"], "data.val_split=2;"),
+    (["run", "data=fashion_mnist", "data.val_split=5000.0"], "data.val_split=5000.0: neither"),
+    # one number where one per channel is expected: the hint gives the form, not [0.5]
+    (
+        ["run", *TINY_IMAGES, "data.root=images", "data.mean=0.5"],
+        "data.mean=0.5: a list of one value per channel, 3 of them (data.channels=3)\n"
+        "  HINT: e.g. data.mean=[0.485,0.456,0.406] data.std=[0.229,0.224,0.225]",
+    ),
+    (
+        ["run", *TINY_IMAGES, "data.root=images", "data.mean=[0.5]", "data.std=[0.2]"],
+        "give both, 3 value(s) each, one per channel",
+    ),
     (["run", *TINY_IMAGES, "data.root=corrupt_images"], "cannot be decoded"),
     (
         ["run", *TINY_IMAGES, "data.root=empty_val"],
@@ -695,6 +723,10 @@ def _image_inputs(tmp_path: Path) -> None:
     image_tree(tmp_path / "images" / "train", classes=2, per_class=4)
     image_tree(tmp_path / "images" / "val", classes=2, per_class=2)
     (tmp_path / "empty_images").mkdir()
+    image_tree(tmp_path / "broken_class", classes=2, per_class=2)
+    (tmp_path / "broken_class" / "class_2").symlink_to(tmp_path / "unmounted" / "class_2")
+    image_tree(tmp_path / "broken_split" / "train", classes=2, per_class=2)
+    (tmp_path / "broken_split" / "val").symlink_to(tmp_path / "unmounted" / "val")
     image_tree(tmp_path / "empty_val" / "train", classes=2, per_class=2)
     (tmp_path / "empty_val" / "val").mkdir()
     for sub in ("train", "val"):  # ImageNet with its devkit archive, not yet meta.bin

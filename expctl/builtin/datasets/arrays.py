@@ -234,7 +234,7 @@ def arrays(
     task: str = "classification",
     target: str | int | None = None,
     features: list[str | int] | None = None,
-    val_split: float = 0,
+    val_split: int | float = 0,
     standardize: bool = True,
 ) -> Splits:
     """Your own table: features and targets from .csv, .npy or .npz files (see the module doc)."""

@@ -24,15 +24,24 @@ def not_found(name: str, root: str | Path, expected: str, download: bool = True)
     )
 
 
+DEFAULT_ROOT = "data"  # data.root=null: ./data, from the current directory
+
+
 def root_of(root: str | None) -> Path:
-    return Path(root or "data").expanduser()
+    return Path(root or DEFAULT_ROOT).expanduser()
+
+
+def root_text(root: str | None) -> str:
+    """data.root as an error names it: the absolute path looked at, and that null led there."""
+    where = str(root_of(root).absolute())
+    return f"{where} (data.root=null: the default, ./{DEFAULT_ROOT})" if root is None else where
 
 
 def in_memory_args(
     root: str | None = None,
     download: bool = False,
     normalize: str = "standard",
-    val_split: float = 0,
+    val_split: int | float = 0,
     subset: int | None = None,
 ) -> None:
     """The arguments every source of in-memory images takes (`in_memory_factory`)."""

@@ -54,6 +54,7 @@ def scan_folder(
             f"data.root: {folder} is not a folder",
             "point data.root at a folder of class sub-folders (or of train/ and val/ ones)",
         )
+    preflight.refuse_broken_links(folder, None, "a class left out would change the labels")
     classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
         raise UserError(
@@ -95,19 +96,7 @@ def _normalizer(
     stats_of: ImageFiles,
 ) -> Normalized:
     """Normalisation by name (imagenet, none), computed from training images, or mean/std."""
-    if mean is not None or std is not None:
-        if mean is None or std is None or len(mean) != channels or len(std) != channels:
-            raise UserError(
-                f"data.mean / data.std: give both, {channels} value(s) each (got {mean}, {std})",
-                "e.g. data.mean=[0.5,0.5,0.5] data.std=[0.25,0.25,0.25]",
-            )
-        if not all(isinstance(v, int | float) for v in (*mean, *std)):
-            raise UserError(
-                f"data.mean / data.std: numbers, {channels} each (got {list(mean)}, {list(std)})",
-                "e.g. data.mean=[0.5,0.5,0.5] data.std=[0.25,0.25,0.25]",
-            )
-        if not all(s > 0 for s in std):
-            raise UserError(f"data.std={list(std)}: every value must be > 0", "e.g. 0.25")
+    if mean is not None and std is not None:  # checked: `preflight.normalization`
         return Normalized(mean, std)
     if normalize == "none":
         return Normalized([0.0] * channels, [1.0] * channels)
@@ -196,7 +185,7 @@ class ImageOptions:
     (`image_factory` makes each factory's signature of them; see image_folder's docstring)."""
 
     root: str | None = None
-    val_split: float = 0
+    val_split: int | float = 0
     image_size: int = 224
     preset: str = "imagenet"
     channels: int = 3

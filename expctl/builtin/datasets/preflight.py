@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from expctl import registry
-from expctl.builtin.checks import light
-from expctl.builtin.datasets.files import not_found, root_of
+from expctl.builtin.checks import light, owns, split_form
+from expctl.builtin.datasets.files import not_found, root_of, root_text
 from expctl.errors import UserError
 
 SYNTHETIC_MAX_VALUES = 2**31  # per split, teacher included: 8 GiB of float32
@@ -123,16 +124,6 @@ def check_choices(**values: tuple[Any, Sequence[Any]]) -> None:
             )
 
 
-def split_form(val_split: float) -> None:
-    """data.val_split: 0 (none), a fraction in (0, 1), or a whole count of samples (`carve`
-    checks it against the number of samples once they are read)."""
-    if val_split < 0 or (val_split >= 1 and val_split != int(val_split)):
-        raise UserError(
-            f"data.val_split={val_split:g}: neither a fraction in (0, 1) nor a whole count",
-            "e.g. data.val_split=0.1 (a tenth of the training samples) or 0 for no split",
-        )
-
-
 def image_options(a: dict[str, Any]) -> None:
     """What image_folder and imagenet share (`images.ImageOptions`), checked before any file is
     read: the choices, the image size and the form of val_split."""
@@ -145,12 +136,44 @@ def image_options(a: dict[str, Any]) -> None:
     )
     image_size(a["image_size"])
     split_form(a["val_split"])
+    normalization(a["mean"], a["std"], a["channels"])
     if a["decode"] == "nvimgcodec" and not nvimgcodec_found():
         raise UserError(
             "data.decode=nvimgcodec: the package nvidia-nvimgcodec is not installed",
             "on a machine with an NVIDIA GPU: pip install 'expctl[gpu-decode]'; "
             "else data.decode=auto",
         )
+
+
+def normalization(mean: Any, std: Any, channels: int) -> None:
+    """data.mean and data.std (both or neither): one number per image channel each, std > 0."""
+    if mean is None and std is None:
+        return
+    example = (
+        "data.mean=[0.485,0.456,0.406] data.std=[0.229,0.224,0.225] (ImageNet's)"
+        if channels == 3
+        else "data.mean=[0.449] data.std=[0.226]"
+    )
+    for key, value in (("mean", mean), ("std", std)):
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise UserError(
+                f"data.{key}={value!r}: a list of one value per channel, {channels} of them "
+                f"(data.channels={channels})",
+                f"e.g. {example}",
+            )
+    if mean is None or std is None or len(mean) != channels or len(std) != channels:
+        raise UserError(
+            f"data.mean / data.std: give both, {channels} value(s) each, one per channel "
+            f"(got {mean}, {std})",
+            f"e.g. {example}",
+        )
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (*mean, *std)):
+        raise UserError(
+            f"data.mean / data.std: numbers, {channels} each (got {list(mean)}, {list(std)})",
+            f"e.g. {example}",
+        )
+    if not all(s > 0 for s in std):
+        raise UserError(f"data.std={list(std)}: every value must be > 0", f"e.g. {example}")
 
 
 def nvimgcodec_found() -> bool:
@@ -172,6 +195,7 @@ def image_size(size: int) -> None:
 
 
 @light
+@owns("mean", "std")
 def imagenet(**given: Any) -> None:
     """data=imagenet: its options, and the files torchvision's ImageNet reads (train/, val/,
     and meta.bin or the devkit archive it makes meta.bin from)."""
@@ -193,7 +217,10 @@ def imagenet_files(root: str | None) -> None:
         missing.append("meta.bin or ILSVRC2012_devkit_t12.tar.gz")
     if missing:
         raise not_found(
-            "imagenet", base, f"{IMAGENET_EXPECTED}; missing: {', '.join(missing)}", download=False
+            "imagenet",
+            root_text(root),
+            f"{IMAGENET_EXPECTED}; missing: {', '.join(missing)}",
+            download=False,
         )
     if not meta.is_file() and importlib.util.find_spec("scipy") is None:
         raise UserError(
@@ -204,6 +231,7 @@ def imagenet_files(root: str | None) -> None:
 
 
 @light
+@owns("mean", "std")
 def image_folder(**given: Any) -> None:
     """data=image_folder: its options, and its folders there (no image is read yet)."""
     a = _args("image_folder", given)
@@ -212,14 +240,18 @@ def image_folder(**given: Any) -> None:
 
 
 def image_folders(
-    root: str | None, train: str, val: str | None, test: str | None, val_split: float
+    root: str | None, train: str, val: str | None, test: str | None, val_split: int | float
 ) -> tuple[Path, Path | None, Path | None]:
     """The train/val/test folders: ROOT/<train>, ROOT/<val>, ROOT/<test> when ROOT/<train>
     exists, else ROOT itself is one class-per-folder tree (validated by `val_split`)."""
     base = root_of(root)
     if not base.is_dir():
         what = "does not exist" if not base.exists() else "is not a folder"
-        raise UserError(f"data.root: {base} {what}", "point data.root at your image folder")
+        raise UserError(
+            f"data.root: {root_text(root)} {what}",
+            "point data.root at your image folder, e.g. data.root=/path/to/images (a relative "
+            "path is from the current directory)",
+        )
     subs = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not subs:
         raise UserError(
@@ -227,6 +259,7 @@ def image_folders(
             "lay images out as ROOT/CLASS/IMAGE.jpg (one sub-folder per class)",
         )
     names = f"{base} holds: {', '.join(subs[:8])}"
+    refuse_broken_links(base, [s for s in (train, val, test) if s], "a split folder not there")
     if not (base / train).is_dir():
         if {"train", "val", "valid", "test", val} & set(subs):
             raise UserError(
@@ -258,6 +291,26 @@ def image_folders(
         )
     pick = [base / s if s and (base / s).is_dir() else None for s in (val, test)]
     return base / train, pick[0], pick[1]
+
+
+def refuse_broken_links(folder: Path, names: Sequence[str] | None, why: str) -> None:
+    """No entry of `folder` (of `names`; None: any not hidden) is a symbolic link to nothing: a
+    folder scan would pass over it, and a class left out changes the labels of the others.
+
+    Raises:
+        UserError: naming the first broken link and where it points.
+    """
+    entries = [folder / n for n in names] if names is not None else sorted(folder.iterdir())
+    broken = [p for p in entries if p.is_symlink() and not p.exists()]
+    if names is None:
+        broken = [p for p in broken if not p.name.startswith(".")]
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise UserError(
+            f"data.root: {broken[0]} is a broken symbolic link (to {os.readlink(broken[0])})"
+            f"{more}: {why}",
+            "restore what it points to (a mounted disk?), or remove the link",
+        )
 
 
 def cifar_paths(name: str, root: str | None) -> list[Path]:

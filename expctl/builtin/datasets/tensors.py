@@ -9,20 +9,23 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
+from expctl.builtin.checks import split_form
 from expctl.builtin.data import DataInfo, Splits
 from expctl.errors import UserError
 
 NORMALIZE = ("standard", "tanh", "none")  # mean/std of the training images, [-1, 1], [0, 1]
 
 
-def carve(n: int, val_split: float, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Indices (train, val) of `n` samples: `val_split` of them (a count, or a fraction below 1)
-    chosen by a fixed random permutation, so the split is the same in every run."""
-    count = int(val_split) if val_split >= 1 else round(val_split * n)
-    if val_split < 0 or not 0 < count < n or (val_split >= 1 and val_split != int(val_split)):
-        held = f"would hold out {count} of" if 0 < val_split < 1 else "does not split"
+def carve(n: int, val_split: int | float, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Indices (train, val) of `n` samples: `val_split` of them (a count, an integer; or a
+    fraction, a float below 1: `checks.split_form`) chosen by a fixed random permutation, so
+    the split is the same in every run."""
+    split_form(val_split)
+    count = val_split if isinstance(val_split, int) else round(val_split * n)
+    if not 0 < count < n:
+        held = "does not split" if isinstance(val_split, int) else f"would hold out {count} of"
         raise UserError(
-            f"data.val_split={val_split:g} {held} {n} training samples",
+            f"data.val_split={val_split!r} {held} {n} training samples",
             f"use a count in [1, {n - 1}] or a fraction from {0.5 / n:.2g} to {1 - 0.5 / n:.4g} "
             "(0: no split)",
         )
@@ -34,7 +37,7 @@ def with_val(
     train: Dataset[Any],
     test: Dataset[Any] | None,
     info: DataInfo,
-    val_split: float = 0,
+    val_split: int | float = 0,
     val: Dataset[Any] | None = None,
     val_view: Dataset[Any] | None = None,
 ) -> Splits:
@@ -79,7 +82,7 @@ def in_memory(
     train: tuple[torch.Tensor, torch.Tensor],
     test: tuple[torch.Tensor, torch.Tensor] | None,
     normalize: str,
-    val_split: float = 0,
+    val_split: int | float = 0,
     subset: int | None = None,
     classes: Sequence[str] | None = None,
     num_classes: int | None = None,

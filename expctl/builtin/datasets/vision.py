@@ -162,7 +162,7 @@ class Source:
     test: dict[str, Any] | None = None
     val: dict[str, Any] | None = None
     in_memory: bool = False  # its .data / .labels are arrays: held as tensors
-    val_split: float = 0  # default carve, for datasets without a test split
+    val_split: int | float = 0  # default carve, for datasets without a test split
 
 
 def _open(
@@ -247,7 +247,7 @@ def _factory(name: str, src: Source, classes: int) -> Any:
     def streamed_set(
         root: str | None = None,
         download: bool = False,
-        val_split: float = src.val_split,
+        val_split: int | float = src.val_split,
         image_size: int = 224,
         preset: str = "imagenet",
     ) -> Splits:
