@@ -27,8 +27,9 @@ def crop_resize(
 ) -> tuple[torch.Tensor, list[int]]:
     """`images` ((C, H, W) uint8, one device) cropped to `boxes` ((n, 4) host float: left, top,
     right, bottom in the image's pixels, Pillow's convention), resized to (size, size) and
-    flipped where `flips` ((n,) host bool), as one float32 (n, C, size, size) tensor whose rows
-    are in bucket order, and the places in `images` of its rows."""
+    flipped where `flips` ((n,) host bool), as one (n, C, size, size) tensor (float16 on CUDA,
+    float32 elsewhere) whose rows are in bucket order, and the places in `images` of its
+    rows."""
     device = images[0].device
     half = device.type == "cuda"  # exact for 0..255; the matmuls accumulate in float32
     dtype = torch.float16 if half else torch.float32
@@ -43,9 +44,11 @@ def crop_resize(
     box = boxes[order].float()
     # one copy to the device: each row's box, height, width and flip
     meta = to_device(torch.cat([box, extents, flips[order].float()[:, None]], 1), device)
-    ys = _samples(meta[:, 1], meta[:, 3], meta[:, 4], size, _most(box[:, 3] - box[:, 1], size))
-    xs = _samples(meta[:, 0], meta[:, 2], meta[:, 5], size, _most(box[:, 2] - box[:, 0], size))
     flip = meta[:, 6] > 0.5
+    ys = _samples(meta[:, 1], meta[:, 3], meta[:, 4], size, _most(box[:, 3] - box[:, 1], size))
+    xs = _samples(
+        meta[:, 0], meta[:, 2], meta[:, 5], size, _most(box[:, 2] - box[:, 0], size), flip
+    )
     parts, at = [], 0
     for groups in buckets.values():
         n, c = sum(map(len, groups)), images[groups[0][0]].shape[0]
@@ -63,10 +66,9 @@ def crop_resize(
             j += len(same)
         wy = _matrix(ys, rows, hp, dtype)  # (n, size, hp)
         wx = _matrix(xs, rows, wp, dtype)  # (n, size, wp)
-        wx = torch.where(flip[rows, None, None], wx.flip(1), wx)
         tall = torch.bmm(wy, padded.view(n, hp, c * wp))  # (n, size, C * wp)
         out = torch.bmm(tall.view(n, size * c, wp), wx.transpose(1, 2))  # (n, size * C, size)
-        parts.append(out.view(n, size, c, size).permute(0, 2, 1, 3).float())
+        parts.append(out.view(n, size, c, size).permute(0, 2, 1, 3))
         at += n
     return (torch.cat(parts) if len(parts) > 1 else parts[0]), order
 
@@ -80,17 +82,25 @@ Samples = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _samples(
-    start: torch.Tensor, end: torch.Tensor, extent: torch.Tensor, size: int, most: int
+    start: torch.Tensor,
+    end: torch.Tensor,
+    extent: torch.Tensor,
+    size: int,
+    most: int,
+    flip: torch.Tensor | None = None,
 ) -> Samples:
     """roi_align's samples along one axis, for every row at once: the (n, size, G) pixel
     indices of each sample's two neighbours and their weights (already divided by the samples
-    per bin), G = `most`, the most samples per bin of any row."""
+    per bin), G = `most`, the most samples per bin of any row; output places reversed in the
+    rows `flip` names."""
     device = start.device
     roi_start = start - 0.5  # aligned=True: pixel centres at +0.5
     length = end - start
     bin_size = length / size
     grid = torch.ceil(length / size).clamp_min(1)
     out_at = torch.arange(size, device=device, dtype=torch.float32)[None, :, None]
+    if flip is not None:  # output pixel j of a flipped row is pixel size - 1 - j of the crop
+        out_at = torch.where(flip[:, None, None], size - 1 - out_at, out_at)
     sample = torch.arange(most, device=device, dtype=torch.float32)[None, None, :]
     bin_size, grid = bin_size[:, None, None], grid[:, None, None]
     roi_start, extent = roi_start[:, None, None], extent[:, None, None]

@@ -204,7 +204,7 @@ class DeviceDecoded(ImageFiles):
             raise all_corrupt(len(batch.labels))
         x, order = finish(decoded, crops, batch, self.size, device)
         scale, shift = _normalising(self.normalize, device)
-        out = torch.empty_like(x, memory_format=torch.channels_last)
+        out = torch.empty_like(x, dtype=torch.float32, memory_format=torch.channels_last)
         torch.addcmul(shift, x, scale, out=out)
         return out, to_device(batch.labels[torch.tensor(order)], device)
 
@@ -321,9 +321,10 @@ def finish(
     size: int,
     device: torch.device,
 ) -> tuple[torch.Tensor, list[int]]:
-    """The batch as one float (n, C, size, size) tensor on `device`, and the batch places of
-    its rows: the `decoded` images' boxes resized and flipped (`gpucrop.crop_resize`: a few
-    kernels whatever the images' sizes), then the `crops`, already cropped and flipped."""
+    """The batch as one (n, C, size, size) tensor on `device` (float16 on CUDA while all its
+    images were decoded there, else float32), and the batch places of its rows: the `decoded`
+    images' boxes resized and flipped (`gpucrop.crop_resize`: a few kernels whatever the
+    images' sizes), then the `crops`, already cropped and flipped."""
     parts, order = [], []
     if decoded:
         at = [a for a, _ in decoded]
