@@ -16,10 +16,12 @@
 #                               vs synthetic at 1/2/4 GPUs, 16 cores per GPU, CPU ms/img, validation
 #                               (bench/gpu_images.py; ~20 runs: start it with `bg`, then `poll`);
 #                               carry nvidia_nvimgcodec_cu13-*.whl in .whl for the nvimgcodec rows;
-#                               IMG_GPUS="1 2 4", STEPS, ONLY="pillow nvjpeg", EXTRA="train.compile=true"
+#                               IMG_GPUS="1 2 4", STEPS, ONLY="pillow nvjpeg", EXTRA="train.compile=true",
+#                               SHAPES=imagenet (JPEGs of as many sizes as ImageNet's)
 #   bash bench/gpu.sh feed-spy  issue 25: py-spy of the training process per thread, GPU busy %
 #                               (DECODES="synthetic gpu", SPY_GIL=1: only threads holding the GIL,
-#                               SHAPES=imagenet: JPEGs of as many sizes as ImageNet's,
+#                               SHAPES=imagenet: JPEGs of as many sizes as ImageNet's, FAULTS=1: page
+#                               faults and TLB shootdowns a second,
 #                               VARIANTS="now before" (before: the package
 #                               in $EXPCTL_BENCH_BEFORE), SPY=1, EXTRA=..., NPROCS="1 2 4": ranks,
 #                               16 cores each; feed-spy.tgz, each run's train rows in it)
@@ -166,8 +168,9 @@ gpu-images)  # issue 25
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     --find-links .whl nvidia-nvimgcodec-cu13 2>/dev/null || echo "no nvidia-nvimgcodec-cu13 wheel in .whl: its rows will say so"
   python3 -c "from nvidia import nvimgcodec; print('nvImageCodec', nvimgcodec.__version__)" 2>&1 | tail -1
-  [ -d /tmp/jpegs25/train ] || python3 bench/gpu_images.py make --root /tmp/jpegs25 --val ${VAL:-5000}
-  python3 bench/gpu_images.py run --root /tmp/jpegs25 --gpus ${IMG_GPUS:-${counts//,/ }} --steps ${STEPS:-80} --warmup 20 \
+  jp=/tmp/jpegs25v${SHAPES:+-$SHAPES}  # SHAPES=imagenet: as many image sizes as ImageNet's
+  [ -d $jp/train ] || python3 bench/gpu_images.py make --root $jp --val ${VAL:-5000} --shapes ${SHAPES:-four}
+  python3 bench/gpu_images.py run --root $jp --gpus ${IMG_GPUS:-${counts//,/ }} --steps ${STEPS:-80} --warmup 20 \
     ${ONLY:+--only $ONLY} ${EXTRA:+--expctl-args "$EXTRA"} --out "$OUT/gpu_images${EXTRA:+_extra}.json" 2>&1 | tee "$OUT/gpu_images${EXTRA:+_extra}.md" ;;
 feed-spy)  # issue 25: where a run's training process spends its time (py-spy per thread, GPU busy %)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/spy \
@@ -189,6 +192,11 @@ feed-spy)  # issue 25: where a run's training process spends its time (py-spy pe
       train.limit_val_batches=1 checkpoint.every=1000000 $data train.max_steps=${SPY_STEPS:-468} \
       train.log_every=${SPY_EVERY:-13} ${EXTRA:-} run.dir=$r > $o/run.log 2>&1 & pid=$!
     for ((i = 0; i < 240; i++)); do grep -q '"step": 104,' $r/metrics.jsonl 2>/dev/null && break; sleep 0.5; done
+    if [ -n "${FAULTS:-}" ]; then  # the training process's minor page faults and the host's TLB shootdowns, 8 s
+      snap() { echo "$(awk '{print $10}' /proc/$pid/stat) $(awk '/TLB/ {for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) s += $i} END {print s}' /proc/interrupts)"; }
+      a=$(snap); sleep 8; b=$(snap)
+      echo "$a $b" | awk '{printf "minor page faults/s %.0f, TLB shootdowns/s %.0f\n", ($3 - $1) / 8, ($4 - $2) / 8}'
+    fi
     if [ -n "${SPY:-}" ]; then
       # nonblocking (the processes are not paused), idle threads too: where each one waits
       /tmp/spy/bin/py-spy record -p $pid --subprocesses --threads --nonblocking --rate 100 -d 8 --format raw \

@@ -178,7 +178,7 @@ def _first(batches: Any) -> Any:
 
 def check(a: argparse.Namespace) -> None:
     """Before the table: the device path's batches against the CPU path's for the same seeds
-    (each image within 6 grey levels, mean absolute; labels equal; channels_last), train and validation, with workers;
+    (each image within 10 grey levels, mean absolute; labels equal; channels_last), train and validation, with workers;
     then one batch of 256 train/ JPEGs through `on_device` alone (one thread): img/s."""
     import torch  # noqa: PLC0415
 
@@ -215,7 +215,11 @@ def check(a: argparse.Namespace) -> None:
             ok = torch.equal(ya, yg.cpu()) and xg.is_contiguous(memory_format=torch.channels_last)
             print(f"check {dec} {'train' if train else 'val'}: labels and layout {ok}, "
                   f"grey levels off the CPU path: mean {float(grey.mean()):.2f} max {float(grey.max()):.2f}")  # fmt: skip
-            if not ok or float(grey.max()) > 6:  # a wrong box or flip is tens of levels off
+            # a wrong box or flip is tens of levels off; the CPU path decodes an image over twice
+            # the crop's size at 1/2 scale (libjpeg's DCT scaling), up to ~7 levels off a full
+            # decode on these noisy images (SHAPES=imagenet: 6.45 on the CPU, before and after
+            # gpucrop, stop 44)
+            if not ok or float(grey.max()) > 10:
                 raise SystemExit(f"check failed: {dec}")
         dev = DeviceDecoded(t.samples[:256], 224, 3, True, "imagenet", norm, dec)  # type: ignore[attr-defined]
         start = time.perf_counter()
