@@ -204,6 +204,12 @@ def test_eval_writes_its_json_and_matches_the_runs_validation(tmp_path: Path) ->
     train_acc = synthetic_accuracy(run, "train", num_samples=48)
     assert other["train/acc"] == pytest.approx(train_acc, abs=1e-6)
     assert other["overrides"] == ["data.num_samples=48"] and other["name"].startswith("train-")
+    # a batch larger than the training split: no training batch is taken, so no refusal
+    wide = ["data.num_samples=48", "data.batch_size=100", "train.grad_accum=3"]
+    whole = expctl.evaluate(run, split="train", which="last", overrides=wide)
+    assert whole["train/acc"] == other["train/acc"]
+    with pytest.raises(UserError, match="larger than the 48 training samples"):
+        expctl.run(overrides=[*SMALL, *wide[:2], f"run.dir={tmp_path / 'r2'}"])
     with pytest.raises(UserError, match="has no test split") as missing:
         expctl.evaluate(run, split="test")
     assert missing.value.hint == "pick another split: --split val or train"

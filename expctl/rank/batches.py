@@ -86,6 +86,7 @@ class TrainBatches:
         resident: bool = False,
         augment: str = "none",
         reader: Reader | None = None,
+        training: bool = True,
     ) -> None:
         self.dataset, self.batch_size, self.device, self.augment = (
             dataset,
@@ -99,7 +100,7 @@ class TrainBatches:
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
         self.steps_per_epoch = (n // world_size) // batch_size
-        if self.steps_per_epoch == 0:
+        if self.steps_per_epoch == 0 and training:  # `expctl eval` takes none of them
             raise UserError(
                 f"data.batch_size={batch_size} x {world_size} rank(s) is larger than the "
                 f"{n} training samples: no full batch per epoch",

@@ -106,15 +106,17 @@ def _cpu_threads(env: DistEnv) -> None:
         torch.set_num_threads(max(1, cores // env.local_world_size))
 
 
-def build(cfg: Config, env: DistEnv, device: torch.device) -> Parts:
-    """Build data, models, optimizers, schedulers, loss and step for this rank."""
+def build(cfg: Config, env: DistEnv, device: torch.device, training: bool = True) -> Parts:
+    """Build data, models, optimizers, schedulers, loss and step for this rank; not `training`
+    (`expctl eval`), a training split without a full batch, or without train.grad_accum of them,
+    is no error: no training batch is taken."""
     registry.import_user_modules(cfg.imports)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     splits = _splits(cfg, device)
     loading = _loading(cfg, env, device, splits)
     reader = _reader(splits, loading, cfg.train.seed, env.rank)
     try:
-        return _build(cfg, env, device, splits, loading, reader)
+        return _build(cfg, env, device, splits, loading, reader, training)
     except BaseException:
         if reader is not None:
             reader.close()
@@ -143,6 +145,7 @@ def _build(
     splits: Splits,
     loading: Loading,
     reader: Reader | None,
+    training: bool = True,
 ) -> Parts:
     models, model_args = _models(cfg, splits)
     if cfg.train.sync_batchnorm and env.distributed:
@@ -168,8 +171,12 @@ def _build(
         resident=resident,
         augment=cfg.data.augment,
         reader=reader,
+        training=training,
     )
-    total_steps = _total_steps(cfg, batches.steps_per_epoch)
+    per_worker = batches.steps_per_epoch  # evaluating: at least one accumulation, for the shapes
+    total_steps = _total_steps(
+        cfg, per_worker if training else max(per_worker, cfg.train.grad_accum)
+    )
     precision = resolve_precision(cfg.train.precision, device)
     strategy.prepare(cfg, models, env, device, precision)  # sharded before the optimizers
     with paused_gc(freeze=freeze_for_this_run(env.distributed)):  # it imports torch._dynamo

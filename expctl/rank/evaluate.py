@@ -74,7 +74,7 @@ def evaluate_checkpoint(cfg: Config, env: DistEnv, ev: Evaluation) -> tuple[Path
     with process_group(cfg, env, device):
         setup_logging(None, env.is_main, env.rank)
         with redacted(cfg.to_dict(resolved=True), cfg.interpolations):
-            parts = build(cfg, env, device)
+            parts = build(cfg, env, device, training=False)
         with contextlib.closing(parts):
             path = Path(ev.checkpoint)
             weights, data = weights_and_data(path, [*parts.models])
