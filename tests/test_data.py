@@ -235,6 +235,19 @@ def test_a_plugin_dataset_fills_the_model_arguments_it_takes(
 # ---------------------------------------------------------------------------------------------
 
 
+def test_fashion_mnist_not_found_names_the_absolute_folders_it_looked_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.root=null: the error names each default folder looked in by its absolute path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("expctl.builtin.datasets.idx.FASHION_DIRS", ("/nonexistent/fm", "data"))
+    with pytest.raises(UserError) as e:
+        find_idx("fashion_mnist", None)
+    assert f"not found under /nonexistent/fm, {tmp_path / 'data'} (data.root=null: the" in str(
+        e.value
+    )
+
+
 def test_fashion_mnist_from_debians_files() -> None:
     try:
         find_idx("fashion_mnist", None)

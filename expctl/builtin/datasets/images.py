@@ -20,7 +20,7 @@ import torch
 
 from expctl.builtin.data import DataInfo, Splits
 from expctl.builtin.datasets import preflight
-from expctl.builtin.datasets.files import not_found, root_of
+from expctl.builtin.datasets.files import not_found, root_of, root_text
 from expctl.builtin.datasets.gpuimages import INSTALL, DeviceDecoded, nvimgcodec_missing
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
@@ -325,7 +325,7 @@ def _imagenet_samples(o: ImageOptions) -> tuple[Samples, Samples, None, list[str
     except (RuntimeError, FileNotFoundError, ImportError) as e:
         raise not_found(
             "imagenet",
-            base,
+            root_text(o.root),
             f"{preflight.IMAGENET_EXPECTED}; torchvision said: {' '.join(str(e).split())[:120]}",
             download=False,
         ) from None

@@ -326,7 +326,9 @@ def require(name: str, root: str | None, paths: list[Path]) -> None:
         base = root_of(root)
         shown = ", ".join(str(p.relative_to(base)) for p in paths[:3])
         more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
-        raise not_found(name, base, f"{shown}{more}; missing: {missing[0].relative_to(base)}")
+        raise not_found(
+            name, root_text(root), f"{shown}{more}; missing: {missing[0].relative_to(base)}"
+        )
 
 
 @light
@@ -346,4 +348,4 @@ def source(
     the top folder is the first name in `expected`."""
     first = expected.split(" ")[0].split(",")[0].rstrip(",;")
     if not download and not (root_of(root) / first).exists():
-        raise not_found(name, root_of(root), expected)
+        raise not_found(name, root_text(root), expected)
