@@ -113,11 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         if args.command != "_worker":  # the launching process speaks for its workers
             # (without `resume`: before a run directory was chosen, nothing to resume)
-            how = (
-                f"; to resume from the last checkpoint: {e.resume}"
-                if isinstance(e, Interrupted)
-                else ""
-            )
+            how = ""
+            if isinstance(e, Interrupted) and e.saved:
+                how = f"; to resume from the last checkpoint: {e.resume}"
+            elif isinstance(e, Interrupted):
+                how = f" before its first checkpoint, nothing to resume: {e.resume} to start over"
             print(f"expctl: interrupted{how}", file=sys.stderr)
         return e.code if isinstance(e, Interrupted) else EXIT_INTERRUPTED
 

@@ -113,9 +113,11 @@ class Preempted(Exception):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or another signal that stops), with how to resume what was interrupted
-    (`resume`: what to run) and the exit code (128 + the signal)."""
+    (`resume`: what to run), the exit code (128 + the signal), and whether a checkpoint was
+    saved (`saved`; without one, `resume` starts over)."""
 
-    def __init__(self, resume: str, code: int = EXIT_INTERRUPTED) -> None:
+    def __init__(self, resume: str, code: int = EXIT_INTERRUPTED, saved: bool = True) -> None:
         super().__init__(resume)
         self.resume = resume
         self.code = code
+        self.saved = saved

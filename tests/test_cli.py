@@ -28,18 +28,20 @@ def test_help_imports_neither_torch_nor_hydra() -> None:
     assert "expctl run -C my.yml" in out.stdout
 
 
-@pytest.mark.parametrize("where", ["before the run directory", "in the run"])
+@pytest.mark.parametrize("where", ["before the run directory", "in the run", "before a checkpoint"])
 def test_ctrl_c_says_how_to_resume_only_when_there_is_a_run_to_resume(
     where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Exit 130 either way; before a run directory was chosen (imports, composition) there is
-    nothing to resume, so no "to resume from the last checkpoint" (it used to say so)."""
+    nothing to resume, so no "to resume from the last checkpoint" (it used to say so); in a run
+    that saved no checkpoint yet, the same command starts over."""
     from expctl import api, startup
     from expctl.errors import Interrupted
 
     def interrupted(*_: object, **__: object) -> None:
-        if where == "in the run":
-            raise Interrupted("run the same command with run.dir=/tmp/r")
+        if where != "before the run directory":
+            saved = where == "in the run"
+            raise Interrupted("run the same command with run.dir=/tmp/r", saved=saved)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(api, "run", interrupted)
@@ -50,6 +52,11 @@ def test_ctrl_c_says_how_to_resume_only_when_there_is_a_run_to_resume(
         assert err == (
             "expctl: interrupted; to resume from the last checkpoint: "
             "run the same command with run.dir=/tmp/r"
+        )
+    elif where == "before a checkpoint":
+        assert err == (
+            "expctl: interrupted before its first checkpoint, nothing to resume: "
+            "run the same command with run.dir=/tmp/r to start over"
         )
     else:
         assert err == "expctl: interrupted"

@@ -55,7 +55,8 @@ def start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
         elastic_launch(lc, sys.executable)("-c", WORKER_MAIN, "_worker", str(run_dir), *args)
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
         if e.sigval == signal.SIGINT:
-            raise Interrupted(f"run the same command with run.dir={run_dir}") from None
+            saved = bool(RunDir(run_dir).checkpoint_files())
+            raise Interrupted(f"run the same command with run.dir={run_dir}", saved=saved) from None
         if e.sigval == signal.SIGTERM:  # the workers took it as a stop signal, and saved
             raise Preempted(stopped("SIGTERM", run_dir), EXIT_TERMINATED) from None
         raise RunError(f"stopped by {e.sigval.name}; the run is in {run_dir}") from None

@@ -105,7 +105,8 @@ def main(
     except KeyboardInterrupt:
         if cfg.run.dir is None or not env.is_main:
             raise
-        raise Interrupted(f"run the same command with run.dir={cfg.run.dir}") from None
+        saved = bool(RunDir(Path(cfg.run.dir)).checkpoint_files())
+        raise Interrupted(f"run the same command with run.dir={cfg.run.dir}", saved=saved) from None
     except Exception as e:
         # refused the directory (another launch trains it: a sweep's trial): not this run's
         # failure to record (it marked that trial failed, and the trial died of it)
