@@ -111,6 +111,14 @@ class Preempted(Exception):
         self.code = code
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to `expctl run` before training (or torch's elastic agent) took the signal over,
+    raised where the process was, as Ctrl-C raises KeyboardInterrupt (`startup.sigterm_raises`):
+    the run says where it is and exits EXIT_TERMINATED, not ended silently by the default."""
+
+    code = EXIT_TERMINATED
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or another signal that stops), with how to resume what was interrupted
     (`resume`: what to run), the exit code (128 + the signal), and whether a checkpoint was

@@ -62,6 +62,32 @@ def test_ctrl_c_says_how_to_resume_only_when_there_is_a_run_to_resume(
         assert err == "expctl: interrupted"
 
 
+def test_sigterm_before_a_run_directory_is_one_line_and_exit_143(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`expctl run` turns SIGTERM into an exception while it runs (the default ended it without
+    a word); one that lands before a run directory exists (composing) says only what stopped
+    it, exit 143, and the process's own handler is back afterwards."""
+    import os
+    import signal
+
+    from expctl import api, startup
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    def composing(*_: object, **__: object) -> None:
+        # (without a handler of its own, the signal would end pytest)
+        assert signal.getsignal(signal.SIGTERM) not in (before, signal.SIG_DFL), "no handler"
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(api, "run", composing)
+    monkeypatch.setattr(startup, "_ONE_RUN", startup._ONE_RUN)  # `run` sets it: restored after
+    assert cli.main(["run"]) == 143
+    assert capsys.readouterr().err == "expctl: stopped by SIGTERM\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_workers_stopped_before_their_first_checkpoint_are_not_said_to_keep_one(
     tmp_path: Path,
 ) -> None:
@@ -81,7 +107,7 @@ def test_workers_stopped_before_their_first_checkpoint_are_not_said_to_keep_one(
     assert str(before) == (
         f"stopped by SIGTERM before its first checkpoint, nothing to resume: {again} to start over"
     )
-    assert "kept" not in agent.stopped("the stop signal", run)
+    assert "kept" not in RunDir(run).stopped("the stop signal")
     RunDir(run).checkpoints.mkdir()
     RunDir(run).checkpoint(4).write_bytes(b"")
     after = agent._failure({0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}, 0, run)
