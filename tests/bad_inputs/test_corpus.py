@@ -213,6 +213,11 @@ CORPUS: list[tuple[list[str], str]] = [
         "broken_class/class_2 is a broken symbolic link (to ",
     ),
     (["run", *TINY_IMAGES, "data.root=broken_split"], "broken_split/val is a broken symbolic"),
+    # an image that is a broken link was left out silently (data.on_corrupt=skip: a warning)
+    (
+        ["run", *TINY_IMAGES, "data.root=broken_image", "data.val=null"],
+        "broken_image/class_1/img_001.jpg is a broken symbolic link (to ",
+    ),
     # a float is a fraction, never a count: 1.0 held out one sample
     (
         ["run", *TINY_IMAGES, "data.root=images", "data.val_split=1.0"],
@@ -734,6 +739,9 @@ def _image_inputs(tmp_path: Path) -> None:
     (tmp_path / "broken_class" / "class_2").symlink_to(tmp_path / "unmounted" / "class_2")
     image_tree(tmp_path / "broken_split" / "train", classes=2, per_class=2)
     (tmp_path / "broken_split" / "val").symlink_to(tmp_path / "unmounted" / "val")
+    image_tree(tmp_path / "broken_image", classes=2, per_class=2)
+    (tmp_path / "broken_image" / "class_1" / "img_001.jpg").unlink()
+    (tmp_path / "broken_image" / "class_1" / "img_001.jpg").symlink_to(tmp_path / "unmounted")
     image_tree(tmp_path / "empty_val" / "train", classes=2, per_class=2)
     (tmp_path / "empty_val" / "val").mkdir()
     for sub in ("train", "val"):  # ImageNet with its devkit archive, not yet meta.bin

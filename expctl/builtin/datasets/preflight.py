@@ -305,12 +305,17 @@ def refuse_broken_links(folder: Path, names: Sequence[str] | None, why: str) -> 
     if names is None:
         broken = [p for p in broken if not p.name.startswith(".")]
     if broken:
-        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
-        raise UserError(
-            f"data.root: {broken[0]} is a broken symbolic link (to {os.readlink(broken[0])})"
-            f"{more}: {why}",
-            "restore what it points to (a mounted disk?), or remove the link",
-        )
+        raise broken_links(broken, why)
+
+
+def broken_links(broken: Sequence[Path], why: str, hint: str = "") -> UserError:
+    """The error naming the first of `broken` (symbolic links to nothing) and where it points."""
+    more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+    return UserError(
+        f"data.root: {broken[0]} is a broken symbolic link (to {os.readlink(broken[0])})"
+        f"{more}: {why}",
+        f"restore what it points to (a mounted disk?), or remove the link{hint}",
+    )
 
 
 def cifar_paths(name: str, root: str | None) -> list[Path]:
