@@ -17,6 +17,7 @@ from expctl.errors import (
     Preempted,
     Reported,
     RunError,
+    Terminated,
     UserError,
 )
 
@@ -110,14 +111,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "_worker":  # the launching process speaks for its workers
             print(f"expctl: {e}", file=sys.stderr)
         return e.code
+    except Terminated as e:  # SIGTERM before a run directory was made (after: Preempted)
+        print("expctl: stopped by SIGTERM", file=sys.stderr)
+        return e.code
     except KeyboardInterrupt as e:
         if args.command != "_worker":  # the launching process speaks for its workers
             # (without `resume`: before a run directory was chosen, nothing to resume)
-            how = (
-                f"; to resume from the last checkpoint: {e.resume}"
-                if isinstance(e, Interrupted)
-                else ""
-            )
+            how = ""
+            if isinstance(e, Interrupted) and e.saved:
+                how = f"; to resume from the last checkpoint: {e.resume}"
+            elif isinstance(e, Interrupted):
+                how = f" before its first checkpoint, nothing to resume: {e.resume} to start over"
             print(f"expctl: interrupted{how}", file=sys.stderr)
         return e.code if isinstance(e, Interrupted) else EXIT_INTERRUPTED
 
@@ -147,12 +151,13 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(
             "--repeat needs -m (a sweep)", "add -m, e.g. expctl run -m --repeat 3 optim.lr=0.01,0.1"
         )
-    from expctl.startup import paused_gc, process_is_the_run
+    from expctl.startup import paused_gc, process_is_the_run, sigterm_raises
 
     process_is_the_run()
-    with paused_gc():
-        from expctl import api  # torch
-    result = api.run(args.config, args.overrides, wait=args.wait)
+    with sigterm_raises():
+        with paused_gc():
+            from expctl import api  # torch
+        result = api.run(args.config, args.overrides, wait=args.wait)
     if result.metrics and _is_main():  # under torchrun / srun: rank 0 reports
         print(f"expctl: done  {_shown(result.metrics)}\nexpctl: results in {result.run_dir}")
     return 0

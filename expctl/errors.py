@@ -111,11 +111,21 @@ class Preempted(Exception):
         self.code = code
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to `expctl run` before training (or torch's elastic agent) took the signal over,
+    raised where the process was, as Ctrl-C raises KeyboardInterrupt (`startup.sigterm_raises`):
+    the run says where it is and exits EXIT_TERMINATED, not ended silently by the default."""
+
+    code = EXIT_TERMINATED
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or another signal that stops), with how to resume what was interrupted
-    (`resume`: what to run) and the exit code (128 + the signal)."""
+    (`resume`: what to run), the exit code (128 + the signal), and whether a checkpoint was
+    saved (`saved`; without one, `resume` starts over)."""
 
-    def __init__(self, resume: str, code: int = EXIT_INTERRUPTED) -> None:
+    def __init__(self, resume: str, code: int = EXIT_INTERRUPTED, saved: bool = True) -> None:
         super().__init__(resume)
         self.resume = resume
         self.code = code
+        self.saved = saved

@@ -269,6 +269,15 @@ class RunDir:
         ]
         return sorted(found, key=lambda p: (checkpoint_step(p), p.name), reverse=True)
 
+    def stopped(self, signame: str) -> str:
+        """The last line of a run stopped by a signal: how to resume from its checkpoints, or,
+        stopped before the first one was written, that the same command starts the run again."""
+        again = f"run the same command with run.dir={self.path}"
+        if self.checkpoint_files():
+            return f"stopped by {signame}; its checkpoints are kept: {again} to resume"
+        first = f"stopped by {signame} before its first checkpoint, nothing to resume"
+        return f"{first}: {again} to start over"
+
 
 def fresh_names(prefix: str, tries: int = 100) -> Iterator[str]:
     """Names for a new run or sweep directory, PREFIX-YYYYmmdd-HHMMSS-XXXX, another random

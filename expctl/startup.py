@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import signal
 import sys
+import threading
 from collections.abc import Iterator
+from typing import Any
+
+from expctl.errors import Terminated
 
 
 @contextlib.contextmanager
@@ -52,6 +57,26 @@ def process_is_the_run() -> None:
     pinned. A notebook's `expctl.run` never says it: its runs' garbage stays collectable."""
     global _ONE_RUN
     _ONE_RUN = True
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises `Terminated` inside (the CLI's `run`), as SIGINT raises KeyboardInterrupt.
+    Training's stop flag and torch's elastic agent take the signal over while they run; before
+    them (composing, making the run directory, building, starting the workers), its default
+    action ended the process with no word of where the run was."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
 
 
 def freeze_for_this_run(distributed: bool) -> bool:

@@ -28,18 +28,20 @@ def test_help_imports_neither_torch_nor_hydra() -> None:
     assert "expctl run -C my.yml" in out.stdout
 
 
-@pytest.mark.parametrize("where", ["before the run directory", "in the run"])
+@pytest.mark.parametrize("where", ["before the run directory", "in the run", "before a checkpoint"])
 def test_ctrl_c_says_how_to_resume_only_when_there_is_a_run_to_resume(
     where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Exit 130 either way; before a run directory was chosen (imports, composition) there is
-    nothing to resume, so no "to resume from the last checkpoint" (it used to say so)."""
+    nothing to resume, so no "to resume from the last checkpoint" (it used to say so); in a run
+    that saved no checkpoint yet, the same command starts over."""
     from expctl import api, startup
     from expctl.errors import Interrupted
 
     def interrupted(*_: object, **__: object) -> None:
-        if where == "in the run":
-            raise Interrupted("run the same command with run.dir=/tmp/r")
+        if where != "before the run directory":
+            saved = where == "in the run"
+            raise Interrupted("run the same command with run.dir=/tmp/r", saved=saved)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(api, "run", interrupted)
@@ -51,8 +53,39 @@ def test_ctrl_c_says_how_to_resume_only_when_there_is_a_run_to_resume(
             "expctl: interrupted; to resume from the last checkpoint: "
             "run the same command with run.dir=/tmp/r"
         )
+    elif where == "before a checkpoint":
+        assert err == (
+            "expctl: interrupted before its first checkpoint, nothing to resume: "
+            "run the same command with run.dir=/tmp/r to start over"
+        )
     else:
         assert err == "expctl: interrupted"
+
+
+def test_sigterm_before_a_run_directory_is_one_line_and_exit_143(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`expctl run` turns SIGTERM into an exception while it runs (the default ended it without
+    a word); one that lands before a run directory exists (composing) says only what stopped
+    it, exit 143, and the process's own handler is back afterwards."""
+    import os
+    import signal
+
+    from expctl import api, startup
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    def composing(*_: object, **__: object) -> None:
+        # (without a handler of its own, the signal would end pytest)
+        assert signal.getsignal(signal.SIGTERM) not in (before, signal.SIG_DFL), "no handler"
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(api, "run", composing)
+    monkeypatch.setattr(startup, "_ONE_RUN", startup._ONE_RUN)  # `run` sets it: restored after
+    assert cli.main(["run"]) == 143
+    assert capsys.readouterr().err == "expctl: stopped by SIGTERM\n"
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_workers_stopped_before_their_first_checkpoint_are_not_said_to_keep_one(
@@ -74,7 +107,7 @@ def test_workers_stopped_before_their_first_checkpoint_are_not_said_to_keep_one(
     assert str(before) == (
         f"stopped by SIGTERM before its first checkpoint, nothing to resume: {again} to start over"
     )
-    assert "kept" not in agent.stopped("the stop signal", run)
+    assert "kept" not in RunDir(run).stopped("the stop signal")
     RunDir(run).checkpoints.mkdir()
     RunDir(run).checkpoint(4).write_bytes(b"")
     after = agent._failure({0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}, 0, run)

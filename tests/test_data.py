@@ -235,6 +235,19 @@ def test_a_plugin_dataset_fills_the_model_arguments_it_takes(
 # ---------------------------------------------------------------------------------------------
 
 
+def test_fashion_mnist_not_found_names_the_absolute_folders_it_looked_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.root=null: the error names each default folder looked in by its absolute path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("expctl.builtin.datasets.idx.FASHION_DIRS", ("/nonexistent/fm", "data"))
+    with pytest.raises(UserError) as e:
+        find_idx("fashion_mnist", None)
+    assert f"not found under /nonexistent/fm, {tmp_path / 'data'} (data.root=null: the" in str(
+        e.value
+    )
+
+
 def test_fashion_mnist_from_debians_files() -> None:
     try:
         find_idx("fashion_mnist", None)
@@ -374,6 +387,25 @@ def test_a_class_folder_that_is_a_broken_link_is_refused_not_left_out(tmp_path: 
     (tmp_path / "pets" / "class_2").unlink()
     classes, samples = scan_folder(tmp_path / "pets", EXTENSIONS)
     assert classes == ["class_0", "class_1"] and len(samples) == 4
+
+
+def test_an_image_that_is_a_broken_link_is_refused_or_skipped_as_corrupt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An image file that links to nothing (an unmounted disk) was left out without a word: the
+    scan names it and its target (on_corrupt=error), or leaves it out with one warning (skip)."""
+    image_tree(tmp_path / "pets", classes=2, per_class=3)
+    (tmp_path / "pets" / "class_1" / "gone.jpg").symlink_to(tmp_path / "unmounted" / "x.jpg")
+    (tmp_path / "pets" / "class_1" / "._gone.jpg").symlink_to(tmp_path / "gone")  # hidden
+    with pytest.raises(
+        UserError, match=r"class_1/gone.jpg is a broken symbolic link \(to .*x.jpg\)"
+    ):
+        image_folder(root=str(tmp_path / "pets"), val=None, image_size=8)
+    with caplog.at_level(logging.WARNING, logger="expctl"):
+        s = image_folder(root=str(tmp_path / "pets"), val=None, image_size=8, on_corrupt="skip")
+    assert len(s.train) == 6  # type: ignore[arg-type]
+    said = [m for m in caplog.messages if "broken symbolic link" in m]
+    assert len(said) == 1 and "class_1/gone.jpg (to " in said[0] and "._gone" not in said[0], said
 
 
 def test_val_split_is_an_integer_count_or_a_float_fraction(tmp_path: Path) -> None:

@@ -419,7 +419,8 @@ def test_mixed_precision_and_clipping_train(
 @pytest.mark.parametrize("to_group", [True, False], ids=["terminal", "launcher-only"])
 def test_ctrl_c_stops_every_worker(tiny: Path, to_group: bool) -> None:
     """SIGINT (Ctrl-C: the terminal's process group; or `kill -INT` of the launcher alone) ends
-    the launcher and both workers, no orphans, one line, exit 130."""
+    the launcher and both workers, no orphans, one line, exit 130; before the first checkpoint
+    (none is due), that line says nothing was saved and the same command starts over."""
     import os
     import signal
 
@@ -436,6 +437,7 @@ def test_ctrl_c_stops_every_worker(tiny: Path, to_group: bool) -> None:
             "train.max_epochs=50",
             "launcher=local",
             "launcher.nproc=2",
+            "checkpoint.every=100000",
             "run.dir=cc",
         ],
         cwd=tiny.parent,
@@ -455,8 +457,44 @@ def test_ctrl_c_stops_every_worker(tiny: Path, to_group: bool) -> None:
     assert proc.returncode == 130, out
     assert "Traceback" not in out and out.count("interrupted") == 1, out
     assert "death signal" not in out, out  # torch's agent's "Received 2 death signal ..."
-    hint = f"to resume from the last checkpoint: run the same command with run.dir={tiny.parent / 'cc'}"
-    assert hint in out, out
+    again = f"run the same command with run.dir={tiny.parent / 'cc'} to start over"
+    assert f"expctl: interrupted before its first checkpoint, nothing to resume: {again}" in out, (
+        out
+    )
+    assert not (tiny.parent / "cc" / "checkpoints").exists()
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_the_same_command_starts_over(tiny: Path) -> None:
+    """A run in this process (no launcher) stopped by Ctrl-C before any checkpoint: exit 130,
+    one line saying nothing was saved (not "to resume from the last checkpoint"), and the
+    command it names starts the run again from step 0."""
+    import os
+    import signal
+
+    args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=slow", "run.dir=cc"]
+    args += ["checkpoint.every=100000", "train.max_epochs=20"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expctl", *args],
+        cwd=tiny.parent,
+        env=cli_env(SLOW_STEP_S="0.05"),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job
+    )
+    metrics = tiny.parent / "cc" / "metrics.jsonl"
+    wait_for("training", lambda: metrics.is_file() and metrics.read_text())
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    again = f"run the same command with run.dir={tiny.parent / 'cc'} to start over"
+    assert out.strip().splitlines()[-1] == (
+        f"expctl: interrupted before its first checkpoint, nothing to resume: {again}"
+    ), out
+    assert "to resume from the last checkpoint" not in out, out
+    rerun = run_cli(*args, cwd=tiny.parent, env=cli_env(SLOW_STEP_S="0"))
+    assert "resumed from" not in rerun.stdout and "320 steps left" in rerun.stdout, rerun.stdout
 
 
 @pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])

@@ -55,9 +55,10 @@ def start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
         elastic_launch(lc, sys.executable)("-c", WORKER_MAIN, "_worker", str(run_dir), *args)
     except SignalException as e:  # Ctrl-C or kill: the agent has stopped the workers
         if e.sigval == signal.SIGINT:
-            raise Interrupted(f"run the same command with run.dir={run_dir}") from None
+            saved = bool(RunDir(run_dir).checkpoint_files())
+            raise Interrupted(f"run the same command with run.dir={run_dir}", saved=saved) from None
         if e.sigval == signal.SIGTERM:  # the workers took it as a stop signal, and saved
-            raise Preempted(stopped("SIGTERM", run_dir), EXIT_TERMINATED) from None
+            raise Preempted(RunDir(run_dir).stopped("SIGTERM"), EXIT_TERMINATED) from None
         raise RunError(f"stopped by {e.sigval.name}; the run is in {run_dir}") from None
     except ChildFailedError as e:
         codes = {rank: failure.exitcode for rank, failure in e.failures.items()}
@@ -69,16 +70,6 @@ def start_workers(cfg: Config, run_dir: Path, args: list[str]) -> None:
 
 AGENT_LOGS = ("multiprocessing.api", "agent.server.api")
 SPOKE = (EXIT_FAILED, EXIT_USER, EXIT_PREEMPTED, EXIT_TERMINATED)  # a worker printed why
-
-
-def stopped(signame: str, run_dir: Path) -> str:
-    """The last line of workers stopped by a signal: how to resume from their checkpoint, or,
-    stopped before the first one was written, that the same command starts the run again."""
-    again = f"run the same command with run.dir={run_dir}"
-    if RunDir(run_dir).checkpoint_files():
-        return f"stopped by {signame}; its checkpoints are kept: {again} to resume"
-    first = f"stopped by {signame} before its first checkpoint, nothing to resume"
-    return f"{first}: {again} to start over"
 
 
 def _failure(codes: dict[int, int], restarts: int, run_dir: Path) -> Exception:
@@ -98,7 +89,7 @@ def _failure(codes: dict[int, int], restarts: int, run_dir: Path) -> Exception:
         )
     if all(c in (EXIT_PREEMPTED, EXIT_TERMINATED) for c in codes.values()):
         code = max(codes.values())
-        return Preempted(stopped(_signal_of(code), run_dir), code)
+        return Preempted(RunDir(run_dir).stopped(_signal_of(code)), code)
     code = EXIT_USER if EXIT_USER in codes.values() else EXIT_FAILED
     return Reported(f"local workers failed (exit code {code}; their error is above)", code)
 

@@ -26,8 +26,11 @@ from expctl.config.crosschecks import check_layout
 from expctl.config.schema import Config
 from expctl.dist import DistEnv, check_sync_batchnorm, detect
 from expctl.errors import (
+    EXIT_TERMINATED,
     EXIT_USER,
+    Preempted,
     Reported,
+    Terminated,
     UserError,
 )
 from expctl.jobs import agent, exploit, slurm, snapshot, study, trialhooks
@@ -195,28 +198,35 @@ def _local(
         )
     if cfg.train.sync_batchnorm:
         check_sync_batchnorm(n, "cuda" if gpus else "cpu")  # here, before workers start
-    held = None
-    with contextlib.ExitStack() as stack:
-        if evaluation is None:
-            frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
-            run_dir = Path(str(frozen.run.dir))
-            launch_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "launch.json"
-            launch_file.write_text(origin.to_json())
-            args = ["--launch", str(launch_file)]
-            print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
-            if held is not None:
-                stack.callback(held.release)
-        else:  # the run is only read: the workers' config goes to a temporary file
-            run_dir = Path(str(cfg.run.dir))
-            frozen_eval = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "eval.yaml"
-            frozen_eval.write_text(config_mod.to_yaml(cfg))
-            args = ["--eval", evaluation.to_json(), "--config", str(frozen_eval)]
-        try:
-            agent.start_workers(cfg, run_dir, args)
-        except Reported as e:  # a worker's user error: nothing of this launch stays
-            if evaluation is None and held is not None and e.code == EXIT_USER:
-                rundir.abandon(held)
+    held, made = None, None  # made: the run directory, once made
+    try:
+        with contextlib.ExitStack() as stack:
+            if evaluation is None:
+                frozen, held = rundir.create(cfg, env.run_id)  # held here while the workers train
+                run_dir = made = Path(str(frozen.run.dir))
+                launch_file = (
+                    Path(stack.enter_context(tempfile.TemporaryDirectory())) / "launch.json"
+                )
+                launch_file.write_text(origin.to_json())
+                args = ["--launch", str(launch_file)]
+                print(f"expctl: run directory {run_dir} ({n} local workers)", flush=True)
+                if held is not None:
+                    stack.callback(held.release)
+            else:  # the run is only read: the workers' config goes to a temporary file
+                run_dir = Path(str(cfg.run.dir))
+                frozen_eval = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "eval.yaml"
+                frozen_eval.write_text(config_mod.to_yaml(cfg))
+                args = ["--eval", evaluation.to_json(), "--config", str(frozen_eval)]
+            try:
+                agent.start_workers(cfg, run_dir, args)
+            except Reported as e:  # a worker's user error: nothing of this launch stays
+                if evaluation is None and held is not None and e.code == EXIT_USER:
+                    rundir.abandon(held)
+                raise
+    except Terminated:  # SIGTERM before torch's agent took it over (after: agent.py says it)
+        if made is None:
             raise
+        raise Preempted(RunDir(made).stopped("SIGTERM"), EXIT_TERMINATED) from None
     if evaluation is not None:
         record = json.loads(RunDir(run_dir).eval_result(evaluation.name).read_text())
         return Result(run_dir, record)

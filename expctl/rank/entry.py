@@ -21,10 +21,12 @@ from expctl.config.schema import Config, TrainConfig, monitors
 from expctl.dist import DistEnv, apply_env, init_process_group
 from expctl.errors import (
     EXIT_PREEMPTED,
+    EXIT_TERMINATED,
     Interrupted,
     OutOfMemory,
     Preempted,
     RunError,
+    Terminated,
     UserError,
 )
 from expctl.layout import RunDir
@@ -102,10 +104,14 @@ def main(
             f"{e}; checkpoint saved: run the same command with run.dir={cfg.run.dir} to resume",
             e.code,
         ) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if cfg.run.dir is None or not env.is_main:
             raise
-        raise Interrupted(f"run the same command with run.dir={cfg.run.dir}") from None
+        run = RunDir(Path(cfg.run.dir))
+        if isinstance(e, Terminated):  # before the stop flag took SIGTERM over
+            raise Preempted(run.stopped("SIGTERM"), EXIT_TERMINATED) from None
+        saved = bool(run.checkpoint_files())
+        raise Interrupted(f"run the same command with run.dir={cfg.run.dir}", saved=saved) from None
     except Exception as e:
         # refused the directory (another launch trains it: a sweep's trial): not this run's
         # failure to record (it marked that trial failed, and the trial died of it)

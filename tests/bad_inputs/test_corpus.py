@@ -29,6 +29,8 @@ SYNTHETIC = ["run", "data=synthetic", "data.shape=[6]", "train.device=cpu", "sch
 ARRAYS = ["run", "data=arrays", "model=mlp", "train.device=cpu", "data.batch_size=4"]
 # a language model on token files (issue 27); each case names what differs first (its id)
 TOKENS = ["data=tokens", "model=gpt", "train.step=lm", "train.device=cpu", "data.block_size=16"]
+# data.root=null: ./data, named by its absolute path (the working folder's)
+NULL_ROOT = "/data (data.root=null: the default, ./data) (expected"
 
 CORPUS: list[tuple[list[str], str]] = [
     (["run", "-C", "missing.yml"], "no such file"),
@@ -211,6 +213,11 @@ CORPUS: list[tuple[list[str], str]] = [
         "broken_class/class_2 is a broken symbolic link (to ",
     ),
     (["run", *TINY_IMAGES, "data.root=broken_split"], "broken_split/val is a broken symbolic"),
+    # an image that is a broken link was left out silently (data.on_corrupt=skip: a warning)
+    (
+        ["run", *TINY_IMAGES, "data.root=broken_image", "data.val=null"],
+        "broken_image/class_1/img_001.jpg is a broken symbolic link (to ",
+    ),
     # a float is a fraction, never a count: 1.0 held out one sample
     (
         ["run", *TINY_IMAGES, "data.root=images", "data.val_split=1.0"],
@@ -243,6 +250,11 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "data=cifar10", "data.root=hostile_cifar"], "which a CIFAR file never does"),
     (["run", "data=mnist", "data.root=nowhere"], "data=mnist: not found under /"),
     (["run", "data=emnist", "data.root=nowhere"], "data=emnist: not found under /"),
+    # data.root=null: the absolute ./data looked at, as the image datasets name it
+    (["run", "data=mnist"], NULL_ROOT + " train-images-idx3-ubyte"),
+    (["run", "data=emnist"], NULL_ROOT + " EMNIST/raw/"),
+    (["run", "data=cifar10"], NULL_ROOT + " cifar-10-batches-py/data_batch_1"),
+    (["run", "data=svhn"], NULL_ROOT + " train_32x32.mat"),
     (["run", "data=flowers102", "data.root=nowhere"], "flowers-102/ with jpg/"),
     (["run", "data=eurosat", "data.root=nowhere"], "eurosat/2750/"),
     (["run", "data=fashion_mnist", "data.val_split=70000"], "does not split 60000"),
@@ -727,6 +739,9 @@ def _image_inputs(tmp_path: Path) -> None:
     (tmp_path / "broken_class" / "class_2").symlink_to(tmp_path / "unmounted" / "class_2")
     image_tree(tmp_path / "broken_split" / "train", classes=2, per_class=2)
     (tmp_path / "broken_split" / "val").symlink_to(tmp_path / "unmounted" / "val")
+    image_tree(tmp_path / "broken_image", classes=2, per_class=2)
+    (tmp_path / "broken_image" / "class_1" / "img_001.jpg").unlink()
+    (tmp_path / "broken_image" / "class_1" / "img_001.jpg").symlink_to(tmp_path / "unmounted")
     image_tree(tmp_path / "empty_val" / "train", classes=2, per_class=2)
     (tmp_path / "empty_val" / "val").mkdir()
     for sub in ("train", "val"):  # ImageNet with its devkit archive, not yet meta.bin

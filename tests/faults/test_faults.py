@@ -585,6 +585,46 @@ def test_sigterm_saves_an_agreed_checkpoint_and_the_command_it_prints_resumes(
     assert f"(step {saved}," in again.stdout, again.stdout[-2000:]  # "resumed from ... (step N,"
 
 
+@pytest.mark.parametrize("launcher", ["inline", "local"])
+def test_sigterm_before_training_says_where_the_run_is_and_exits_143(
+    launcher: str, tmp_path: Path
+) -> None:
+    """SIGTERM to `expctl run` once RUN_DIR/config.yaml is written, before training's stop flag
+    (inline: the model is being built) or torch's agent (local: the workers are starting) took
+    the signal over: its default ended the process with exit -15 and no word. One line now:
+    stopped by SIGTERM, where the run is and that nothing can be resumed; exit 143."""
+    (tmp_path / "tiny.yml").write_text(TINY)
+    run_dir = tmp_path / "early"
+    ranks = ["launcher=local", "launcher.nproc=2"] if launcher == "local" else []
+    args = ["model=stall_build", "model.seconds=120", f"run.dir={run_dir}", *ranks]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expctl", "run", "-C", "tiny.yml", *args],
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        config = run_dir / "config.yaml"
+        base.wait_for("config.yaml", lambda: config.is_file() or proc.poll() is not None)
+        assert config.is_file(), proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "death signal" not in err, err[-3000:]
+    again = f"run the same command with run.dir={run_dir} to start over"
+    assert err.strip().splitlines()[-1] == (
+        f"expctl: stopped by SIGTERM before its first checkpoint, nothing to resume: {again}"
+    ), err[-3000:]
+    assert err.count("SIGTERM") == 1, err[-3000:]
+    base.wait_for("no orphaned worker", lambda: not base.workers_of(run_dir), 20)
+
+
 def test_ctrl_c_while_a_sweep_trial_closes_its_data_workers_stops_the_sweep(
     tmp_path: Path,
 ) -> None:

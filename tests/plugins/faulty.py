@@ -74,6 +74,16 @@ def tiny_custom(input_shape: tuple[int, ...] = (20,), num_classes: int = 4, widt
     )
 
 
+@register("models", "stall_build")
+def stall_build(input_shape: tuple[int, ...] = (20,), num_classes: int = 4, seconds: float = 120):
+    """`tiny_custom` after `seconds` (a signal's exception ends the wait): a run whose
+    ranks are still building when a test signals it."""
+    import time
+
+    time.sleep(seconds)
+    return tiny_custom(input_shape, num_classes)
+
+
 @register("models", "tiny_blocks", inferred=("in_channels", "num_classes"))
 def tiny_blocks(in_channels: int = 1, num_classes: int = 4, width: int = 8):
     """A conv net with BatchNorm that names its `blocks` (FSDP shards each on its own)."""

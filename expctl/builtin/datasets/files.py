@@ -15,11 +15,12 @@ if TYPE_CHECKING:
     from expctl.builtin.data import Splits
 
 
-def not_found(name: str, root: str | Path, expected: str, download: bool = True) -> UserError:
-    """The error for a dataset whose files are missing under `root`."""
+def not_found(name: str, where: str, expected: str, download: bool = True) -> UserError:
+    """The error for a dataset whose files are missing under `where`: the absolute path (or paths)
+    looked at, as `root_text` names data.root."""
     fetch = ", or set data.download=true to fetch it (needs internet)" if download else ""
     return UserError(
-        f"data={name}: not found under {root} (expected {expected})",
+        f"data={name}: not found under {where} (expected {expected})",
         f"point data.root at the folder holding it{fetch}",
     )
 

@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
+from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of, root_text
 from expctl.cache import cache_dir, cache_write
 from expctl.errors import UserError
 from expctl.registry import register
@@ -64,9 +64,10 @@ def find_idx(name: str, root: str | None, download: bool = False) -> dict[str, P
         for train in (True, False):
             getattr(tvd, folder_name)(str(target), train=train, download=True)
         return find_idx(name, str(target))
+    looked = ", ".join(str(r.absolute()) for r in roots)
     err = not_found(
         name,
-        ", ".join(str(r) for r in roots),
+        root_text(root) if root or len(roots) == 1 else f"{looked} (data.root=null: the defaults)",
         f"{IDX_FILES['train_x']}[.gz] and 3 more IDX files, there or in {folder_name}/raw",
     )
     if name == "fashion_mnist":
@@ -232,7 +233,7 @@ def _torchvision_mnist(cls_name: str, root: str | None, download: bool, **kw: An
             raise
         raise not_found(
             cls_name.lower(),
-            root_of(root),
+            root_text(root),
             f"{cls_name}/raw/ as torchvision's {cls_name} writes it",
         ) from None
 

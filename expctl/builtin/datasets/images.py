@@ -20,7 +20,7 @@ import torch
 
 from expctl.builtin.data import DataInfo, Splits
 from expctl.builtin.datasets import preflight
-from expctl.builtin.datasets.files import not_found, root_of
+from expctl.builtin.datasets.files import not_found, root_of, root_text
 from expctl.builtin.datasets.gpuimages import INSTALL, DeviceDecoded, nvimgcodec_missing
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
@@ -45,10 +45,11 @@ STATS_SAMPLES = 256  # images read for normalize=computed
 
 
 def scan_folder(
-    folder: Path, extensions: Sequence[str], held_out: bool = False
+    folder: Path, extensions: Sequence[str], held_out: bool = False, on_corrupt: str = "error"
 ) -> tuple[list[str], list[tuple[str, int]]]:
     """Class names (sorted sub-folders) and (path, label) samples of a class-per-folder tree
-    (`held_out`: a validation or test folder, which the run can do without)."""
+    (`held_out`: a validation or test folder, which the run can do without); an image that is a
+    broken symbolic link is refused, or left out with a warning (`on_corrupt`: error or skip)."""
     if not folder.is_dir():
         raise UserError(
             f"data.root: {folder} is not a folder",
@@ -66,18 +67,22 @@ def scan_folder(
                 else ""
             ),
         )
-    samples, empty = [], []
+    samples, empty, broken = [], [], []
     for label, name in enumerate(classes):
-        files = sorted(
-            str(p)
+        # hidden ones (macOS's ._x.jpg, .ipynb_checkpoints/) are no samples
+        found = [
+            p
             for p in (folder / name).rglob("*")
             if p.suffix.lower() in extensions
-            and p.is_file()  # hidden ones (macOS's ._x.jpg, .ipynb_checkpoints/) are no samples
             and not any(part.startswith(".") for part in p.relative_to(folder / name).parts)
-        )
+        ]
+        files = sorted(str(p) for p in found if p.is_file())
+        broken += sorted(p for p in found if p.is_symlink() and not p.exists())  # is_file: False
         if not files:
             empty.append(name)
         samples += [(f, label) for f in files]
+    if broken:
+        _broken_images(broken, on_corrupt)
     if empty:
         shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         raise UserError(
@@ -86,6 +91,19 @@ def scan_folder(
             "remove the empty class folders, or add images to them",
         )
     return classes, samples
+
+
+def _broken_images(broken: Sequence[Path], on_corrupt: str) -> None:
+    """Images that are symbolic links to nothing (an unmounted disk, a moved folder): no file to
+    read, so corrupt ones, refused at the scan or (on_corrupt=skip) left out, said once."""
+    why = "an image that cannot be read"
+    if on_corrupt != "skip":
+        raise preflight.broken_links(broken, why, ", or set data.on_corrupt=skip to leave it out")
+    shown = ", ".join(f"{p} (to {os.readlink(p)})" for p in broken[:3])
+    more = f" and {len(broken) - 3} more" if len(broken) > 3 else ""
+    log.warning(
+        "skipped %d image(s) that are broken symbolic links: %s%s", len(broken), shown, more
+    )
 
 
 def _normalizer(
@@ -294,13 +312,13 @@ def _folder_samples(
     `on_corrupt`: error (stop, naming the file) or skip (drop it from its batch, with a warning).
     """
     folders = preflight.image_folders(o.root, train, val, test, o.val_split)
-    classes, train_samples = scan_folder(folders[0], EXTENSIONS)
+    classes, train_samples = scan_folder(folders[0], EXTENSIONS, on_corrupt=o.on_corrupt)
     other: list[Samples | None] = []
     for folder in folders[1:]:
         if folder is None:
             other.append(None)
             continue
-        names, samples = scan_folder(folder, EXTENSIONS, held_out=True)
+        names, samples = scan_folder(folder, EXTENSIONS, True, o.on_corrupt)
         if names != classes:
             raise UserError(
                 f"data.root: the classes of {folder} differ from those of {folders[0]} "
@@ -325,7 +343,7 @@ def _imagenet_samples(o: ImageOptions) -> tuple[Samples, Samples, None, list[str
     except (RuntimeError, FileNotFoundError, ImportError) as e:
         raise not_found(
             "imagenet",
-            base,
+            root_text(o.root),
             f"{preflight.IMAGENET_EXPECTED}; torchvision said: {' '.join(str(e).split())[:120]}",
             download=False,
         ) from None

@@ -305,12 +305,17 @@ def refuse_broken_links(folder: Path, names: Sequence[str] | None, why: str) -> 
     if names is None:
         broken = [p for p in broken if not p.name.startswith(".")]
     if broken:
-        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
-        raise UserError(
-            f"data.root: {broken[0]} is a broken symbolic link (to {os.readlink(broken[0])})"
-            f"{more}: {why}",
-            "restore what it points to (a mounted disk?), or remove the link",
-        )
+        raise broken_links(broken, why)
+
+
+def broken_links(broken: Sequence[Path], why: str, hint: str = "") -> UserError:
+    """The error naming the first of `broken` (symbolic links to nothing) and where it points."""
+    more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+    return UserError(
+        f"data.root: {broken[0]} is a broken symbolic link (to {os.readlink(broken[0])})"
+        f"{more}: {why}",
+        f"restore what it points to (a mounted disk?), or remove the link{hint}",
+    )
 
 
 def cifar_paths(name: str, root: str | None) -> list[Path]:
@@ -326,7 +331,9 @@ def require(name: str, root: str | None, paths: list[Path]) -> None:
         base = root_of(root)
         shown = ", ".join(str(p.relative_to(base)) for p in paths[:3])
         more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
-        raise not_found(name, base, f"{shown}{more}; missing: {missing[0].relative_to(base)}")
+        raise not_found(
+            name, root_text(root), f"{shown}{more}; missing: {missing[0].relative_to(base)}"
+        )
 
 
 @light
@@ -346,4 +353,4 @@ def source(
     the top folder is the first name in `expected`."""
     first = expected.split(" ")[0].split(",")[0].rstrip(",;")
     if not download and not (root_of(root) / first).exists():
-        raise not_found(name, root_of(root), expected)
+        raise not_found(name, root_text(root), expected)

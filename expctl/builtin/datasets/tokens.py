@@ -48,7 +48,7 @@ def _files(root: str | None) -> dict[str, Path]:
     found = {s: folder / f"{s}.bin" for s in SPLITS if (folder / f"{s}.bin").is_file()}
     missing = [f"{s}.bin" for s in ("train", "val") if s not in found]
     if missing:
-        raise not_found("tokens", folder, " and ".join(missing), download=False)
+        raise not_found("tokens", str(folder.absolute()), " and ".join(missing), download=False)
     return found
 
 

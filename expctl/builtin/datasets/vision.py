@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from expctl.builtin.data import DataInfo, Splits
 from expctl.builtin.datasets import preflight
-from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of
+from expctl.builtin.datasets.files import in_memory_factory, not_found, root_of, root_text
 from expctl.builtin.datasets.imagefiles import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -179,7 +179,7 @@ def _open(
             and "download" not in str(e)
         ):
             raise
-        raise not_found(name, root_of(root), src.expected) from None
+        raise not_found(name, root_text(root), src.expected) from None
     except ImportError as e:
         raise UserError(
             f"data={name}: torchvision's {src.cls} needs the package '{e.name}'",
