@@ -408,6 +408,23 @@ def test_an_image_that_is_a_broken_link_is_refused_or_skipped_as_corrupt(
     assert len(said) == 1 and "class_1/gone.jpg (to " in said[0] and "._gone" not in said[0], said
 
 
+def test_linked_folders_inside_a_class_are_read_once_and_a_link_loop_ends(tmp_path: Path) -> None:
+    """A class assembled from linked folders (as torchvision's ImageFolder follows them): their
+    images are samples. A folder reached twice, or a link back up the tree, is read once."""
+    image_tree(tmp_path / "pets", classes=2, per_class=3)
+    image_tree(tmp_path / "more", classes=1, per_class=4)
+    cls = tmp_path / "pets" / "class_1"
+    (cls / "more").symlink_to(tmp_path / "more" / "class_0", target_is_directory=True)
+    (cls / "again").symlink_to(tmp_path / "more" / "class_0", target_is_directory=True)
+    (cls / "loop").symlink_to(tmp_path / "pets", target_is_directory=True)
+    s = image_folder(root=str(tmp_path / "pets"), val=None, image_size=8)
+    samples = s.train.samples  # type: ignore[attr-defined]
+    assert len(samples) == 3 + 3 + 4
+    assert len({Path(p).resolve() for p, _ in samples}) == len(samples), "each image once"
+    linked = [p for p, label in samples if label == 1 and ("/more/" in p or "/again/" in p)]
+    assert len(linked) == 4
+
+
 def test_val_split_is_an_integer_count_or_a_float_fraction(tmp_path: Path) -> None:
     """1.0 used to hold out one sample, 2.0 two: a float is a fraction, in (0, 1), only."""
     image_tree(tmp_path, classes=2, per_class=5)

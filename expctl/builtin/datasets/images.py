@@ -69,13 +69,7 @@ def scan_folder(
         )
     samples, empty, broken = [], [], []
     for label, name in enumerate(classes):
-        # hidden ones (macOS's ._x.jpg, .ipynb_checkpoints/) are no samples
-        found = [
-            p
-            for p in (folder / name).rglob("*")
-            if p.suffix.lower() in extensions
-            and not any(part.startswith(".") for part in p.relative_to(folder / name).parts)
-        ]
+        found = _images_under(folder / name, extensions)
         files = sorted(str(p) for p in found if p.is_file())
         broken += sorted(p for p in found if p.is_symlink() and not p.exists())  # is_file: False
         if not files:
@@ -91,6 +85,30 @@ def scan_folder(
             "remove the empty class folders, or add images to them",
         )
     return classes, samples
+
+
+def _images_under(top: Path, extensions: Sequence[str]) -> list[Path]:
+    """The files under `top` with one of `extensions`. Links to folders are followed (as
+    torchvision's ImageFolder does: a class assembled from linked folders), each real folder read
+    once, none above `top` (a link back up the tree ends there); hidden ones (macOS's ._x.jpg,
+    .ipynb_checkpoints/) are no samples."""
+    seen: set[str] = set()
+    found = []
+    start = os.path.realpath(top)
+    for root, dirs, names in os.walk(top, followlinks=True):
+        real = os.path.realpath(root)
+        above = real != start and os.path.commonpath([start, real]) == real  # "/" too
+        if real in seen or above:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [
+            Path(root, n)
+            for n in names
+            if not n.startswith(".") and os.path.splitext(n)[1].lower() in extensions
+        ]
+    return found
 
 
 def _broken_images(broken: Sequence[Path], on_corrupt: str) -> None:
