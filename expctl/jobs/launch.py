@@ -139,6 +139,7 @@ def _slurm(cfg: Config, wait: bool, origin: Launch) -> Result:
     planned = snapshot.plan(cfg, origin)
     slurm.check_cluster(cfg)
     frozen, held = rundir.create(cfg, None)
+    made = (held.made_dir, held.made_parents) if held is not None else (False, [])
     if held is not None:  # the job's rank 0 takes it: here it only proved no launch trains it
         held.release()
     run_dir = Path(str(frozen.run.dir))
@@ -150,7 +151,7 @@ def _slurm(cfg: Config, wait: bool, origin: Launch) -> Result:
         job_id = slurm.submit(frozen, SlurmTask(str(run_dir), origin))
     except UserError:
         snapshot.discard(origin.snapshot)
-        rundir.discard_if_unstarted(run_dir)
+        rundir.discard_if_unstarted(run_dir, *made)
         raise
     print(f"expctl: submitted job {job_id}; run directory {run_dir}", flush=True)
     print(f"expctl: follow it with `expctl status {run_dir}`", flush=True)

@@ -21,6 +21,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,7 @@ def create(
         frozen = cfg.replace("run", dir=str(path))
         if lock:
             held = _lock(path, created)
+            held.made_parents = made
         replaced = _write_config(path, frozen, fresh=created, restart=restart)
         if held is not None:
             held.replaced = replaced
@@ -170,11 +172,13 @@ def abandon(held: RunLock) -> None:
         if held.replaced is not None:
             with contextlib.suppress(OSError):
                 write_atomically(run.config, held.replaced, 0o640)
-        discard_if_unstarted(run.path, fresh=held.made_dir)
+        discard_if_unstarted(run.path, fresh=held.made_dir, made=held.made_parents)
         if held.made_lock:
             held.path.unlink(missing_ok=True)
         if held.made_dir:
             _remove_if_empty(run.path)
+            for folder in held.made_parents:
+                _remove_if_empty(folder)
     finally:
         held.release()
 
@@ -381,16 +385,20 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-def discard_if_unstarted(path: Path, fresh: bool = False) -> None:
-    """Remove a run directory that a user error stopped before it saved anything to continue
-    from: no checkpoint, no result, and no metrics of an earlier launch (with `fresh`, this
-    launch made the folder: whatever it holds goes, metrics of this launch included)."""
+def discard_if_unstarted(path: Path, fresh: bool = False, made: Sequence[Path] = ()) -> None:
+    """Remove what a launch that a user error stopped before it saved anything to continue from
+    wrote in its run directory: no checkpoint, no result, and no metrics of an earlier launch.
+    With `fresh`, this launch made the folder: whatever it holds goes, metrics of this launch
+    included, and the folder too, with those of `made` (the folders above it that the launch
+    made, deepest first) that are empty. A folder that was there before stays, even empty (the
+    user's, or the shell's current directory)."""
     run = RunDir(path)
     if (run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt"))) or run.result.exists():
         return
     if fresh:
         shutil.rmtree(path, ignore_errors=True)
-        _remove_if_empty(path.parent)  # the runs/ root, when this run made it
+        for folder in made:
+            _remove_if_empty(folder)
         return
     if run.metrics.exists() and run.metrics.stat().st_size > 0:
         return
@@ -400,5 +408,3 @@ def discard_if_unstarted(path: Path, fresh: bool = False) -> None:
         file.unlink(missing_ok=True)
     for folder in (run.tb, run.path / RunDir.WANDB, run.checkpoints, run.code):
         shutil.rmtree(folder, ignore_errors=True)
-    _remove_if_empty(path)
-    _remove_if_empty(path.parent)  # the runs/ root, when this run made it

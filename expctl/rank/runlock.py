@@ -31,6 +31,7 @@ class RunLock:
     def __init__(self, path: Path, made_dir: bool = False) -> None:
         self.path = RunDir(path).lock
         self.made_dir = made_dir  # this launch made the folder
+        self.made_parents: list[Path] = []  # and these folders above it (deepest first)
         self.made_lock = False
         self.replaced: bytes | None = None  # config.yaml as it was before this launch
         self.fd: int | None = None

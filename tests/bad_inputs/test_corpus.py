@@ -64,6 +64,10 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "launcher=nowhere"], "no 'nowhere' in config group 'launcher'"),
     (["run", "checkpoint.resume=/nope.pt"], "no checkpoint at"),
     (["run", "data=synthetic", "data.batch_size=100000"], "larger than the"),
+    # refused once the run directory exists: a folder that was there before stays, even empty
+    # (it was removed, the shell's working directory too: a new user's trial)
+    (["run", "data=synthetic", "data.batch_size=100000", "run.dir=empty"], "larger than the"),
+    (["run", "data=synthetic", "data.batch_size=99999", "run.dir=empty/a/b"], "larger than the"),
     (["run", "optim.lr=[1,2"], "bad override"),
     (["run", "run.dir=a_file"], "exists and is not a directory"),
     # zero, negative and out-of-range sizes
@@ -689,6 +693,7 @@ def _corpus_inputs(tmp_path: Path) -> Path:
     (tmp_path / "typo_key.yml").write_text("train:\n  max_epoch: 2\n")
     (tmp_path / "bad_default.yml").write_text("defaults:\n  - model: resnet19\n")
     (tmp_path / "a_file").write_text("not a directory")
+    (tmp_path / "empty").mkdir()  # a folder the user made, for a run.dir
     (tmp_path / "hydra_section.yml").write_text("hydra:\n  run:\n    dir: elsewhere\n")
     (tmp_path / "sgd_body.yml").write_text("optim: {name: sgd, lr: 0.1, momentum: 0.9}\n")
     (tmp_path / "two_names.yml").write_text("defaults: [{optim: adam}]\noptim: {name: sgd}\n")
