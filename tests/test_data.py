@@ -25,7 +25,7 @@ from expctl.builtin.datasets.images import EXTENSIONS, image_folder, scan_folder
 from expctl.builtin.datasets.tensors import carve
 from expctl.builtin.datasets.vision import cifar10
 from expctl.builtin.reader import Loading
-from expctl.config.frozen import drop_legacy
+from expctl.config.frozen import legacy_counts
 from expctl.errors import UserError
 from expctl.rank.batches import TrainBatches, ahead, val_batches
 
@@ -437,7 +437,7 @@ def test_val_split_is_an_integer_count_or_a_float_fraction(tmp_path: Path) -> No
     with pytest.raises(UserError, match="data.val_split=3.0: neither a count"):
         carve(10, 3.0)  # the in-memory datasets (fashion_mnist, cifar, arrays) carve too
     frozen = {"data": {"name": "fashion_mnist", "val_split": 5000.0}}  # typed float before
-    drop_legacy(frozen)
+    legacy_counts(frozen)
     assert frozen["data"]["val_split"] == 5000 and isinstance(frozen["data"]["val_split"], int)
 
 

@@ -49,6 +49,9 @@ def load(run_dir: str | Path, path: Path | None = None) -> Config:
     )
     raw, interps = resolve(node, f"{path}")
     drop_legacy(raw)
+    run = RunDir(Path(run_dir))
+    if run.result.exists() or run.checkpoint_files():
+        legacy_counts(raw)
     with redacted(raw, interps):
         cfg = validate(raw, check_components=False, interpolations=interps)
     return cfg.replace("run", dir=str(Path(run_dir).expanduser().absolute()))
@@ -71,12 +74,18 @@ LEGACY_KEYS = ("storage", "trial")  # sweep.*, written into trials' configs befo
 
 def drop_legacy(raw: dict[str, Any]) -> None:
     """Forget the runtime keys that configs frozen by expctl 0.1 hold (a trial's identity now
-    lives in RUN_DIR/trial.json); read a `data.val_split` count frozen as a float (N.0, before a
-    float meant only a fraction) as the count it was."""
+    lives in RUN_DIR/trial.json)."""
     sweep = raw.get("sweep")
     if isinstance(sweep, dict):
         for key in LEGACY_KEYS:
             sweep.pop(key, None)
+
+
+def legacy_counts(raw: dict[str, Any]) -> None:
+    """Read a `data.val_split` count that a run frozen as a float (N.0: before 0.2, a float of 1
+    or more meant a count) as the count it was. Only for a run that started: a config of this
+    version never starts with one (N.0 is refused), while a -C file or a trial's config just
+    written says what its user wrote, which is checked as written."""
     data = raw.get("data")
     split = data.get("val_split") if isinstance(data, dict) else None
     if isinstance(data, dict) and isinstance(split, float) and split >= 1 and split.is_integer():

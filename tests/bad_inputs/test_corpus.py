@@ -64,6 +64,8 @@ CORPUS: list[tuple[list[str], str]] = [
     (["run", "launcher=nowhere"], "no 'nowhere' in config group 'launcher'"),
     (["run", "checkpoint.resume=/nope.pt"], "no checkpoint at"),
     (["run", "data=synthetic", "data.batch_size=100000"], "larger than the"),
+    # a float of 1 or more in a config file too (a frozen run of 0.1's is read as its count)
+    (["run", "-C", "val_split_one.yml"], "data.val_split=1.0: neither a count"),
     # refused once the run directory exists: a folder that was there before stays, even empty
     # (it was removed, the shell's working directory too: a new user's trial)
     (["run", "data=synthetic", "data.batch_size=100000", "run.dir=empty"], "larger than the"),
@@ -694,6 +696,7 @@ def _corpus_inputs(tmp_path: Path) -> Path:
     (tmp_path / "bad_default.yml").write_text("defaults:\n  - model: resnet19\n")
     (tmp_path / "a_file").write_text("not a directory")
     (tmp_path / "empty").mkdir()  # a folder the user made, for a run.dir
+    (tmp_path / "val_split_one.yml").write_text("data: {val_split: 1.0, subset: 600}\n")
     (tmp_path / "hydra_section.yml").write_text("hydra:\n  run:\n    dir: elsewhere\n")
     (tmp_path / "sgd_body.yml").write_text("optim: {name: sgd, lr: 0.1, momentum: 0.9}\n")
     (tmp_path / "two_names.yml").write_text("defaults: [{optim: adam}]\noptim: {name: sgd}\n")
