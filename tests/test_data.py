@@ -410,7 +410,8 @@ def test_an_image_that_is_a_broken_link_is_refused_or_skipped_as_corrupt(
 
 def test_linked_folders_inside_a_class_are_read_once_and_a_link_loop_ends(tmp_path: Path) -> None:
     """A class assembled from linked folders (as torchvision's ImageFolder follows them): their
-    images are samples. A folder reached twice, or a link back up the tree, is read once."""
+    images are samples. A folder reached twice, or a link back up the tree, is read once. A
+    class folder that links back up the tree, or to another class's folder, is refused."""
     image_tree(tmp_path / "pets", classes=2, per_class=3)
     image_tree(tmp_path / "more", classes=1, per_class=4)
     cls = tmp_path / "pets" / "class_1"
@@ -423,6 +424,13 @@ def test_linked_folders_inside_a_class_are_read_once_and_a_link_loop_ends(tmp_pa
     assert len({Path(p).resolve() for p, _ in samples}) == len(samples), "each image once"
     linked = [p for p, label in samples if label == 1 and ("/more/" in p or "/again/" in p)]
     assert len(linked) == 4
+    (tmp_path / "pets" / "loop").symlink_to(tmp_path / "pets", target_is_directory=True)
+    with pytest.raises(UserError, match=r"class folder .*pets/loop leads to .*a link back up"):
+        image_folder(root=str(tmp_path / "pets"), val=None, image_size=8)
+    (tmp_path / "pets" / "loop").unlink()
+    (tmp_path / "pets" / "twin").symlink_to(cls, target_is_directory=True)
+    with pytest.raises(UserError, match="class folders class_1 and twin .* are the same folder"):
+        image_folder(root=str(tmp_path / "pets"), val=None, image_size=8)
 
 
 def test_val_split_is_an_integer_count_or_a_float_fraction(tmp_path: Path) -> None:

@@ -67,6 +67,7 @@ def scan_folder(
                 else ""
             ),
         )
+    _refuse_linked_twice(folder, classes)
     samples, empty, broken = [], [], []
     for label, name in enumerate(classes):
         found = _images_under(folder / name, extensions)
@@ -85,6 +86,31 @@ def scan_folder(
             "remove the empty class folders, or add images to them",
         )
     return classes, samples
+
+
+def _refuse_linked_twice(folder: Path, classes: Sequence[str]) -> None:
+    """No class folder is (a link to) the folder of classes or one above it, nor the same
+    folder as another class: its images would be every class's, or two classes' at once.
+
+    Raises:
+        UserError: naming the class folder and where it leads.
+    """
+    start, real_of = os.path.realpath(folder), dict[str, str]()
+    for name in classes:
+        real = os.path.realpath(folder / name)
+        if os.path.commonpath([start, real]) == real:
+            raise UserError(
+                f"data.root: class folder {folder / name} leads to {real}, which holds the "
+                "class folders themselves (a link back up the tree)",
+                f"remove the link {folder / name}",
+            )
+        if real in real_of:
+            raise UserError(
+                f"data.root: class folders {real_of[real]} and {name} in {folder} are the same "
+                f"folder ({real}): its images would be in two classes",
+                "remove one of the two links",
+            )
+        real_of[real] = name
 
 
 def _images_under(top: Path, extensions: Sequence[str]) -> list[Path]:
