@@ -631,3 +631,18 @@ def test_a_run_without_a_validation_split_writes_no_empty_validation_rows(
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows and all(set(r) - {"step", "epoch", "time"} for r in rows), rows
     assert "val epoch" not in (result.run_dir / "train.log").read_text()
+
+
+def test_batchnorm_given_one_value_per_channel_is_a_settings_error(tmp_path: Path) -> None:
+    """BatchNorm in training with one value per channel (a batch of one sample; ResNet-18 at
+    32x32 pools to 1x1) ended in torch's ValueError traceback and left the run directory behind,
+    which then refused a corrected command: now the setting's error, exit 2, nothing left."""
+    proc = run_cli(
+        "run", "model=resnet18", "data=synthetic", "data.shape=[3,32,32]", "data.num_classes=3",
+        "data.num_samples=8", "data.val_samples=4", "data.batch_size=1", "train.max_steps=1",
+        "train.device=cpu", "run.dir=r", cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "expctl: error: data.batch_size=1: a BatchNorm layer" in proc.stderr
+    assert "HINT: raise data.batch_size to 2 or more" in proc.stderr
+    assert not (tmp_path / "r").exists(), "nothing was saved: nothing is left"

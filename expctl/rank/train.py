@@ -60,6 +60,19 @@ def _validated_after(train_cfg: TrainConfig, epoch: int) -> int:
     return max(epoch, last)
 
 
+def _said_plainly(e: ValueError, parts: Parts) -> Exception:
+    """A training step's error that a setting causes, as that setting's error (exit 2, the run
+    directory left as it was when nothing was saved), not a traceback: BatchNorm given one value
+    per channel (one sample a batch, or a 1x1 feature map). Any other: `e` itself."""
+    if "Expected more than 1 value per channel" not in str(e):
+        return e
+    return UserError(
+        f"data.batch_size={parts.batches.batch_size}: a BatchNorm layer of the model gets one "
+        "value per channel in training (one sample a batch, or a 1x1 feature map)",
+        "raise data.batch_size to 2 or more per rank, or train on larger images",
+    )
+
+
 def _stalled(early_stop: EarlyStopConfig, state: TrainState) -> bool:
     return early_stop.monitor is not None and state.early_stall >= early_stop.patience
 
@@ -80,7 +93,13 @@ def fit(
     for m in parts.ctx.models.values():
         m.train()
     with GarbageCollection(train_cfg.gc_every) as collector:
-        status = _loop(train_cfg, ckpt_cfg, parts, state, loop, meter, per_epoch, collector)
+        try:
+            status = _loop(train_cfg, ckpt_cfg, parts, state, loop, meter, per_epoch, collector)
+        except ValueError as e:
+            plain = _said_plainly(e, parts)
+            if plain is e:
+                raise
+            raise plain from None
     return _finish(train_cfg, ckpt_cfg, parts, state, loop, status)
 
 
