@@ -442,6 +442,13 @@ def test_val_split_is_an_integer_count_or_a_float_fraction(tmp_path: Path) -> No
         with pytest.raises(UserError, match=f"data.val_split={bad!r}: neither a count"):
             image_folder(root=str(tmp_path), val_split=bad, image_size=8)
     assert [len(part) for part in carve(10, 3)] == [7, 3]
+    for n in (2, 10, 60000):  # the hint's bounds are fractions it accepts (8.3e-06 was not)
+        with pytest.raises(UserError, match="or a fraction from") as said:
+            carve(n, 0.5 / n)
+        low, high = (
+            float(v) for v in said.value.hint.split("from ")[1].split(" (")[0].split(" to ")
+        )
+        assert all(0 < len(part) < n for v in (low, high) for part in carve(n, v))
     with pytest.raises(UserError, match="data.val_split=3.0: neither a count"):
         carve(10, 3.0)  # the in-memory datasets (fashion_mnist, cifar, arrays) carve too
     frozen = {"data": {"name": "fashion_mnist", "val_split": 5000.0}}  # typed float before

@@ -3,6 +3,7 @@ in-memory images (where their files are, and the error when they are not: `files
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +27,21 @@ def carve(n: int, val_split: int | float, seed: int = 0) -> tuple[list[int], lis
         held = "does not split" if isinstance(val_split, int) else f"would hold out {count} of"
         raise UserError(
             f"data.val_split={val_split!r} {held} {n} training samples",
-            f"use a count in [1, {n - 1}] or a fraction from {0.5 / n:.2g} to {1 - 0.5 / n:.4g} "
-            "(0: no split)",
+            f"use a count in [1, {n - 1}] or a fraction from {_fractions(n)} (0: no split)",
         )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     return sorted(order[count:]), sorted(order[:count])
+
+
+def _fractions(n: int) -> str:
+    """The fractions of `n` samples that hold out at least one and keep at least one, as
+    "LOW to HIGH", both strictly inside (`carve` rounds half to even: 0.5 / n itself holds out
+    none), each accepted as written."""
+    up = 10 ** (1 - math.floor(math.log10(0.5 / n)))  # two significant digits
+    digits = math.ceil(math.log10(n)) + 1
+    low = (math.floor(0.5 / n * up) + 1) / up
+    high = (math.ceil((1 - 0.5 / n) * 10**digits) - 1) / 10**digits
+    return f"{low:.2g} to {f'{high:.{digits}f}'.rstrip('0')}"
 
 
 def with_val(
