@@ -431,6 +431,25 @@ def test_linked_folders_inside_a_class_are_read_once_and_a_link_loop_ends(tmp_pa
     (tmp_path / "pets" / "twin").symlink_to(cls, target_is_directory=True)
     with pytest.raises(UserError, match="class folders class_1 and twin .* are the same folder"):
         image_folder(root=str(tmp_path / "pets"), val=None, image_size=8)
+    (tmp_path / "pets" / "twin").unlink()
+    (cls / "dogs").symlink_to(tmp_path / "pets" / "class_0", target_is_directory=True)
+    with pytest.raises(UserError, match=r"class_1/dogs \(in class folder class_1\) leads to"):
+        image_folder(root=str(tmp_path / "pets"), val=None, image_size=8)
+
+
+def test_mean_and_std_normalise_whatever_normalize_says_and_the_log_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`expctl eval` of a normalize=computed run on other data passes the logged mean/std (the
+    README says so): they win over data.normalize, and the log says which normalised."""
+    image_tree(tmp_path, classes=2, per_class=4)
+    with caplog.at_level(logging.INFO, logger="expctl"):
+        s = image_folder(
+            root=str(tmp_path), val=None, image_size=8, normalize="computed", mean=[0.5] * 3,
+            std=[0.25] * 3,
+        )  # fmt: skip
+    assert s.train.normalize.mean.flatten().tolist() == [0.5 * 255] * 3  # type: ignore[attr-defined]
+    assert any("data.normalize=computed is not used" in m for m in caplog.messages)
 
 
 def test_val_split_is_an_integer_count_or_a_float_fraction(tmp_path: Path) -> None:

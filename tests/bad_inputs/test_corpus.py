@@ -238,14 +238,6 @@ CORPUS: list[tuple[list[str], str]] = [
         "  HINT: e.g. data.mean=[0.485,0.456,0.406] data.std=[0.229,0.224,0.225]",
     ),
     (
-        [
-            *["run", *TINY_IMAGES, "data.root=images", "data.normalize=none"],
-            "data.mean=[0.5,0.5,0.5]",
-            "data.std=[0.2,0.2,0.2]",
-        ],
-        "data.mean / data.std given with data.normalize=none: the two disagree",
-    ),
-    (
         ["run", *TINY_IMAGES, "data.root=images", "data.mean=[0.5]", "data.std=[0.2]"],
         "give both, 3 value(s) each, one per channel",
     ),

@@ -67,10 +67,11 @@ def scan_folder(
                 else ""
             ),
         )
-    _refuse_linked_twice(folder, classes)
+    reals = _refuse_linked_twice(folder, classes)
     samples, empty, broken = [], [], []
     for label, name in enumerate(classes):
-        found = _images_under(folder / name, extensions)
+        others = {real: other for real, other in reals.items() if other != name}
+        found = _images_under(folder / name, extensions, others)
         files = sorted(str(p) for p in found if p.is_file())
         broken += sorted(p for p in found if p.is_symlink() and not p.exists())  # is_file: False
         if not files:
@@ -88,9 +89,10 @@ def scan_folder(
     return classes, samples
 
 
-def _refuse_linked_twice(folder: Path, classes: Sequence[str]) -> None:
+def _refuse_linked_twice(folder: Path, classes: Sequence[str]) -> dict[str, str]:
     """No class folder is (a link to) the folder of classes or one above it, nor the same
     folder as another class: its images would be every class's, or two classes' at once.
+    Returns each class folder's real path -> its class.
 
     Raises:
         UserError: naming the class folder and where it leads.
@@ -111,19 +113,34 @@ def _refuse_linked_twice(folder: Path, classes: Sequence[str]) -> None:
                 "remove one of the two links",
             )
         real_of[real] = name
+    return real_of
 
 
-def _images_under(top: Path, extensions: Sequence[str]) -> list[Path]:
+def _images_under(
+    top: Path, extensions: Sequence[str], others: dict[str, str] | None = None
+) -> list[Path]:
     """The files under `top` with one of `extensions`. Links to folders are followed (as
     torchvision's ImageFolder does: a class assembled from linked folders), each real folder read
     once, none above `top` (a link back up the tree ends there); hidden ones (macOS's ._x.jpg,
-    .ipynb_checkpoints/) are no samples."""
+    .ipynb_checkpoints/) are no samples.
+
+    Raises:
+        UserError: a linked folder leads into the folder of another class (`others`: real path
+            -> class), whose images would be in two classes.
+    """
     seen: set[str] = set()
     found = []
     start = os.path.realpath(top)
     for root, dirs, names in os.walk(top, followlinks=True):
         real = os.path.realpath(root)
         above = real != start and os.path.commonpath([start, real]) == real  # "/" too
+        inside = next((o for o in others or {} if os.path.commonpath([o, real]) == o), None)
+        if inside is not None:
+            raise UserError(
+                f"data.root: {root} (in class folder {top.name}) leads to {real}, the folder of "
+                f"class {(others or {})[inside]}: its images would be in two classes",
+                f"remove the link {root}",
+            )
         if real in seen or above:
             dirs[:] = []
             continue
@@ -157,8 +174,12 @@ def _normalizer(
     channels: int,
     stats_of: ImageFiles,
 ) -> Normalized:
-    """Normalisation by name (imagenet, none), computed from training images, or mean/std."""
+    """Normalisation by name (imagenet, none), computed from training images, or mean/std,
+    which win (`expctl eval` of a `computed` run on other data passes the logged values): said
+    in the log when data.normalize named another."""
     if mean is not None and std is not None:  # checked: `preflight.normalization`
+        if normalize != "imagenet":
+            log.info("data.mean / data.std normalise (data.normalize=%s is not used)", normalize)
         return Normalized(mean, std)
     if normalize == "none":
         return Normalized([0.0] * channels, [1.0] * channels)

@@ -136,7 +136,7 @@ def image_options(a: dict[str, Any]) -> None:
     )
     image_size(a["image_size"])
     split_form(a["val_split"])
-    normalization(a["mean"], a["std"], a["channels"], a["normalize"])
+    normalization(a["mean"], a["std"], a["channels"])
     if a["decode"] == "nvimgcodec" and not nvimgcodec_found():
         raise UserError(
             "data.decode=nvimgcodec: the package nvidia-nvimgcodec is not installed",
@@ -145,16 +145,10 @@ def image_options(a: dict[str, Any]) -> None:
         )
 
 
-def normalization(mean: Any, std: Any, channels: int, normalize: str = "imagenet") -> None:
-    """data.mean and data.std (both or neither): one number per image channel each, std > 0;
-    not beside data.normalize=none or computed, which they would overrule without a word."""
+def normalization(mean: Any, std: Any, channels: int) -> None:
+    """data.mean and data.std (both or neither): one number per image channel each, std > 0."""
     if mean is None and std is None:
         return
-    if normalize in ("none", "computed"):
-        raise UserError(
-            f"data.mean / data.std given with data.normalize={normalize}: the two disagree",
-            "drop data.mean and data.std, or data.normalize (given, they normalise)",
-        )
     example = (
         "data.mean=[0.485,0.456,0.406] data.std=[0.229,0.224,0.225] (ImageNet's)"
         if channels == 3
