@@ -19,9 +19,10 @@ from torch.utils.data import Dataset
 
 from expctl.builtin.data import check_splits
 from expctl.builtin.datasets.arrays import arrays
+from expctl.builtin.datasets.folders import EXTENSIONS, scan_folder
 from expctl.builtin.datasets.idx import fashion_mnist, find_idx
 from expctl.builtin.datasets.imagefiles import CorruptImage, ImageFiles, Normalized
-from expctl.builtin.datasets.images import EXTENSIONS, image_folder, scan_folder
+from expctl.builtin.datasets.images import image_folder
 from expctl.builtin.datasets.tensors import carve
 from expctl.builtin.datasets.vision import cifar10
 from expctl.builtin.reader import Loading

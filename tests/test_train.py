@@ -464,6 +464,23 @@ def test_ctrl_c_stops_every_worker(tiny: Path, to_group: bool) -> None:
     assert not (tiny.parent / "cc" / "checkpoints").exists()
 
 
+def _as_a_terminal_job(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`expctl ARGS` in a session of its own, its output piped, getting Ctrl-C as a terminal's
+    foreground program does, even when these tests run from a background job (whose SIGINT is
+    ignored, and an ignored signal is inherited): a small launcher resets SIGINT, then execs."""
+    reset = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    reset += "os.execv(sys.executable, [sys.executable, '-m', 'expctl', *sys.argv[1:]])"
+    return subprocess.Popen(
+        [sys.executable, "-c", reset, *args],
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def test_ctrl_c_before_the_first_checkpoint_says_the_same_command_starts_over(tiny: Path) -> None:
     """A run in this process (no launcher) stopped by Ctrl-C before any checkpoint: exit 130,
     one line saying nothing was saved (not "to resume from the last checkpoint"), and the
@@ -473,16 +490,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_the_same_command_starts_over(ti
 
     args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=slow", "run.dir=cc"]
     args += ["checkpoint.every=100000", "train.max_epochs=20"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expctl", *args],
-        cwd=tiny.parent,
-        env=cli_env(SLOW_STEP_S="0.05"),
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job
-    )
+    proc = _as_a_terminal_job(args, tiny.parent, cli_env(SLOW_STEP_S="0.05"))
     metrics = tiny.parent / "cc" / "metrics.jsonl"
     wait_for("training", lambda: metrics.is_file() and metrics.read_text())
     os.killpg(proc.pid, signal.SIGINT)
@@ -507,18 +515,7 @@ def test_ctrl_c_names_how_to_resume_and_that_resumes(tiny: Path, sweep: bool) ->
 
     args = ["run", "-C", str(tiny), "imports=[faulty]", "train.step=slow", "checkpoint.every=2"]
     args += ["-m", "optim.lr=0.1,0.2"] if sweep else []
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expctl", *args],
-        cwd=tiny.parent,
-        env=cli_env(SLOW_STEP_S="0.1"),
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # Ctrl-C as a terminal's foreground program gets it, even when these tests run from a
-        # background job (its SIGINT is ignored, and an ignored signal is inherited)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = _as_a_terminal_job(args, tiny.parent, cli_env(SLOW_STEP_S="0.1"))
     wait_for("a checkpoint", lambda: list(tiny.parent.glob("runs/**/checkpoints/step_*.pt")))
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=60)

@@ -177,8 +177,6 @@ def abandon(held: RunLock) -> None:
             held.path.unlink(missing_ok=True)
         if held.made_dir:
             _remove_if_empty(run.path)
-            for folder in held.made_parents:
-                _remove_if_empty(folder)
     finally:
         held.release()
 

@@ -218,6 +218,14 @@ CORPUS: list[tuple[list[str], str]] = [
         ["run", *TINY_IMAGES, "data.root=broken_class", "data.val=null"],
         "broken_class/class_2 is a broken symbolic link (to ",
     ),
+    (  # a class folder linked to the folder of classes: every image in it, as well
+        ["run", *TINY_IMAGES, "data.root=looped_class", "data.val=null"],
+        "looped_class/loop leads to",
+    ),
+    (  # a folder linked inside a class, into another class: its images in two classes
+        ["run", *TINY_IMAGES, "data.root=crossed_class", "data.val=null"],
+        "(in class folder class_1) leads to",
+    ),
     (["run", *TINY_IMAGES, "data.root=broken_split"], "broken_split/val is a broken symbolic"),
     # an image that is a broken link was left out silently (data.on_corrupt=skip: a warning)
     (
@@ -745,6 +753,12 @@ def _image_inputs(tmp_path: Path) -> None:
     (tmp_path / "empty_images").mkdir()
     image_tree(tmp_path / "broken_class", classes=2, per_class=2)
     (tmp_path / "broken_class" / "class_2").symlink_to(tmp_path / "unmounted" / "class_2")
+    image_tree(tmp_path / "looped_class", classes=2, per_class=2)
+    (tmp_path / "looped_class" / "loop").symlink_to(tmp_path / "looped_class")
+    image_tree(tmp_path / "crossed_class", classes=2, per_class=2)
+    (tmp_path / "crossed_class" / "class_1" / "dogs").symlink_to(
+        tmp_path / "crossed_class" / "class_0"
+    )
     image_tree(tmp_path / "broken_split" / "train", classes=2, per_class=2)
     (tmp_path / "broken_split" / "val").symlink_to(tmp_path / "unmounted" / "val")
     image_tree(tmp_path / "broken_image", classes=2, per_class=2)
